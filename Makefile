@@ -1,0 +1,44 @@
+# make demo: set up .venv and run the main job on the bundled model.
+# make test: set up .venv (and Chromium for the browser tests) and run every test.
+# Both are idempotent: .venv is rebuilt only when pyproject.toml or constraints.txt change.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.attnscope-installed
+PIP := $(BIN)/python -m pip --disable-pip-version-check -q
+EXTRAS := views,serve,stats,dev
+
+.PHONY: demo test venv lint typecheck bench chromium clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -c constraints.txt torch==2.13.0
+	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/attnscope explain "time flies like an arrow"
+	$(BIN)/attnscope check "time flies like an arrow"
+
+chromium:
+	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+test: $(STAMP) chromium
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(PIP) install -c constraints.txt -e '.[$(EXTRAS),bench]'
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache artifacts demo.html

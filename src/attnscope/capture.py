@@ -1,0 +1,151 @@
+"""Capture attention inside the real forward pass, through transformers' own extension points.
+
+An attention function registered in `AttentionInterface` under the name "attnscope"
+runs the model family's own `eager_attention_forward` and hands q, k, v, the mask,
+the weights and the context to the active recorder. Module hooks take the attention
+input `x` and the output projection's result `output`. No model code is copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from transformers import AttentionInterface, PreTrainedModel
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.models.bert import modeling_bert
+
+from attnscope.families import family_of
+
+ATTENTION_NAME = "attnscope"
+
+
+class Recorder(Protocol):
+    """Receives each attention call of a forward pass, in layer order."""
+
+    def on_attention(self, call: AttentionCall) -> None: ...
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """What one layer's attention function saw and produced (batched, padded)."""
+
+    module: nn.Module
+    q: torch.Tensor  # [batch, head, query, d_head]
+    k: torch.Tensor  # [batch, head, key, d_head]
+    v: torch.Tensor  # [batch, head, key, d_head]
+    mask: torch.Tensor | None  # additive, [batch, 1, query, key]
+    scaling: float
+    weights: torch.Tensor  # [batch, head, query, key]
+    context: torch.Tensor  # [batch, head, query, d_head]
+
+
+_ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("attnscope_recorder", default=None)
+
+
+def _family_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The eager attention function of the module's own modeling file."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if callable(fn) else modeling_bert.eager_attention_forward
+
+
+def attention_function(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Registered as "attnscope": the family's eager attention, observed."""
+    context, weights = _family_eager(module)(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+    )
+    recorder = _ACTIVE.get()
+    if recorder is not None:
+        s = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
+        # eager returns context as [batch, query, head, d_head]; name it [batch, head, query, d_head]
+        call = AttentionCall(module, query, key, value, attention_mask, s, weights, context.transpose(1, 2))
+        recorder.on_attention(call)
+    return context, weights
+
+
+AttentionInterface.register(ATTENTION_NAME, attention_function)
+AttentionMaskInterface.register(ATTENTION_NAME, eager_mask)
+
+
+@dataclass
+class LayerCapture:
+    """Everything captured in one forward pass, one list entry per layer (batched, padded)."""
+
+    calls: list[AttentionCall] = field(default_factory=list)
+    x: list[torch.Tensor] = field(default_factory=list)  # [batch, token, d_model]
+    output: list[torch.Tensor] = field(default_factory=list)  # [batch, token, d_model]
+
+    def on_attention(self, call: AttentionCall) -> None:
+        self.calls.append(call)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules that call the attention function, for a family attnscope knows."""
+    fam = family_of(model)
+    if fam is None:
+        return []
+    return [m for m in model.modules() if type(m).__name__ in fam.attention_classes]
+
+
+@contextlib.contextmanager
+def attention_implementation(model: PreTrainedModel, name: str = ATTENTION_NAME) -> Iterator[None]:
+    """Route the model's attention through a registered function, then restore it."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(before)
+
+
+@contextlib.contextmanager
+def recording(model: PreTrainedModel, recorder: Recorder) -> Iterator[None]:
+    """Send every attention call of forward passes inside the block to the recorder."""
+    token = _ACTIVE.set(recorder)
+    try:
+        with attention_implementation(model):
+            yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+@contextlib.contextmanager
+def capturing(model: PreTrainedModel) -> Iterator[LayerCapture]:
+    """Capture q, k, v, weights and context per layer, plus x and output where the family is known."""
+    cap = LayerCapture()
+    handles = []
+    fam = family_of(model)
+    for mod in attention_modules(model):
+        handles.append(mod.register_forward_pre_hook(_x_hook(cap), with_kwargs=True))
+        if fam is not None:
+            proj = fam.out_proj(model, mod)
+            handles.append(proj.register_forward_hook(lambda _m, _i, out: cap.output.append(out.detach())))
+    try:
+        with recording(model, cap):
+            yield cap
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _x_hook(cap: LayerCapture) -> Callable[..., None]:
+    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else kwargs["hidden_states"]
+        cap.x.append(x.detach())
+
+    return hook

@@ -1,0 +1,1 @@
+"""The `attnscope` command line: a thin layer over the library."""

@@ -1,0 +1,69 @@
+"""Arguments and output helpers shared by every command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from attnscope.errors import AttnscopeError
+
+FORMATS = ("text", "markdown", "json")
+
+
+def add_text_args(p: argparse.ArgumentParser, pair: bool = True) -> None:
+    """TEXT or --text-file, with the model options every traced command takes."""
+    p.add_argument("text", nargs="?", metavar="TEXT", help="the sentence to trace")
+    p.add_argument("--text-file", metavar="PATH", help="read TEXT from a UTF-8 file instead")
+    if pair:
+        p.add_argument("--pair", metavar="TEXT_B", help="a second sentence (segment B)")
+    add_model_args(p)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="M", default=None,
+                   help="Hugging Face id or local checkpoint directory (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--max-length", type=int, default=256, metavar="N",
+                   help="maximum tokens, special tokens included (default 256)")
+    p.add_argument("--no-truncate", action="store_true", help="make over-long text an error instead of truncating")
+
+
+def add_format(p: argparse.ArgumentParser, choices: tuple[str, ...] = FORMATS) -> None:
+    p.add_argument("--format", choices=choices, default=choices[0], help=f"output format (default {choices[0]})")
+
+
+def read_text(args: argparse.Namespace) -> str:
+    """TEXT from the argument or from --text-file, never both, never empty."""
+    if args.text_file and args.text is not None:
+        raise AttnscopeError("give TEXT or --text-file, not both")
+    if args.text_file:
+        return read_text_file(args.text_file)
+    if args.text is None:
+        raise AttnscopeError("no text given: pass TEXT or --text-file PATH")
+    return str(args.text)
+
+
+def read_text_file(path: str) -> str:
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8").strip("\n")
+    except FileNotFoundError as exc:
+        raise AttnscopeError(f"cannot read {p}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise AttnscopeError(f"cannot read {p}: it is a directory, give a text file") from exc
+    except UnicodeDecodeError as exc:
+        raise AttnscopeError(f"cannot read {p}: it is not UTF-8 text (re-save it as UTF-8)") from exc
+    except OSError as exc:
+        raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
+
+
+def console() -> Console:
+    return Console(soft_wrap=False, highlight=False)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, allow_nan=True) + "\n")

@@ -1,0 +1,107 @@
+"""explain, toy, trace and check: the Core commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from attnscope.cli.common import add_format, add_text_args, console, print_json, read_text
+from attnscope.explain import walkthrough
+from attnscope.models import load_model
+from attnscope.render import (
+    check_markdown,
+    check_summary,
+    check_table,
+    columns_for_width,
+    walkthrough_json,
+    walkthrough_markdown,
+    walkthrough_renderables,
+)
+from attnscope.toy import toy_walkthrough
+from attnscope.trace import Trace, trace
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("explain", help="walk through one layer and head step by step with real numbers")
+    add_text_args(p)
+    p.add_argument("--layer", type=int, default=0, help="layer, 0-indexed (default 0)")
+    p.add_argument("--head", type=int, default=0, help="head, 0-indexed (default 0)")
+    p.add_argument("--token", type=int, default=None, help="focus on one query token (0-indexed)")
+    add_format(p)
+    p.set_defaults(func=run_explain)
+
+    p = sub.add_parser("toy", help="the classic 3-input self-attention example, computed by hand")
+    p.add_argument("--no-scale", action="store_true", help="skip the / sqrt(d_k) step, as many tutorials do")
+    add_format(p)
+    p.set_defaults(func=run_toy)
+
+    p = sub.add_parser("trace", help="trace a text and save every stage (.safetensors or .npz)")
+    add_text_args(p)
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.safetensors or FILE.npz")
+    add_format(p)
+    p.set_defaults(func=run_trace)
+
+    p = sub.add_parser("check", help="verify the captured attention against an independent recompute")
+    add_text_args(p)
+    add_format(p)
+    p.set_defaults(func=run_check)
+
+
+def traced(args: argparse.Namespace) -> Trace:
+    """The trace a command asked for, from its TEXT/--text-file, --pair and model options."""
+    model = load_model(args.model)
+    pair = getattr(args, "pair", None)
+    return trace(read_text(args), pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    tr = traced(args)
+    w = walkthrough(tr, args.layer, args.head, args.token, model=load_model(args.model))
+    emit_walkthrough(w, args.format)
+    return 0
+
+
+def run_toy(args: argparse.Namespace) -> int:
+    emit_walkthrough(toy_walkthrough(scale=not args.no_scale), args.format)
+    return 0
+
+
+def emit_walkthrough(w: Any, fmt: str) -> None:
+    if fmt == "json":
+        print_json(walkthrough_json(w))
+    elif fmt == "markdown":
+        sys.stdout.write(walkthrough_markdown(w))
+    else:
+        out = console()
+        out.print(*walkthrough_renderables(w, max_cols=columns_for_width(out.width)))
+
+
+def run_trace(args: argparse.Namespace) -> int:
+    tr = traced(args)
+    tr.save(args.output)
+    report = tr.check()
+    if args.format == "json":
+        print_json({"path": args.output, "tokens": tr.n_tokens, "layers": tr.n_layers, "heads": tr.n_heads,
+                    "ok": report.ok, "max_error": report.max_error})
+    else:
+        print(f"wrote {args.output}: {tr.n_tokens} tokens x {tr.n_layers} layers x {tr.n_heads} heads; "
+              f"{check_summary(report)}")
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    tr = traced(args)
+    report = tr.check()
+    if args.format == "json":
+        print_json({"model": tr.model, "tokens": tr.token_strings, **report.to_dict()})
+    elif args.format == "markdown":
+        sys.stdout.write(check_markdown(report, tr.n_layers))
+    else:
+        out = console()
+        out.print(f"{tr.model['name']} ({tr.model['architecture']}): {tr.n_tokens} tokens, "
+                  f"{tr.n_layers} layers x {tr.n_heads} heads")
+        if report.comparisons:
+            out.print(check_table(report, tr.n_layers))
+        out.print(check_summary(report))
+    return 0 if report.ok else 1

@@ -1,0 +1,59 @@
+"""Entry point: parse, dispatch, and turn user errors into one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from attnscope.errors import AttnscopeError
+
+# Each module registers its subcommands with register(subparsers).
+COMMAND_MODULES = ("attnscope.cli.core",)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"attnscope: error: {message} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="attnscope", description="Open up the self-attention inside real transformer models.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def _quiet_libraries(debug: bool) -> None:
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="warning: %(message)s")
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _quiet_libraries(args.debug)
+    try:
+        return int(args.func(args))
+    except AttnscopeError as exc:
+        if args.debug:
+            raise
+        print(f"attnscope: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnscope: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""The one error type a user sees: a message that says what is wrong and what to do."""
+
+from __future__ import annotations
+
+
+class AttnscopeError(Exception):
+    """Bad input or an unavailable resource; the CLI prints it on one line and exits 2."""
+
+
+def check_index(kind: str, value: int, count: int, owner: str = "this model") -> None:
+    """Raise a one-line error naming the valid 0-indexed range when value is outside it."""
+    if not 0 <= value < count:
+        raise AttnscopeError(
+            f"{kind} {value} is out of range: {owner} has {count} {kind}s, "
+            f"valid values are 0..{count - 1} (0-indexed)"
+        )

@@ -1,0 +1,111 @@
+"""Text -> tokens: ids, strings, character offsets, special-token flags, word ids, segments."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from attnscope.errors import AttnscopeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token of a traced text. Offsets index the text of its segment (0: text, 1: pair)."""
+
+    index: int
+    text: str
+    id: int
+    start: int | None
+    end: int | None
+    special: bool
+    word: int | None  # word index over the whole input (pieces of one word share it)
+    segment: int  # 0 for the first text, 1 for the pair
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Encoded:
+    """A padded batch ready for the model, and each row's unpadded tokens."""
+
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask[, token_type_ids]: [batch, token]
+    tokens: list[list[Token]]
+    truncated: list[bool]
+
+
+def require_text(text: str, what: str = "text") -> str:
+    if not isinstance(text, str) or not text.strip():
+        raise AttnscopeError(f"the {what} is empty: give a sentence to trace")
+    return text
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    pairs: Sequence[str | None] | None = None,
+    max_length: int = 256,
+    truncate: bool = True,
+) -> Encoded:
+    """Tokenize texts (and optional second sentences) as one right-padded batch."""
+    pairs = list(pairs) if pairs is not None else [None] * len(texts)
+    for text, pair in zip(texts, pairs, strict=True):
+        require_text(text)
+        if pair is not None:
+            require_text(pair, "second text (--pair)")
+    if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
+        tokenizer.pad_token = tokenizer.eos_token
+    truncated = [_too_long(tokenizer, t, p, max_length, truncate) for t, p in zip(texts, pairs, strict=True)]
+    batch = tokenizer(
+        list(texts),
+        *([list(pairs)] if any(p is not None for p in pairs) else []),
+        max_length=max_length,
+        truncation=True,
+        padding=True,
+        return_tensors="pt",
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    tokens = [_tokens_of(batch, tokenizer, row) for row in range(len(texts))]
+    keep = ("input_ids", "attention_mask", "token_type_ids")
+    return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
+
+
+def _too_long(tok: PreTrainedTokenizerBase, text: str, pair: str | None, max_length: int, truncate: bool) -> bool:
+    n = len(tok(text, pair, truncation=False, verbose=False)["input_ids"])
+    if n <= max_length:
+        return False
+    if not truncate:
+        raise AttnscopeError(
+            f"the text is {n} tokens long, over the maximum of {max_length}: shorten it or raise --max-length"
+        )
+    log.warning("the text is %d tokens long; keeping the first %d (--max-length)", n, max_length)
+    return True
+
+
+def _tokens_of(batch: Any, tok: PreTrainedTokenizerBase, row: int) -> list[Token]:
+    ids = batch["input_ids"][row].tolist()
+    n = int(batch["attention_mask"][row].sum())
+    offsets = batch["offset_mapping"][row].tolist()
+    special = batch["special_tokens_mask"][row].tolist()
+    seq_ids = batch.sequence_ids(row)
+    word_ids = batch.word_ids(row)
+    strings = tok.convert_ids_to_tokens(ids)
+    words: dict[tuple[int, int], int] = {}
+    out: list[Token] = []
+    for i in range(n):
+        is_special = bool(special[i])
+        word = None
+        if not is_special and word_ids[i] is not None:
+            word = words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
+        start, end = (None, None) if is_special else (int(offsets[i][0]), int(offsets[i][1]))
+        segment = int(batch["token_type_ids"][row][i]) if "token_type_ids" in batch else int(seq_ids[i] or 0)
+        out.append(Token(i, strings[i], int(ids[i]), start, end, is_special, word, segment))
+    return out
