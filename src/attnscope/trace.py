@@ -29,6 +29,11 @@ ARRAY_AXES: dict[str, tuple[str, ...]] = {
     "weights": ("layer", "head", "query", "key"),
     "context": ("layer", "head", "token", "d_head"),
     "output": ("layer", "token", "d_model"),
+    # derived views of the weights, saved when computed (attnscope.rollout, attnscope.norms)
+    "rollout": ("layer", "query", "key"),
+    "flow": ("query", "key"),
+    "norm_head": ("layer", "head", "query", "key"),
+    "norm_layer": ("layer", "query", "key"),
 }
 
 
@@ -101,6 +106,54 @@ class Trace:
             report.comparisons += checking.compare(self.arrays, self.recomputed, "recompute")
         report.comparisons += checking.compare(self.arrays, self.reference, "model")
         return report
+
+    # Views (attnscope.views): self-contained HTML pages, in files and in Jupyter.
+    def to_html(self, view: str = "all", **options: Any) -> str:
+        """A self-contained HTML page: view is "head", "model", "neuron", "matrix" or "all"."""
+        from attnscope.views import to_html
+
+        return to_html(self, view=view, **options)
+
+    def _repr_html_(self) -> str:
+        from attnscope.views import repr_html
+
+        return repr_html(self)
+
+    def show(self, view: str = "head", **options: Any) -> Any:
+        """Display a view in Jupyter."""
+        from attnscope.views import show
+
+        return show(self, view=view, **options)
+
+    # Beyond raw weights (attnscope.rollout, attnscope.norms); results are kept in `arrays`.
+    def rollout(self) -> np.ndarray:
+        """Attention rollout (Abnar & Zuidema 2020): [layer, query, key], layer l = R_l."""
+        from attnscope.rollout import rollout
+
+        if "rollout" not in self.arrays:
+            self.arrays["rollout"] = rollout(self.arrays["weights"])
+        return self.arrays["rollout"]
+
+    def flow(self, max_tokens: int = 64) -> np.ndarray:
+        """Attention flow (Abnar & Zuidema 2020) from each top-layer position to each input: [query, key]."""
+        from attnscope.rollout import flow
+
+        if "flow" not in self.arrays:
+            self.arrays["flow"] = flow(self.arrays["weights"], max_tokens=max_tokens)
+        return self.arrays["flow"]
+
+    def norms(self) -> dict[str, np.ndarray]:
+        """Norm-based attention (Kobayashi et al. 2020), computed at trace time from the layer weights.
+
+        "norm_head": ||alpha_ij f^h(x_j)|| [layer, head, query, key];
+        "norm_layer": ||sum_h alpha^h_ij f^h(x_j)|| [layer, query, key].
+        """
+        missing = [k for k in ("norm_head", "norm_layer") if k not in self.arrays]
+        if missing:
+            raise AttnscopeError(
+                self.unsupported or "this trace has no norm-based attention: trace it again with this version"
+            )
+        return {k: self.arrays[k] for k in ("norm_head", "norm_layer")}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `.safetensors` or `.npz` (arrays by stage name, metadata as JSON)."""
