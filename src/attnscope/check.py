@@ -83,7 +83,7 @@ def max_abs_error(a: np.ndarray, b: np.ndarray, per_head: bool, relative: bool =
     if diff.size == 0:
         return np.zeros(diff.shape[:2] if per_head else (diff.shape[0], 1))
     # np.max propagates NaN, so a NaN anywhere makes that entry fail the tolerance.
-    out = diff.max(axis=axes)
+    out: np.ndarray = diff.max(axis=axes)
     return out if per_head else out[:, None]
 
 

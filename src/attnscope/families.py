@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -23,9 +24,10 @@ class Family:
     name: str
     attention_classes: tuple[str, ...]  # modules that call the attention function
     causal: bool
-    params: Callable[[nn.Module, nn.Module, int], AttentionParams]  # (model, attention module, layer)
-    out_proj: Callable[[nn.Module, nn.Module], nn.Module]  # (model, attention module) -> projection
+    params: Callable[[nn.Module, Any, int], AttentionParams]  # (model, attention module, layer)
+    out_proj: Callable[[nn.Module, Any], nn.Module]  # (model, attention module) -> projection
     x_source: str  # one line for the walkthrough: where the attention input x comes from
+    pre_attention: str | None = None  # module applied to the hidden state to give x, "{layer}" filled in
 
 
 def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -34,7 +36,7 @@ def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     return lin.weight.detach().T, None if lin.bias is None else lin.bias.detach()
 
 
-def _linear_params(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module, n_heads: int) -> AttentionParams:
+def _linear_params(q: Any, k: Any, v: Any, o: Any, n_heads: int) -> AttentionParams:
     (w_q, b_q), (w_k, b_k), (w_v, b_v), (w_o, b_o) = (_linear_t(m) for m in (q, k, v, o))
     d_head = w_q.shape[1] // n_heads
     return AttentionParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, d_head**-0.5)
@@ -49,20 +51,20 @@ def _sibling(model: nn.Module, module: nn.Module, rel: str) -> nn.Module:
     raise LookupError(f"{type(module).__name__} is not part of {type(model).__name__}")
 
 
-def _bert_params(model: nn.Module, m: nn.Module, layer: int) -> AttentionParams:
+def _bert_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     out = _sibling(model, m, "output.dense")
     return _linear_params(m.query, m.key, m.value, out, int(m.num_attention_heads))
 
 
-def _distilbert_params(model: nn.Module, m: nn.Module, layer: int) -> AttentionParams:
+def _distilbert_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     return _linear_params(m.q_lin, m.k_lin, m.v_lin, m.out_lin, int(m.n_heads))
 
 
-def _albert_params(model: nn.Module, m: nn.Module, layer: int) -> AttentionParams:
+def _albert_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     return _linear_params(m.query, m.key, m.value, m.dense, int(m.num_attention_heads))
 
 
-def _gpt2_params(model: nn.Module, m: nn.Module, layer: int) -> AttentionParams:
+def _gpt2_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     """GPT-2's Conv1D already stores [in, out] (x W + b); c_attn fuses q, k, v along out."""
     w, b = m.c_attn.weight.detach(), m.c_attn.bias.detach()  # [d_model, 3 d_model], [3 d_model]
     w_q, w_k, w_v = w.split(m.embed_dim, dim=1)
@@ -115,6 +117,7 @@ FAMILIES: dict[str, Family] = {
         out_proj=lambda model, m: m.c_proj,
         x_source="ln_1 (LayerNorm) of the residual stream: token + position embeddings for layer 0, "
         "the output of layer l-1 after that",
+        pre_attention="h.{layer}.ln_1",
     ),
 }
 

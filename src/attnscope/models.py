@@ -92,7 +92,7 @@ def _wrap_loaded(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | No
         if not name or name == type(model).__name__:
             raise AttnscopeError("pass tokenizer= with a model that was not loaded from a name or path")
         tokenizer = _load_tokenizer(name, local_only=True)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return Model(name=name, model=model, tokenizer=tokenizer)
 
 

@@ -48,7 +48,7 @@ def save_trace(tr: Trace, path: str | os.PathLike[str]) -> None:
             save_file(arrays, str(p), metadata={_META_KEY: meta})
         elif p.suffix == ".npz":
             tokens = np.asarray([t.text for t in tr.tokens], dtype=np.str_)
-            np.savez_compressed(p, **arrays, tokens=tokens, __meta__=np.asarray([meta]))
+            np.savez_compressed(p, **arrays, tokens=tokens, __meta__=np.asarray([meta]))  # type: ignore[arg-type]
         else:
             raise AttnscopeError(f"cannot save a trace as {p.name!r}: use a .safetensors or .npz file name")
     except OSError as exc:

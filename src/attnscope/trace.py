@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from attnscope import check as checking
-from attnscope.capture import LayerCapture, capturing
+from attnscope.capture import AttentionCall, LayerCapture, capturing
 from attnscope.errors import AttnscopeError, check_index
 from attnscope.families import family_of, is_causal
 from attnscope.models import Model, ModelLike, describe, load_model
@@ -86,7 +87,8 @@ class Trace:
     def head(self, layer: int, head: int) -> np.ndarray:
         """Attention weights of one head: [query, key]. Layers and heads are 0-indexed."""
         self.validate(layer=layer, head=head)
-        return self.arrays["weights"][layer, head]
+        head_weights: np.ndarray = self.arrays["weights"][layer, head]
+        return head_weights
 
     def validate(self, layer: int | None = None, head: int | None = None, token: int | None = None) -> None:
         """Raise a one-line error when a layer, head or token index is out of range."""
@@ -175,12 +177,15 @@ class Trace:
 
 
 @overload
-def trace(text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int = ...,
-          truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...) -> Trace: ...
+def trace(  # type: ignore[overload-overlap]
+    text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int = ...,
+    truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
+) -> Trace: ...
 @overload
-def trace(text: Sequence[str], text_pair: Sequence[str | None] | None = ..., model: ModelLike = ...,
-          max_length: int = ..., truncate: bool = ...,
-          tokenizer: PreTrainedTokenizerBase | None = ...) -> list[Trace]: ...
+def trace(
+    text: Sequence[str], text_pair: Sequence[str | None] | None = ..., model: ModelLike = ...,
+    max_length: int = ..., truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
+) -> list[Trace]: ...
 
 
 def trace(
@@ -201,13 +206,18 @@ def trace(
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise AttnscopeError("no text given: pass a sentence or a non-empty list of sentences")
-    pairs = [text_pair] if single else (list(text_pair) if text_pair is not None else None)
+    pairs: list[str | None] | None
+    if single:
+        pairs = [text_pair] if isinstance(text_pair, str) or text_pair is None else list(text_pair)
+    else:
+        pairs = list(text_pair) if text_pair is not None and not isinstance(text_pair, str) else None
     m = load_model(model, tokenizer)
     max_length = _usable_max_length(m, max_length)
-    enc = encode(m.tokenizer, texts, pairs, max_length, truncate)  # type: ignore[arg-type]
+    enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
         out = m.model(**enc.inputs, output_attentions=True, output_hidden_states=True)
-    traces = [_row_trace(m, cap, out, enc, row, t, p) for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))]
+    rows = zip(texts, pairs or [None] * len(texts), strict=True)
+    traces = [_row_trace(m, cap, out, enc, row, t, p) for row, (t, p) in enumerate(rows)]
     return traces[0] if single else traces
 
 
@@ -245,7 +255,7 @@ def _captured_arrays(cap: LayerCapture, row: int, n: int) -> dict[str, np.ndarra
     def stack(ts: list[torch.Tensor]) -> np.ndarray:
         return torch.stack(ts).float().numpy()
 
-    calls = cap.calls
+    calls = [_expand_kv(c) for c in cap.calls]
     arrays = {
         "q": stack([c.q[row, :, :n] for c in calls]),  # [layer, head, token, d_head]
         "k": stack([c.k[row, :, :n] for c in calls]),
@@ -261,6 +271,15 @@ def _captured_arrays(cap: LayerCapture, row: int, n: int) -> dict[str, np.ndarra
     return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
 
 
+def _expand_kv(call: AttentionCall) -> AttentionCall:
+    """Grouped-query attention: repeat each key/value head for the query heads that share it."""
+    groups = call.q.shape[1] // call.k.shape[1]
+    if groups == 1:
+        return call
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (call.k, call.v))
+    return dataclasses.replace(call, k=k, v=v)
+
+
 def _reference_arrays(m: Model, out: Any, row: int, n: int, cap: LayerCapture) -> dict[str, np.ndarray]:
     """The model's own outputs: output_attentions, and the hidden states each layer reads."""
     ref: dict[str, np.ndarray] = {}
@@ -268,9 +287,27 @@ def _reference_arrays(m: Model, out: Any, row: int, n: int, cap: LayerCapture) -
         ref["weights"] = torch.stack([a[row, :, :n, :n] for a in out.attentions]).float().numpy()
     hidden = getattr(out, "hidden_states", None)
     fam = family_of(m.model)
-    if hidden and fam is not None and fam.name not in ("gpt2",) and len(hidden) > len(cap.calls):
-        ref["x"] = torch.stack([h[row, :n] for h in hidden[: len(cap.calls)]]).float().numpy()
+    if hidden and fam is not None and len(hidden) > len(cap.calls):
+        pre = fam.pre_attention
+        xs = [_x_from_hidden(m, pre, i, h[row : row + 1, :n]) for i, h in enumerate(hidden[:-1])]
+        ref["x"] = torch.cat(xs).float().numpy()  # [layer, token, d_model]
     return ref
+
+
+def _x_from_hidden(m: Model, pre_attention: str | None, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+    """The attention input the model's own hidden state implies: itself, or after a pre-LayerNorm."""
+    if pre_attention is None:
+        return hidden
+    with torch.no_grad():
+        out: torch.Tensor = m.model.get_submodule(pre_attention.format(layer=layer))(hidden)
+    return out
+
+
+def _causal(m: Model, cap: LayerCapture) -> bool:
+    """The family's causality; for other families, the attention module's own is_causal flag."""
+    if family_of(m.model) is not None or not cap.calls:
+        return is_causal(m.model)
+    return bool(getattr(cap.calls[0].module, "is_causal", False))
 
 
 def _model_info(m: Model, cap: LayerCapture) -> dict[str, Any]:
@@ -280,7 +317,7 @@ def _model_info(m: Model, cap: LayerCapture) -> dict[str, Any]:
     info.update(
         family=fam.name if fam else None,
         x_source=fam.x_source if fam else None,
-        causal=is_causal(m.model),
+        causal=_causal(m, cap),
         d_head=int(q.shape[-1]) if q is not None else None,
         d_model=int(cap.x[0].shape[-1]) if cap.x else None,
         layers=len(cap.calls),

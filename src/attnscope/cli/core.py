@@ -51,7 +51,7 @@ def register(sub: Any) -> None:
 def traced(args: argparse.Namespace) -> Trace:
     """The trace a command asked for, from its TEXT/--text-file, --pair and model options."""
     model = load_model(args.model)
-    pair = getattr(args, "pair", None)
+    pair: str | None = getattr(args, "pair", None)
     return trace(read_text(args), pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
 
 

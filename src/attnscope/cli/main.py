@@ -32,8 +32,8 @@ def _quiet_libraries(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="warning: %(message)s")
     import transformers
 
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
