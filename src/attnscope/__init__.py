@@ -1,12 +1,33 @@
-"""attnscope: open up the self-attention inside real transformer models."""
+"""attnscope: open up the self-attention inside real transformer models.
 
-from attnscope.check import TOLERANCE, CheckReport
-from attnscope.errors import AttnscopeError
-from attnscope.models import DEFAULT_MODEL, Model, load_model
-from attnscope.tokens import Token
-from attnscope.trace import Trace, trace
+    >>> import attnscope
+    >>> tr = attnscope.trace("time flies like an arrow")   # the bundled all-MiniLM-L6-v2
+    >>> tr.check().ok
+    True
+
+Names are imported on first use, so `import attnscope` (and the CLI's --help) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "TOLERANCE": "attnscope.check",
+    "CheckReport": "attnscope.check",
+    "AttnscopeError": "attnscope.errors",
+    "DEFAULT_MODEL": "attnscope.models",
+    "Model": "attnscope.models",
+    "load_model": "attnscope.models",
+    "Token": "attnscope.tokens",
+    "Trace": "attnscope.trace",
+    "trace": "attnscope.trace",
+    "walkthrough": "attnscope.explain",
+    "Walkthrough": "attnscope.explain",
+}
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -16,6 +37,26 @@ __all__ = [
     "Model",
     "Token",
     "Trace",
+    "Walkthrough",
     "load_model",
     "trace",
+    "walkthrough",
 ]
+
+if TYPE_CHECKING:
+    from attnscope.check import TOLERANCE, CheckReport
+    from attnscope.errors import AttnscopeError
+    from attnscope.explain import Walkthrough, walkthrough
+    from attnscope.models import DEFAULT_MODEL, Model, load_model
+    from attnscope.tokens import Token
+    from attnscope.trace import Trace, trace
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -14,3 +14,10 @@ def check_index(kind: str, value: int, count: int, owner: str = "this model") ->
             f"{kind} {value} is out of range: {owner} has {count} {kind}s, "
             f"valid values are 0..{count - 1} (0-indexed)"
         )
+
+
+def require_text(text: object, what: str = "text") -> str:
+    """The text itself, or a one-line error when it is empty or whitespace only."""
+    if not isinstance(text, str) or not text.strip():
+        raise AttnscopeError(f"the {what} is empty: give a sentence to trace")
+    return text

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, require_text
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,6 @@ class Encoded:
     inputs: dict[str, torch.Tensor]  # input_ids, attention_mask[, token_type_ids]: [batch, token]
     tokens: list[list[Token]]
     truncated: list[bool]
-
-
-def require_text(text: str, what: str = "text") -> str:
-    if not isinstance(text, str) or not text.strip():
-        raise AttnscopeError(f"the {what} is empty: give a sentence to trace")
-    return text
 
 
 def encode(

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_format, add_text_args, console, print_json, read_text
-from attnscope.explain import walkthrough
-from attnscope.models import load_model
-from attnscope.render import (
-    check_markdown,
-    check_summary,
-    check_table,
-    columns_for_width,
-    walkthrough_json,
-    walkthrough_markdown,
-    walkthrough_renderables,
-)
-from attnscope.toy import toy_walkthrough
-from attnscope.trace import Trace, trace
+
+if TYPE_CHECKING:
+    from attnscope.trace import Trace
+
+# Heavy imports (torch, transformers) happen inside the commands, so --help and input errors are instant.
 
 
 def register(sub: Any) -> None:
@@ -50,24 +42,39 @@ def register(sub: Any) -> None:
 
 def traced(args: argparse.Namespace) -> Trace:
     """The trace a command asked for, from its TEXT/--text-file, --pair and model options."""
-    model = load_model(args.model)
+    from attnscope.errors import require_text
+
+    text = require_text(read_text(args))  # before the heavy imports: input errors are instant
     pair: str | None = getattr(args, "pair", None)
-    return trace(read_text(args), pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
+    if pair is not None:
+        require_text(pair, "second text (--pair)")
+    from attnscope.models import load_model
+    from attnscope.trace import trace
+
+    model = load_model(args.model)
+    return trace(text, pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
 
 
 def run_explain(args: argparse.Namespace) -> int:
     tr = traced(args)
+    from attnscope.explain import walkthrough
+    from attnscope.models import load_model
+
     w = walkthrough(tr, args.layer, args.head, args.token, model=load_model(args.model))
     emit_walkthrough(w, args.format)
     return 0
 
 
 def run_toy(args: argparse.Namespace) -> int:
+    from attnscope.toy import toy_walkthrough
+
     emit_walkthrough(toy_walkthrough(scale=not args.no_scale), args.format)
     return 0
 
 
 def emit_walkthrough(w: Any, fmt: str) -> None:
+    from attnscope.render import columns_for_width, walkthrough_json, walkthrough_markdown, walkthrough_renderables
+
     if fmt == "json":
         print_json(walkthrough_json(w))
     elif fmt == "markdown":
@@ -78,6 +85,8 @@ def emit_walkthrough(w: Any, fmt: str) -> None:
 
 
 def run_trace(args: argparse.Namespace) -> int:
+    from attnscope.render import check_summary
+
     tr = traced(args)
     tr.save(args.output)
     report = tr.check()
@@ -91,6 +100,8 @@ def run_trace(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from attnscope.render import check_markdown, check_summary, check_table
+
     tr = traced(args)
     report = tr.check()
     if args.format == "json":

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from attnscope.errors import AttnscopeError
 
 # Each module registers its subcommands with register(subparsers).
-COMMAND_MODULES = ("attnscope.cli.core",)
+COMMAND_MODULES = ("attnscope.cli.core", "attnscope.cli.serve", "attnscope.cli.rollout")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,10 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _quiet_libraries(debug: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="warning: %(message)s")
-    import transformers
-
-    transformers.utils.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    if not debug:  # read by transformers and huggingface_hub when they are imported
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,86 @@
+"""serve: the local web app and JSON API (needs the `serve` extra)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+
+LOOPBACK = "127.0.0.1"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="a local web page and JSON API to trace, view and explain attention")
+    p.add_argument("--host", default=LOOPBACK, help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--model", metavar="M", nargs="+", action="extend", default=None,
+                   help="models to serve, the first is the default (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens per trace (default 256)")
+    p.add_argument("--max-chars", type=int, default=10_000, metavar="N",
+                   help="characters per text (default 10000)")
+    p.add_argument("--max-body", type=int, default=256 * 1024, metavar="BYTES",
+                   help="request body limit; larger bodies get 413 (default 262144)")
+    p.add_argument("--workers", type=int, default=1, help="inference threads (default 1)")
+    p.add_argument("--queue", type=int, default=32, help="requests that may wait; beyond, 503 (default 32)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="per-request deadline, waiting included; beyond, 504 (default 30)")
+    p.add_argument("--cache", type=int, default=16, metavar="N", help="recent traces kept (default 16)")
+    p.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from attnscope.serve import Settings, create_app
+    except ImportError as exc:
+        raise AttnscopeError(f"serve needs the serve extra: pip install 'attnscope[serve]' ({exc.name} is missing)") from exc
+    settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
+                        max_body_bytes=args.max_body, workers=args.workers, queue=args.queue,
+                        timeout=args.timeout, cache_entries=args.cache)
+    app = create_app(settings)
+    sock = bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    if not is_loopback(args.host):
+        print(f"attnscope: warning: listening on {args.host}: anyone who can reach this machine can use the "
+              "server and its CPU; use --host 127.0.0.1 to keep it local", file=sys.stderr)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"attnscope: serving {', '.join(m['name'] for m in app.state.server.service.model_list())} "
+          f"on http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket, so a taken port is one clear error and port 0 gets a real number."""
+    if not 0 <= port <= 65535:
+        raise AttnscopeError(f"--port {port} is not a port: use 0..65535")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise AttnscopeError(f"--host {host}: cannot resolve it ({exc.strerror})") from exc
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise AttnscopeError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port") from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,81 @@
+"""Norm-based attention (Kobayashi et al. 2020): weigh each attention weight by what it moves.
+
+A layer's attention output (before the output bias b_O) is a sum of one vector per head h
+and key j:
+
+    output_i - b_O = sum_h sum_j alpha^h_ij f^h(x_j),   f^h(x) = (x W_V^h + b_V^h) W_O^h
+
+with W_O^h the head's d_head rows of the output projection. A large alpha on a key whose
+f^h(x_j) is short moves little, so the norms say more than alpha alone:
+
+    norm_head[l, h, i, j]  = ||alpha^h_ij f^h(x_j)|| = alpha^h_ij ||f^h(x_j)||
+    norm_layer[l, i, j]    = ||sum_h alpha^h_ij f^h(x_j)||
+
+x W_V^h + b_V^h is the captured `v` stage, so the inputs here are v, the weights and each
+layer's W_O in the x @ W convention ([head * d_head, d_model]; GPT-2's Conv1D already is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from attnscope.errors import AttnscopeError
+from attnscope.rollout import check_weights
+
+
+def transformed(v: np.ndarray, w_o: npt.ArrayLike) -> np.ndarray:
+    """f^h(x_j) for one layer: v [head, key, d_head], W_O [head * d_head, d_model] -> [head, key, d_model]."""
+    v64 = np.asarray(v, dtype=np.float64)
+    n_heads, _, d_head = v64.shape
+    w = np.asarray(w_o, dtype=np.float64)
+    if w.ndim != 2 or w.shape[0] != n_heads * d_head:
+        raise AttnscopeError(
+            f"W_O must be [head * d_head, d_model] = [{n_heads * d_head}, d_model] (x @ W convention), "
+            f"got shape {list(w.shape)}"
+        )
+    w_heads = w.reshape(n_heads, d_head, -1)  # [head, d_head, d_model]: head h owns rows h*d_head..
+    return np.einsum("hkd,hdm->hkm", v64, w_heads)  # [head, key, d_model]
+
+
+def layer_norms(v: np.ndarray, weights: np.ndarray, w_o: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """One layer: v [head, key, d_head], weights [head, query, key] -> ([head, query, key], [query, key])."""
+    f = transformed(v, w_o)  # [head, key, d_model]
+    alpha = np.asarray(weights, dtype=np.float64)
+    per_head = alpha * np.linalg.norm(f, axis=-1)[:, None, :]  # alpha_ij ||f(x_j)||, [head, query, key]
+    # ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>: a [key, head, head] Gram matrix instead of a
+    # [query, key, d_model] sum, which would need query x key x d_model memory.
+    gram = np.einsum("hkm,gkm->khg", f, f)  # [key, head, head]
+    squared = np.einsum("hqk,khg,gqk->qk", alpha, gram, alpha, optimize=True)  # [query, key]
+    # squared is a sum of squares; rounding can leave it a few ulps below 0 where it is 0
+    per_layer = np.sqrt(np.maximum(squared, 0.0))
+    return per_head, per_layer
+
+
+def norm_attention(
+    v: np.ndarray, weights: np.ndarray, w_o: Sequence[npt.ArrayLike]
+) -> dict[str, np.ndarray]:
+    """Norm-based attention for every layer.
+
+    v: [layer, head, token, d_head] (the captured v stage, b_V included);
+    weights: [layer, head, query, key]; w_o: one [head * d_head, d_model] per layer (b_O excluded).
+    Returns {"norm_head": [layer, head, query, key], "norm_layer": [layer, query, key]} in v's float dtype.
+    """
+    w = check_weights(weights)
+    v_arr = np.asarray(v)
+    if v_arr.ndim != 4 or v_arr.shape[:3] != w.shape[:3]:
+        raise AttnscopeError(
+            f"v must be [layer, head, token, d_head] matching weights {list(w.shape)}, got {list(v_arr.shape)}"
+        )
+    if len(w_o) != w.shape[0]:
+        raise AttnscopeError(f"need one W_O per layer: {w.shape[0]} layers but {len(w_o)} W_O matrices")
+    if not np.isfinite(v_arr).all():
+        raise AttnscopeError("v holds NaN or infinity: the trace is broken, trace the text again")
+    pairs = [layer_norms(v_arr[i], w[i], w_o[i]) for i in range(w.shape[0])]
+    dtype = v_arr.dtype if np.issubdtype(v_arr.dtype, np.floating) else np.dtype(np.float64)
+    return {
+        "norm_head": np.stack([p[0] for p in pairs]).astype(dtype),  # [layer, head, query, key]
+        "norm_layer": np.stack([p[1] for p in pairs]).astype(dtype),  # [layer, query, key]
+    }

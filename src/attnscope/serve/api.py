@@ -1,0 +1,71 @@
+"""The JSON bodies of `POST /api/trace` and `POST /api/explain`: their fields and parsed forms."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attnscope.serve.fields import ENCODINGS, STAGES, Field
+from attnscope.serve.settings import Settings
+
+
+@dataclass(frozen=True)
+class TraceRequest:
+    text: str
+    pair: str | None
+    model: str | None
+    max_length: int | None
+    truncate: bool
+    stages: tuple[str, ...]
+    encoding: str
+    payload: bool
+
+
+@dataclass(frozen=True)
+class ExplainRequest:
+    text: str
+    pair: str | None
+    model: str | None
+    max_length: int | None
+    truncate: bool
+    layer: int
+    head: int
+    token: int | None
+
+
+def text_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+    """What to trace: the fields both endpoints share (one trace is cached for both)."""
+    return [
+        Field("text", "string", "The sentence to trace.", required=True, max_length=settings.max_chars),
+        Field("pair", "string", "An optional second sentence (segment B).", nullable=True,
+              max_length=settings.max_chars),
+        Field("model", "string", "A model this server serves (GET /api/models); null for the default.",
+              nullable=True, enum=tuple(models)),
+        Field("max_length", "integer", "Maximum tokens, special tokens included; null for the server's "
+              f"limit ({settings.max_tokens}) or the model's, whichever is smaller.",
+              nullable=True, minimum=2, maximum=settings.max_tokens),
+        Field("truncate", "boolean", "Keep the first max_length tokens of a longer text (true) or refuse "
+              "it with 422 (false).", default=True),
+    ]
+
+
+def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+    return [
+        *text_fields(settings, models),
+        Field("stages", "array", "Arrays to return, by the stage names of saved traces (axes in each "
+              "array's `axes`).", default=("weights",), enum=STAGES, max_length=len(STAGES)),
+        Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "
+              "or nested JSON lists.", default="base64", enum=ENCODINGS),
+        Field("payload", "boolean", "Also return the views' JSON payload (what the page renders).",
+              default=False),
+    ]
+
+
+def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads: int) -> list[Field]:
+    return [
+        *text_fields(settings, models),
+        Field("layer", "integer", "Layer, 0-indexed.", default=0, minimum=0, maximum=layers - 1),
+        Field("head", "integer", "Head, 0-indexed.", default=0, minimum=0, maximum=heads - 1),
+        Field("token", "integer", "Focus on one query token (0-indexed); null for every query.",
+              nullable=True, minimum=0, maximum=settings.max_tokens - 1),
+    ]

@@ -1,0 +1,134 @@
+"""The Starlette app: routes, limits, the worker pool and errors as one-line JSON.
+
+Every refusal is `{"error": "<one line>"}` with its status: 413 body too large, 422 bad
+JSON or fields or an untraceable text, 503 queue full, 504 past the deadline, 404/405.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from attnscope.errors import AttnscopeError
+from attnscope.serve import page
+from attnscope.serve.api import ExplainRequest, TraceRequest, explain_fields, trace_fields
+from attnscope.serve.fields import RequestError, parse_body, parse_json
+from attnscope.serve.openapi import document
+from attnscope.serve.pool import InferencePool, PoolBusy, PoolTimeout
+from attnscope.serve.service import Service
+from attnscope.serve.settings import Settings
+
+log = logging.getLogger(__name__)
+JSON = "application/json"
+
+
+class Server:
+    """The endpoints, bound to one service (models and cache) and one inference pool."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.service = Service(settings)
+        self.pool = InferencePool(settings.workers, settings.queue, settings.timeout)
+        models = list(dict.fromkeys(self.service.models.values()))
+        layers = max(m.n_layers for m in models)
+        heads = max(m.n_heads for m in models)
+        self.trace_fields = trace_fields(settings, self.service.names)
+        self.explain_fields = explain_fields(settings, self.service.names, layers, heads)
+        self.openapi = document(self.trace_fields, self.explain_fields)
+
+    async def trace(self, request: Request) -> Response:
+        data = await read_json(request, self.settings.max_body_bytes)
+        req = TraceRequest(**parse_body(data, self.trace_fields))
+        return Response(await self._run(self.service.trace_body, req), media_type=JSON)
+
+    async def explain(self, request: Request) -> Response:
+        data = await read_json(request, self.settings.max_body_bytes)
+        req = ExplainRequest(**parse_body(data, self.explain_fields))
+        return Response(await self._run(self.service.explain_body, req), media_type=JSON)
+
+    async def models(self, _request: Request) -> Response:
+        return JSONResponse({"models": self.service.model_list()})
+
+    async def health(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok", "models": self.service.names, "pool": self.pool.stats(),
+                             "cache": self.service.cache.stats()})
+
+    async def schema(self, _request: Request) -> Response:
+        return JSONResponse(self.openapi)
+
+    async def index(self, _request: Request) -> Response:
+        html, policy = page.render(self.service.model_list())
+        return HTMLResponse(html, headers={"Content-Security-Policy": policy, "Cache-Control": "no-store"})
+
+    async def _run(self, fn: Callable[[Any], bytes], req: Any) -> bytes:
+        try:
+            return await self.pool.run(fn, req)
+        except PoolBusy as exc:
+            raise RequestError(503, f"{exc}: retry in a moment") from exc
+        except PoolTimeout as exc:
+            raise RequestError(504, f"{exc}: try a shorter text or a smaller max_length") from exc
+        except AttnscopeError as exc:
+            raise RequestError(422, str(exc)) from exc
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refusing (413) as soon as it is over the limit, before reading it all."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of {limit}: send less text")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise RequestError(413, f"the body is over the limit of {limit} bytes: send less text")
+    return parse_json(bytes(body))
+
+
+async def _request_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, RequestError)
+    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _server_error(_request: Request, exc: Exception) -> Response:
+    log.error("internal error: %s", exc, exc_info=exc)
+    return JSONResponse({"error": f"internal error ({type(exc).__name__}): {exc}"}, status_code=500)
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The web app: the page at /, the JSON API under /api, /healthz and /openapi.json.
+
+    Loads every served model now, so a bad model name fails here (AttnscopeError).
+    """
+    server = Server(settings or Settings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        server.pool.shutdown()
+
+    routes = [
+        Route("/", server.index, methods=["GET"]),
+        Route("/api/trace", server.trace, methods=["POST"]),
+        Route("/api/explain", server.explain, methods=["POST"]),
+        Route("/api/models", server.models, methods=["GET"]),
+        Route("/healthz", server.health, methods=["GET"]),
+        Route("/openapi.json", server.schema, methods=["GET"]),
+    ]
+    handlers = {RequestError: _request_error, HTTPException: _http_error, Exception: _server_error}
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
+    app.state.server = server
+    return app

@@ -1,0 +1,178 @@
+"""Request bodies: one declaration per field gives both the validation and the OpenAPI schema.
+
+A body that breaks a rule gets 422 with one line naming the field, the rule and what was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+STAGES = ("x", "q", "k", "v", "scores", "weights", "context", "output",
+          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.trace.ARRAY_AXES, in stage order
+ENCODINGS = ("base64", "list")
+_NONBLANK = r"\S"
+
+
+class RequestError(Exception):
+    """A request the server refuses: an HTTP status and a one-line message for the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Field:
+    """One JSON body field: its type, bounds, default and the words a client reads."""
+
+    name: str
+    type: str  # "string" | "integer" | "boolean" | "array" (of strings)
+    description: str
+    required: bool = False
+    nullable: bool = False
+    default: Any = None
+    minimum: int | None = None
+    maximum: int | None = None
+    max_length: int | None = None  # strings: characters; arrays: items
+    enum: tuple[str, ...] | None = None  # strings, or the items of an array
+
+    def schema(self) -> dict[str, Any]:
+        """This field as an OpenAPI 3.0 schema."""
+        s: dict[str, Any] = {"type": self.type, "description": self.description}
+        if self.type == "array":
+            item: dict[str, Any] = {"type": "string"}
+            if self.enum is not None:
+                item["enum"] = list(self.enum)
+            s.update(items=item, uniqueItems=True)
+        elif self.enum is not None:
+            s["enum"] = [*self.enum, None] if self.nullable else list(self.enum)
+        if self.type == "string" and self.enum is None:
+            s.update(minLength=1, pattern=_NONBLANK)
+        for key, value in (("minimum", self.minimum), ("maximum", self.maximum)):
+            if value is not None:
+                s[key] = value
+        if self.max_length is not None:
+            s["maxItems" if self.type == "array" else "maxLength"] = self.max_length
+        if self.nullable:
+            s["nullable"] = True
+        if not self.required and self.default is not None:
+            s["default"] = list(self.default) if isinstance(self.default, tuple) else self.default
+        return s
+
+    def parse(self, value: Any) -> Any:
+        """The value, checked; raises RequestError(422) naming the field and the rule."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise self._bad("must not be null", value)
+        if self.type == "string":
+            return self._string(value)
+        if self.type == "integer":
+            return self._integer(value)
+        if self.type == "boolean":
+            if not isinstance(value, bool):
+                raise self._bad("must be true or false", value)
+            return value
+        return self._array(value)
+
+    def _string(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise self._bad("must be a string", value)
+        if self.enum is not None and value not in self.enum:
+            raise self._bad(f"must be one of {', '.join(map(repr, self.enum))}", value)
+        if self.max_length is not None and len(value) > self.max_length:
+            raise self._bad(f"is {len(value)} characters long, over the limit of {self.max_length}: "
+                            "shorten it", None)
+        if not re.search(_NONBLANK, value):
+            raise self._bad("is empty: give a sentence", value)
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise self._bad(f"is not valid Unicode text (an unpaired surrogate at character {exc.start})",
+                            None) from exc
+        return value
+
+    def _integer(self, value: Any) -> int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad("must be an integer", value)
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        if not low <= value <= high:
+            span = f"from {self.minimum}" + ("" if self.maximum is None else f" to {self.maximum}")
+            raise self._bad(f"must be {span}", value)
+        return value
+
+    def _array(self, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._bad("must be a list of strings", value)
+        unknown = [v for v in value if self.enum is not None and v not in self.enum]
+        if unknown:
+            raise self._bad(f"has {unknown[0]!r}; the choices are {', '.join(self.enum or ())}", None)
+        if len(set(value)) != len(value):
+            raise self._bad("names an item twice", value)
+        return tuple(value)
+
+    def _bad(self, rule: str, value: Any) -> RequestError:
+        sent = "" if value is None and rule != "must not be null" else f" (got {_preview(value)})"
+        return RequestError(422, f"field {self.name!r} {rule}{sent}")
+
+
+def _preview(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def parse_body(data: Any, fields: Sequence[Field]) -> dict[str, Any]:
+    """Every field's value (defaults filled in); unknown or missing fields are errors."""
+    if not isinstance(data, dict):
+        raise RequestError(422, f"the body must be a JSON object with the fields {_names(fields)}")
+    known = {f.name for f in fields}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RequestError(422, f"unknown field {unknown[0]!r}: the fields are {_names(fields)}")
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f.name not in data:
+            if f.required:
+                raise RequestError(422, f"field {f.name!r} is required")
+            out[f.name] = f.default
+        else:
+            out[f.name] = f.parse(data[f.name])
+    return out
+
+
+def _names(fields: Sequence[Field]) -> str:
+    return ", ".join(f.name for f in fields)
+
+
+def body_schema(fields: Sequence[Field]) -> dict[str, Any]:
+    """A request body's OpenAPI schema: a closed object of these fields."""
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": [f.name for f in fields if f.required],
+        "properties": {f.name: f.schema() for f in fields},
+    }
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity literals, UTF-8 only; anything else is a 422."""
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=no_constant)
+    except UnicodeDecodeError as exc:
+        raise RequestError(422, f"the body is not UTF-8 (byte {exc.start}): send JSON text") from exc
+    except RecursionError as exc:
+        raise RequestError(422, "the body is nested too deeply: send a flat JSON object") from exc
+    except ValueError as exc:
+        raise RequestError(422, f"the body is not valid JSON: {exc}") from exc

@@ -1,0 +1,98 @@
+"""The OpenAPI 3.0 document of the JSON API, built from the same field declarations that validate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnscope import __version__
+from attnscope.serve.fields import STAGES, Field, body_schema
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_STATUS_TEXT = {
+    413: "The request body is larger than the server's limit.",
+    422: "The body is not valid JSON, breaks a field's rule, or the text cannot be traced.",
+    503: "Every worker is busy and the queue is full: retry after a moment.",
+    504: "The request took longer than the server's deadline.",
+}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): _json(_ERROR, _STATUS_TEXT[c]) for c in codes}
+
+
+def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str) -> dict[str, Any]:
+    return {"post": {
+        "operationId": op_id, "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(fields)}}},
+        "responses": {"200": _json(ok, "OK"), **_errors(413, 422, 503, 504)},
+    }}
+
+
+def _get(summary: str, ok: dict[str, Any], op_id: str) -> dict[str, Any]:
+    return {"get": {"operationId": op_id, "summary": summary, "responses": {"200": _json(ok, "OK")}}}
+
+
+def _obj(required: list[str], **props: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": props}
+
+
+_ARRAY = _obj(
+    ["axes", "shape", "dtype", "encoding", "data"],
+    axes={"type": "array", "items": {"type": "string"}},
+    shape={"type": "array", "items": {"type": "integer"}},
+    dtype={"type": "string", "enum": ["float32"]},
+    encoding={"type": "string", "enum": ["base64", "list"]},
+    data={"description": "base64 text, or nested lists of numbers", "oneOf": [{"type": "string"},
+                                                                                {"type": "array"}]},
+)
+_TOKEN = _obj(["index", "text", "id", "start", "end", "special", "word", "segment"],
+              index={"type": "integer"}, text={"type": "string"}, id={"type": "integer"},
+              start={"type": "integer", "nullable": True}, end={"type": "integer", "nullable": True},
+              special={"type": "boolean"}, word={"type": "integer", "nullable": True},
+              segment={"type": "integer"})
+_CHECK = _obj(["ok", "tolerance", "max_error"], ok={"type": "boolean"}, tolerance={"type": "number"},
+              max_error={"type": "number"}, unsupported={"type": "string", "nullable": True})
+_TRACE = _obj(["model", "text", "tokens", "truncated", "check", "arrays"],
+              model={"type": "object"}, text={"type": "string"}, pair={"type": "string", "nullable": True},
+              truncated={"type": "boolean"}, tokens={"type": "array", "items": _TOKEN}, check=_CHECK,
+              arrays={"type": "object", "description": f"by stage name: {', '.join(STAGES)}",
+                      "additionalProperties": _ARRAY},
+              payload={"type": "object", "description": "the views' payload, when asked for"})
+_STEP = _obj(["stage", "title", "text", "shape", "arrays"], stage={"type": "string"},
+             title={"type": "string"}, text={"type": "string"}, shape={"type": "string"},
+             arrays={"type": "object", "additionalProperties": {"type": "array"}})
+_EXPLAIN = _obj(["model", "layer", "head", "token", "tokens", "steps", "check"],
+                model={"type": "object"}, layer={"type": "integer"}, head={"type": "integer"},
+                token={"type": "integer", "nullable": True}, tokens={"type": "array", "items": _TOKEN},
+                steps={"type": "array", "items": _STEP},
+                check=_obj(["ok", "tolerance"], ok={"type": "boolean"}, tolerance={"type": "number"}))
+_MODEL = _obj(["name", "architecture", "layers", "heads", "max_positions", "default", "max_length"],
+              name={"type": "string"}, architecture={"type": "string"}, layers={"type": "integer"},
+              heads={"type": "integer"}, max_positions={"type": "integer"}, default={"type": "boolean"},
+              aliases={"type": "array", "items": {"type": "string"}}, max_length={"type": "integer"})
+_HEALTH = _obj(["status"], status={"type": "string", "enum": ["ok"]}, pool={"type": "object"},
+               cache={"type": "object"}, models={"type": "array", "items": {"type": "string"}})
+
+
+def document(trace_fields: list[Field], explain_fields: list[Field]) -> dict[str, Any]:
+    """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "attnscope", "version": __version__,
+                 "description": "Trace, verify and explain the self-attention of the served models. "
+                                "Layers, heads and tokens are 0-indexed."},
+        "paths": {
+            "/api/trace": _post("Trace a text: tokens, verification and arrays by stage name",
+                                trace_fields, _TRACE, "trace"),
+            "/api/explain": _post("Walk through one layer, head and query token step by step "
+                                  "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
+            "/api/models": _get("The models this server serves; the default first",
+                                _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
+            "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),
+        },
+        "components": {"schemas": {"Error": _obj(["error"], error={"type": "string"})}},
+    }
