@@ -37,7 +37,8 @@ def transformed(v: np.ndarray, w_o: npt.ArrayLike) -> np.ndarray:
             f"got shape {list(w.shape)}"
         )
     w_heads = w.reshape(n_heads, d_head, -1)  # [head, d_head, d_model]: head h owns rows h*d_head..
-    return np.einsum("hkd,hdm->hkm", v64, w_heads)  # [head, key, d_model]
+    f: np.ndarray = np.einsum("hkd,hdm->hkm", v64, w_heads)  # [head, key, d_model]
+    return f
 
 
 def layer_norms(v: np.ndarray, weights: np.ndarray, w_o: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:

@@ -55,8 +55,9 @@ def residual_attention(weights: np.ndarray) -> np.ndarray:
     """A-hat: the head mean plus the identity, rows renormalised.  [layer, head, query, key] -> [layer, query, key]"""
     w = check_weights(weights).astype(np.float64)
     a_bar = w.mean(axis=1)  # [layer, query, key]
-    a_hat = 0.5 * a_bar + 0.5 * np.eye(w.shape[-1])
-    return a_hat / a_hat.sum(axis=-1, keepdims=True)  # rows of a_bar already sum to 1 unless masked
+    a_hat: np.ndarray = 0.5 * a_bar + 0.5 * np.eye(w.shape[-1])
+    renormalised: np.ndarray = a_hat / a_hat.sum(axis=-1, keepdims=True)  # a_bar rows sum to 1 unless masked
+    return renormalised
 
 
 def rollout(weights: np.ndarray) -> np.ndarray:
@@ -85,23 +86,24 @@ def flow(weights: np.ndarray, max_tokens: int = MAX_FLOW_TOKENS) -> np.ndarray:
         raise AttnscopeError(
             f"attention flow over {n} tokens is refused: it solves a max-flow for each of the {n}x{n} token "
             f"pairs and its cost grows like tokens^4 (about 5 s at 64 tokens and 6 layers); shorten the text "
-            f"to at most {max_tokens} tokens or raise the limit (max_tokens=, --max-tokens {n})"
+            f"to at most {max_tokens} tokens, or accept the cost with --max-tokens {n} (max_tokens={n} in Python)"
         )
     a_hat = residual_attention(weights)
     values = _max_flows(a_hat)  # [query, key]
-    return (values / values.sum(axis=-1, keepdims=True)).astype(_float_dtype(weights))
+    shares: np.ndarray = values / values.sum(axis=-1, keepdims=True)
+    return shares.astype(_float_dtype(weights))
 
 
 def _max_flows(a_hat: np.ndarray) -> np.ndarray:
     """Max-flow value from each top position to each input position: [query, key] (unnormalised)."""
     try:
-        from scipy.sparse import csr_array
-        from scipy.sparse.csgraph import maximum_flow
+        from scipy.sparse import csr_array  # type: ignore[import-untyped]
+        from scipy.sparse.csgraph import maximum_flow  # type: ignore[import-untyped]
     except ImportError as exc:
         raise AttnscopeError("attention flow needs scipy: pip install scipy (or attnscope[stats])") from exc
     n_layers, n, _ = a_hat.shape
     if n_layers == 1:
-        return a_hat[0].copy()  # one layer: each edge is the only path
+        return np.array(a_hat[0])  # one layer: each edge is the only path
     caps = np.rint(a_hat * FLOW_SCALE).astype(np.int32)  # [layer, query, key]
     indptr, indices = _layered_graph(n_layers, n)
     reach = _reachable(caps)  # skip pairs with no path at all (the future, in causal models)
@@ -133,7 +135,7 @@ def _layered_graph(n_layers: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _reachable(caps: np.ndarray) -> np.ndarray:
     """[query, key]: whether any path of positive capacities joins top position query to input key."""
-    reach = caps[0] > 0
+    reach: np.ndarray = caps[0] > 0
     for layer in range(1, caps.shape[0]):
         reach = ((caps[layer] > 0).astype(np.int64) @ reach.astype(np.int64)) > 0
     return reach

@@ -92,20 +92,22 @@ def emit(payload: dict[str, Any], what: str, fmt: str) -> None:
     elif fmt == "markdown":
         sys.stdout.write(row_markdown(payload, title))
     else:
-        console().print(row_table(payload, title))
+        from rich.text import Text
+
+        console().print(Text(title), row_table(payload))
 
 
 def _bar(value: float, top: float) -> str:
     return "█" * round(BAR_WIDTH * value / top) if top > 0 else ""
 
 
-def row_table(payload: dict[str, Any], title: str) -> Table:
+def row_table(payload: dict[str, Any]) -> Table:
     from rich.table import Table
     from rich.text import Text
 
     keys = payload["keys"]
     top = max(k["value"] for k in keys)
-    t = Table(title=Text(title), title_justify="left", show_edge=False, pad_edge=False)
+    t = Table(show_edge=False, pad_edge=False)
     t.add_column("key", justify="right")
     t.add_column("token")
     t.add_column(payload["method"], justify="right")
