@@ -23,8 +23,8 @@ _EXPORTS = {
     "Model": "attnscope.models",
     "load_model": "attnscope.models",
     "Token": "attnscope.tokens",
-    "Trace": "attnscope.trace",
-    "trace": "attnscope.trace",
+    "Trace": "attnscope.tracing",
+    "trace": "attnscope.tracing",
     "walkthrough": "attnscope.explain",
     "Walkthrough": "attnscope.explain",
 }
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from attnscope.explain import Walkthrough, walkthrough
     from attnscope.models import DEFAULT_MODEL, Model, load_model
     from attnscope.tokens import Token
-    from attnscope.trace import Trace, trace
+    from attnscope.tracing import Trace, trace
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ import torch
 from attnscope import maths
 from attnscope.models import ModelLike, load_model
 from attnscope.recompute import layer_params
-from attnscope.trace import Trace
+from attnscope.tracing import Trace
 
 
 @dataclass

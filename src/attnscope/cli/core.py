@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.cli.common import add_format, add_text_args, console, print_json, read_text
 
 if TYPE_CHECKING:
-    from attnscope.trace import Trace
+    from attnscope.tracing import Trace
 
 # Heavy imports (torch, transformers) happen inside the commands, so --help and input errors are instant.
 
@@ -49,7 +49,7 @@ def traced(args: argparse.Namespace) -> Trace:
     if pair is not None:
         require_text(pair, "second text (--pair)")
     from attnscope.models import load_model
-    from attnscope.trace import trace
+    from attnscope.tracing import trace
 
     model = load_model(args.model)
     return trace(text, pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
