@@ -85,7 +85,7 @@ def flow(weights: np.ndarray, max_tokens: int = MAX_FLOW_TOKENS) -> np.ndarray:
     if n > max_tokens:
         raise AttnscopeError(
             f"attention flow over {n} tokens is refused: it solves a max-flow for each of the {n}x{n} token "
-            f"pairs and its cost grows like tokens^4 (about 5 s at 64 tokens and 6 layers); shorten the text "
+            f"pairs and its cost grows like tokens^4 (about 3 s at 64 tokens and 6 layers); shorten the text "
             f"to at most {max_tokens} tokens, or accept the cost with --max-tokens {n} (max_tokens={n} in Python)"
         )
     a_hat = residual_attention(weights)
