@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError, check_index
-from attnscope.trace import ARRAY_AXES, Trace
+from attnscope.tracing import ARRAY_AXES, Trace
 
 FORMAT = "attnscope.views/1"
 # Raw weights first; other [query, key] arrays follow in this order, then any new ones by name.

@@ -1,0 +1,158 @@
+"""Interactive attention views: head, model, neuron and matrix, as self-contained HTML.
+
+Python
+    to_html(trace, view="all", **options) -> str    a complete page (file://, no network)
+    repr_html(trace) -> str                          what a Trace shows in Jupyter (an isolated iframe)
+    show(trace, view="head", **options)              display one view in Jupyter
+    payload(trace, layers=, heads=, neuron=, compress=, initial=) -> dict   JSON-serialisable data
+    neuron_block(trace, layer, head) -> dict         exact numbers of one head, for lazy loading
+    bundle() -> str, css() -> str, js() -> str       the page's inlined style and script
+
+Contract for pages that embed the views (the web app):
+    1. Inline `bundle()` (or serve `css()` and `js()`); it defines `window.attnscope` and runs nothing.
+    2. `await window.attnscope.render(element, payload, options)` draws into `element`.
+       `payload` is `payload(trace, ...)` sent as JSON. `options` (all optional) override
+       `payload["initial"]`: view ("all", "head", "model", "neuron", "matrix"), layer, head,
+       heads (shown in the head view), query (token index), source, theme ("auto", "light",
+       "dark"), and loadNeuron: `(layer, head) => Promise<block>` that returns
+       `neuron_block(trace, layer, head)` for heads the payload does not carry.
+       It resolves to a controller `{state, set(patch), destroy()}`.
+    3. Events bubble from `element`: "attnscope:select" when a person picks a matrix cell, a
+       neuron-view row or a head-view token, detail `{view, layer, head, query, key, source}`
+       (key may be null); "attnscope:ready" when drawn.
+Layers, heads and tokens are 0-indexed everywhere, as in the trace.
+
+Sources: every [query, key] array in `trace.arrays` (raw "weights" first, then "norm_head",
+"rollout", "norm_layer", "flow" when computed) is offered in the views' source switch.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+from attnscope.tracing import Trace
+from attnscope.views.page import bundle, css, js, page
+from attnscope.views.payload import NeuronChoice, neuron_block, payload
+
+VIEWS = ("head", "model", "neuron", "matrix", "all")
+REPR_VIEW = "all"
+
+__all__ = [
+    "VIEWS",
+    "HTMLPage",
+    "bundle",
+    "css",
+    "iframe",
+    "js",
+    "neuron_block",
+    "page",
+    "payload",
+    "repr_html",
+    "show",
+    "to_html",
+]
+
+
+def check_view(view: str) -> str:
+    if view not in VIEWS:
+        raise AttnscopeError(f"unknown view {view!r}: choose one of {', '.join(VIEWS)}")
+    return view
+
+
+def to_html(
+    trace: Trace,
+    view: str = "all",
+    *,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+    show_heads: Iterable[int] | None = None,
+    query: int | None = None,
+    source: str | None = None,
+    theme: str = "auto",
+    neuron: NeuronChoice = "budget",
+    title: str | None = None,
+) -> str:
+    """A self-contained HTML page with one view, or all four as tabs (view="all").
+
+    layers, heads: which to include (0-indexed, default all; fewer keeps long texts light).
+    layer, head, show_heads, query, source: the starting selection. theme: auto, light, dark.
+    neuron: exact data carried for the neuron view ("budget", "all", "none" or (layer, head) pairs).
+    """
+    check_view(view)
+    initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
+               "heads": None if show_heads is None else list(show_heads)}
+    wants_neuron = view in ("neuron", "all")
+    data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial)
+    return page(data, title or f"attnscope {view} view: {_short(trace.text)}")
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def iframe(document: str, height: int = 640) -> str:
+    """`document` in a sandboxed, resizable iframe: its scripts run isolated from the notebook."""
+    return (
+        f'<div class="attnscope-frame" style="resize:vertical;overflow:hidden;height:{int(height)}px;'
+        'min-height:200px;border:1px solid rgba(127,127,127,.35);border-radius:6px">'
+        f'<iframe sandbox="allow-scripts" srcdoc="{html.escape(document, quote=True)}" '
+        'style="width:100%;height:100%;border:0" title="attnscope view"></iframe></div>'
+    )
+
+
+def frame_height(trace: Trace, view: str) -> int:
+    """A first height for a notebook frame (people can drag it taller)."""
+    rows = 20 * trace.n_tokens + 190
+    return max(320, min(760, rows if view in ("head", "neuron", "all") else 640))
+
+
+class HTMLPage:
+    """A rendered page: `.data` is the HTML (as in bertviz's `html_action="return"`); shows itself in Jupyter."""
+
+    def __init__(self, data: str, height: int = 640) -> None:
+        self.data = data
+        self.height = height
+
+    def _repr_html_(self) -> str:
+        return iframe(self.data, self.height)
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        p = Path(path)
+        try:
+            p.write_text(self.data, encoding="utf-8")
+        except OSError as exc:
+            raise AttnscopeError(f"cannot write {p}: {exc.strerror or exc}") from exc
+        return p
+
+    def __str__(self) -> str:
+        return self.data
+
+
+def repr_html(trace: Trace) -> str:
+    """The notebook display of a Trace: every view, as tabs, in an isolated iframe."""
+    return iframe(to_html(trace, REPR_VIEW), frame_height(trace, REPR_VIEW))
+
+
+def display(page_: HTMLPage) -> None:
+    """Show a page in the running IPython/Jupyter front end."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display as ipython_display
+    except ImportError as exc:
+        raise AttnscopeError("show() needs Jupyter (IPython): use to_html() and open the file instead") from exc
+    if get_ipython() is None:
+        raise AttnscopeError("show() displays in Jupyter: outside it, write trace.to_html() to a file "
+                             "or run `attnscope view TEXT -o view.html`")
+    ipython_display(page_)
+
+
+def show(trace: Trace, view: str = "head", **options: Any) -> None:
+    """Display one view (head, model, neuron, matrix or all) in Jupyter."""
+    display(HTMLPage(to_html(trace, view, **options), frame_height(trace, view)))

@@ -1,0 +1,145 @@
+/* attnscope views: the app shell. window.attnscope.render(element, payload, options) draws one view, or all
+   four as tabs; window.attnscope.boot() renders the page's own <script type="application/json"> payload. */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+  const el = (...a) => A.el(...a);
+  const TABS = ["head", "model", "matrix", "neuron"];
+  const STATE_KEYS = ["view", "layer", "head", "heads", "query", "source", "theme"];
+
+  function resolveTheme(theme) {
+    if (theme === "light" || theme === "dark") return theme;
+    return window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+  }
+
+  function initialState(model, given) {
+    const p = model.payload;
+    return {
+      layer: given.layer ?? p.layers[0],
+      head: given.head ?? p.heads[0],
+      heads: given.heads ?? p.heads.slice(),
+      query: given.query ?? null,
+      key: null,
+      source: given.source || model.sources.keys().next().value,
+      filter: "all",
+      theme: resolveTheme(given.theme),
+    };
+  }
+
+  function header(ctx, app) {
+    const p = ctx.model.payload;
+    const m = p.model;
+    const text = p.pair ? `${p.text}  ‖  ${p.pair}` : p.text;
+    const meta = `${m.name || "model"}${m.architecture ? ` (${m.architecture})` : ""} · ${p.model.layers ?? "?"} layers × ` +
+      `${p.model.heads ?? "?"} heads · ${ctx.model.n} tokens${m.causal ? " · causal" : ""} · all 0-indexed`;
+    const toggle = el("button", { type: "button", class: "as-theme", "aria-label": "switch light or dark theme",
+                                  text: "◐ theme" });
+    toggle.addEventListener("click", () => {
+      const theme = ctx.state.theme === "dark" ? "light" : "dark";
+      app.dataset.theme = theme;
+      ctx.set({ theme: theme });
+    });
+    const c = ctx.model.check;
+    const overall = c && c.ok !== null
+      ? el("span", { class: `as-badge as-${c.ok ? "ok" : "fail"}`, title: c.unsupported || "every layer, head and stage",
+                     text: `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmt(c.max_error, 2)}` })
+      : el("span", { class: "as-badge as-none", text: `not verified: ${(c && c.unsupported) || "no check"}` });
+    return el("header", { class: "as-header" }, [
+      el("div", { class: "as-title", title: text, text: text }),
+      el("div", { class: "as-meta" }, [el("span", { text: meta }), p.truncated
+        ? el("span", { class: "as-warn", text: "truncated to the first tokens (max length)" }) : null, overall, toggle]),
+    ]);
+  }
+
+  // Tabs with roving focus: arrow keys move between them, as WAI-ARIA tabs do.
+  function tabs(ctx, panel, views, show) {
+    const list = el("div", { class: "as-tabs", role: "tablist", "aria-label": "views" });
+    const buttons = views.map((v) => el("button", { type: "button", role: "tab", class: "as-tab", "data-view": v,
+                                                    id: `as-tab-${v}`, text: A.views[v].label, onclick: () => show(v) }));
+    list.addEventListener("keydown", (e) => {
+      const i = buttons.indexOf(document.activeElement);
+      const d = { ArrowRight: 1, ArrowLeft: -1 }[e.key];
+      if (i < 0 || !d) return;
+      const next = buttons[(i + d + buttons.length) % buttons.length];
+      next.focus();
+      show(next.dataset.view);
+      e.preventDefault();
+    });
+    list.append(...buttons);
+    return {
+      node: list,
+      select(v) {
+        for (const b of buttons) {
+          const on = b.dataset.view === v;
+          b.setAttribute("aria-selected", String(on));
+          b.tabIndex = on ? 0 : -1;
+        }
+        panel.setAttribute("aria-labelledby", `as-tab-${v}`);
+      },
+    };
+  }
+
+  function failure(node, err) {
+    console.error(err);
+    node.replaceChildren(el("p", { class: "as-missing", text: `attnscope could not draw this view: ${err.message || err}` }));
+  }
+
+  A.render = async function (element, payload, options) {
+    options = options || {};
+    const model = await A.decode(payload);
+    const given = Object.assign({}, payload.initial);
+    for (const k of STATE_KEYS) if (options[k] !== undefined) given[k] = options[k];
+    const view = given.view || "all";
+    if (view !== "all" && !A.views[view]) throw new Error(`unknown view ${view}`);
+    const store = A.store(initialState(model, given));
+    const app = el("div", { class: "as-app", "data-theme": store.get().theme, "data-view": view });
+    element.replaceChildren(app);
+    const base = A.context(element, model, store, { loadNeuron: options.loadNeuron });
+    app.append(header(base, app));
+    const panel = el("section", { class: "as-panel", role: view === "all" ? "tabpanel" : "region" });
+    let current = null;
+    let tabBar = null;
+    const show = async (name) => {
+      if (current) current.dispose();
+      current = base.scoped({ openView: tabBar ? show : null });
+      panel.replaceChildren();
+      panel.dataset.view = name;
+      if (tabBar) tabBar.select(name);
+      try {
+        await A.views[name].render(panel, current);
+      } catch (err) {
+        failure(panel, err);
+      }
+      A.emit(element, "attnscope:view", { view: name });
+    };
+    if (view === "all") {
+      tabBar = tabs(base, panel, TABS, show);
+      app.append(tabBar.node);
+    }
+    app.append(panel);
+    await show(view === "all" ? "head" : view);
+    element.dataset.attnscopeReady = "1";
+    A.emit(element, "attnscope:ready", { view: view });
+    return {
+      get state() {
+        return store.get();
+      },
+      set: (patch) => store.set(patch),
+      show: tabBar ? show : null,
+      destroy() {
+        if (current) current.dispose();
+        element.replaceChildren();
+      },
+    };
+  };
+
+  A.boot = function () {
+    const root = document.getElementById("attnscope-root");
+    try {
+      const data = JSON.parse(document.getElementById("attnscope-data").textContent);
+      A.render(root, data).catch((err) => failure(root, err));
+    } catch (err) {
+      failure(root, err);
+    }
+  };
+})();

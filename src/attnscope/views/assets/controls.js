@@ -1,0 +1,204 @@
+/* attnscope views: shared state, and the controls every view reuses (layer, head, source, query, badge). */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+  const el = (...a) => A.el(...a);
+
+  // A tiny store: set(patch) notifies subscribers with (state, patch).
+  A.store = function (initial) {
+    let state = Object.assign({}, initial);
+    const subs = new Set();
+    return {
+      get: () => state,
+      set(patch) {
+        state = Object.assign({}, state, patch);
+        for (const f of Array.from(subs)) f(state, patch);
+      },
+      subscribe(f) {
+        subs.add(f);
+        return () => subs.delete(f);
+      },
+    };
+  };
+
+  // What a view draws with: the model, the shared store, and its own list of things to undo.
+  A.context = function (root, model, store, options) {
+    const disposers = [];
+    const ctx = {
+      root: root,
+      model: model,
+      options: options || {},
+      get state() {
+        return store.get();
+      },
+      set: (patch) => store.set(patch),
+      subscribe(f) {
+        disposers.push(store.subscribe(f));
+      },
+      onDispose: (f) => disposers.push(f),
+      dispose() {
+        while (disposers.length) disposers.pop()();
+      },
+      scoped: (extra) => A.context(root, model, store, Object.assign({}, ctx.options, extra || {})),
+      emit(type, detail) {
+        A.emit(root, type, detail);
+      },
+      theme: () => (root.querySelector(".as-app") || root).dataset.theme || "light",
+      source() {
+        return model.sources.get(store.get().source) || model.sources.values().next().value;
+      },
+      changed: (patch, keys) => keys.some((k) => k in patch),
+    };
+    return ctx;
+  };
+
+  const C = (A.controls = {});
+
+  function labelled(text, control) {
+    return el("label", { class: "as-control" }, [el("span", { text: text }), control]);
+  }
+
+  C.layer = function (ctx) {
+    const select = el("select", { "aria-label": "layer (0-indexed)" });
+    for (const l of ctx.model.layers) select.append(el("option", { value: String(l), text: String(l) }));
+    const sync = () => {
+      select.value = String(ctx.state.layer);
+      select.disabled = !ctx.source().perLayer;
+    };
+    select.addEventListener("change", () => ctx.set({ layer: Number(select.value) }));
+    ctx.subscribe((s, p) => ctx.changed(p, ["layer", "source"]) && sync());
+    sync();
+    return labelled("layer", select);
+  };
+
+  C.source = function (ctx) {
+    if (ctx.model.sources.size < 2) return null;
+    const select = el("select", { "aria-label": "what to draw" });
+    for (const s of ctx.model.sources.values()) select.append(el("option", { value: s.name, text: s.label }));
+    select.value = ctx.source().name;
+    select.addEventListener("change", () => ctx.set({ source: select.value }));
+    ctx.subscribe((s, p) => "source" in p && (select.value = ctx.source().name));
+    return labelled("show", select);
+  };
+
+  // Head chips: "multi" toggles the heads drawn together, "single" picks one head.
+  C.heads = function (ctx, mode) {
+    const box = el("div", { class: "as-chips", role: "group", "aria-label": "heads (0-indexed)" });
+    const count = ctx.model.payload.model.heads || ctx.model.heads.length;
+    const chips = ctx.model.heads.map((h) => {
+      const chip = el("button", { type: "button", class: "as-chip", "data-head": String(h), text: String(h),
+                                  title: `head ${h}` });
+      chip.style.setProperty("--chip", A.headColour(h, count));
+      chip.addEventListener("click", () => pick(h));
+      return chip;
+    });
+    function pick(h) {
+      if (mode === "single") return ctx.set({ head: h });
+      const on = new Set(ctx.state.heads);
+      on.has(h) ? on.delete(h) : on.add(h);
+      ctx.set({ heads: ctx.model.heads.filter((x) => on.has(x)) });
+    }
+    function sync() {
+      const perHead = ctx.source().perHead;
+      box.classList.toggle("as-disabled", !perHead);
+      for (const chip of chips) {
+        const h = Number(chip.dataset.head);
+        const on = mode === "single" ? h === ctx.state.head : ctx.state.heads.includes(h);
+        chip.setAttribute("aria-pressed", String(on));
+        chip.disabled = !perHead;
+      }
+    }
+    ctx.subscribe((s, p) => ctx.changed(p, ["heads", "head", "source"]) && sync());
+    sync();
+    const parts = [el("span", { class: "as-control-name", text: "heads" }), ...chips];
+    if (mode !== "single") {
+      parts.push(el("button", { type: "button", class: "as-link", text: "all",
+                                onclick: () => ctx.set({ heads: ctx.model.heads.slice() }) }));
+      parts.push(el("button", { type: "button", class: "as-link", text: "none", onclick: () => ctx.set({ heads: [] }) }));
+    }
+    box.append(...parts);
+    return box;
+  };
+
+  C.query = function (ctx) {
+    const select = el("select", { "aria-label": "query token (0-indexed)", class: "as-query" });
+    ctx.model.tokens.forEach((t, i) => select.append(el("option", { value: String(i), text: A.tokenLabel(ctx.model, i) })));
+    const sync = () => (select.value = String(ctx.state.query ?? 0));
+    select.addEventListener("change", () => ctx.set({ query: Number(select.value) }));
+    ctx.subscribe((s, p) => "query" in p && sync());
+    sync();
+    return labelled("query", select);
+  };
+
+  const FILTERS = [["all", "all"], ["AA", "A → A"], ["AB", "A → B"], ["BA", "B → A"], ["BB", "B → B"]];
+  C.filter = function (ctx) {
+    if (!ctx.model.pair) return null;
+    const select = el("select", { "aria-label": "sentence filter (query → key)" });
+    for (const [v, t] of FILTERS) select.append(el("option", { value: v, text: t }));
+    select.value = ctx.state.filter || "all";
+    select.addEventListener("change", () => ctx.set({ filter: select.value }));
+    return labelled("sentences", select);
+  };
+
+  // Does a (query, key) pair pass the sentence filter?
+  A.passes = function (model, filter, q, k) {
+    if (!filter || filter === "all") return true;
+    const seg = (i) => (model.segments[i] > 0 ? "B" : "A");
+    return seg(q) === filter[0] && seg(k) === filter[1];
+  };
+
+  // The verification badge for some heads of one layer, from trace.check() (never recomputed here).
+  C.badge = function (ctx, which) {
+    const badge = el("span", { class: "as-badge", role: "status" });
+    const sync = () => {
+      const { layer, heads } = which();
+      const d = describeCheck(ctx.model, layer, heads);
+      badge.textContent = d.text;
+      badge.title = d.title;
+      badge.className = `as-badge as-${d.kind}`;
+    };
+    ctx.subscribe((s, p) => ctx.changed(p, ["layer", "head", "heads"]) && sync());
+    sync();
+    return badge;
+  };
+
+  function describeCheck(model, layer, heads) {
+    const c = model.check;
+    if (!c || c.ok === null) {
+      return { kind: "none", text: `not verified: ${(c && c.unsupported) || "no check"}`, title: "" };
+    }
+    if (!heads.length) return { kind: "none", text: "no head selected", title: "" };
+    const li = model.layers.indexOf(layer);
+    const errs = heads.map((h) => c.head_errors[li][model.heads.indexOf(h)]);
+    const worst = errs.reduce((m, e) => (typeof e === "string" || e > m ? e : m), 0);
+    const ok = typeof worst !== "string" && worst <= c.tolerance;
+    const where = heads.length === 1 ? `layer ${layer}, head ${heads[0]}` : `layer ${layer}, ${heads.length} heads`;
+    return {
+      kind: ok ? "ok" : "fail",
+      text: `${ok ? "✓ verified" : "✗ check failed"} · max error ${A.fmt(worst, 2)} ${ok ? "≤" : ">"} ${A.fmt(c.tolerance, 2)}`,
+      title: `${where}: captured vs independent recompute and vs the model's own outputs, every stage ` +
+        `(scores relative). Whole trace: max error ${A.fmt(c.max_error, 2)}${c.unsupported ? "; " + c.unsupported : ""}`,
+    };
+  }
+  A.describeCheck = describeCheck;
+
+  // A floating tooltip inside a positioned container.
+  A.tooltip = function (container) {
+    const tip = el("div", { class: "as-tip", role: "tooltip", hidden: true });
+    container.append(tip);
+    return {
+      node: tip,
+      show(x, y, lines) {
+        tip.replaceChildren(...lines.map((t) => el("div", { text: t })));
+        tip.hidden = false;
+        const box = container.getBoundingClientRect();
+        const w = tip.offsetWidth;
+        tip.style.left = `${Math.min(x + 14, box.width - w - 4)}px`;
+        tip.style.top = `${y + 14}px`;
+      },
+      hide() {
+        tip.hidden = true;
+      },
+    };
+  };
+})();

@@ -1,0 +1,212 @@
+/* attnscope views: decode a payload (attnscope.views.payload) into maps, exact neuron data and helpers. */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+
+  function base64Bytes(text) {
+    if (typeof Uint8Array.fromBase64 === "function") return Uint8Array.fromBase64(text);
+    const bin = atob(text);
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+
+  async function inflate(bytes) {
+    // zlib stream -> bytes, in the browser itself (no library, no request)
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Uint8Array(await new Response(stream).arrayBuffer());
+  }
+
+  async function unpack(encoding, text) {
+    const raw = base64Bytes(text);
+    return encoding.endsWith("+zlib") ? inflate(raw) : raw;
+  }
+
+  // One [query, key] array of the trace, as uint8 codes with one scale per matrix.
+  function makeSource(spec, codes, payload) {
+    const [nl, nh, nq, nk] = spec.shape;
+    const size = nq * nk;
+    const layerAt = (layer) => (spec.layers.length ? spec.layers.indexOf(layer) : 0);
+    const headAt = (head) => (spec.heads.length ? spec.heads.indexOf(head) : 0);
+    const index = (layer, head) => layerAt(layer) * nh + headAt(head);
+    return {
+      name: spec.name,
+      label: spec.label,
+      range: spec.range,
+      perLayer: spec.layers.length > 0,
+      perHead: spec.heads.length > 0,
+      layers: spec.layers.length ? spec.layers : [null],
+      heads: spec.heads.length ? spec.heads : [null],
+      nq: nq,
+      nk: nk,
+      count: nl * nh,
+      codes(layer, head) {
+        const i = index(layer, head);
+        return codes.subarray(i * size, (i + 1) * size);
+      },
+      scale(layer, head) {
+        return spec.scales[index(layer, head)];
+      },
+      // what 1.0 of colour or opacity means: weights are absolute, other sources per matrix
+      top(layer, head) {
+        return spec.range === "unit" ? 1 : spec.scales[index(layer, head)] || 1;
+      },
+      value(layer, head, q, k) {
+        return (codes[index(layer, head) * size + q * nk + k] / 255) * spec.scales[index(layer, head)];
+      },
+      step(layer, head) {
+        return spec.scales[index(layer, head)] / 510; // the largest quantization error
+      },
+      payload: payload,
+    };
+  }
+
+  // Exact float32 numbers of one head for the neuron view: q, k [token, d_head]; scores, weights [query, key].
+  async function decodeBlock(block, n) {
+    const bytes = await unpack(block.encoding, block.data);
+    const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+    const d = block.d_head;
+    const parts = {};
+    let at = 0;
+    for (const [name, len] of [["q", n * d], ["k", n * d], ["scores", n * n], ["weights", n * n]]) {
+      parts[name] = f.subarray(at, at + len);
+      at += len;
+    }
+    if (at !== f.length) throw new Error(`neuron data of layer ${block.layer} head ${block.head} has the wrong size`);
+    return Object.assign(parts, { layer: block.layer, head: block.head, d: d, scaling: block.scaling });
+  }
+
+  A.decode = async function (payload) {
+    if (!payload || payload.format !== "attnscope.views/1") {
+      throw new Error("not an attnscope views payload (format attnscope.views/1)");
+    }
+    const sources = new Map();
+    for (const spec of payload.sources) {
+      sources.set(spec.name, makeSource(spec, await unpack(spec.encoding, spec.data), payload));
+    }
+    const n = payload.tokens.length;
+    const blocks = new Map();
+    const ready = new Map(); // decoded blocks, for code that cannot wait
+    const keep = (b) => {
+      const key = `${b.layer}:${b.head}`;
+      const p = decodeBlock(b, n).then((d) => (ready.set(key, d), d));
+      blocks.set(key, p);
+      return p;
+    };
+    for (const b of payload.neuron.blocks) keep(b);
+    await Promise.all(blocks.values());
+    return {
+      payload: payload,
+      n: n,
+      tokens: payload.tokens,
+      segments: payload.segments,
+      special: payload.special,
+      layers: payload.layers,
+      heads: payload.heads,
+      causal: !!payload.causal,
+      pair: payload.segments.some((s) => s > 0),
+      sources: sources,
+      blocks: blocks,
+      check: payload.check,
+      neuronBlock(layer, head) {
+        return blocks.get(`${layer}:${head}`) || null;
+      },
+      readyBlock(layer, head) {
+        return ready.get(`${layer}:${head}`) || null;
+      },
+      addBlock: keep,
+    };
+  };
+
+  // ---- numbers and colours -------------------------------------------------------------
+
+  A.fmt = function (v, digits) {
+    digits = digits || 4;
+    if (typeof v === "string") return v;
+    if (!Number.isFinite(v)) return String(v);
+    if (v === 0) return "0";
+    const a = Math.abs(v);
+    if (a >= 1e5 || a < 1e-3) return v.toExponential(digits - 1);
+    return String(Number(v.toPrecision(digits)));
+  };
+
+  function hexRgb(hex) {
+    const v = parseInt(hex.slice(1), 16);
+    return [(v >> 16) & 255, (v >> 8) & 255, v & 255];
+  }
+
+  function ramp(stops) {
+    const rgb = stops.map(hexRgb);
+    const lut = new Uint8ClampedArray(256 * 4);
+    for (let i = 0; i < 256; i++) {
+      const t = (i / 255) * (rgb.length - 1);
+      const j = Math.min(rgb.length - 2, Math.floor(t));
+      const f = t - j;
+      for (let c = 0; c < 3; c++) lut[i * 4 + c] = rgb[j][c] + (rgb[j + 1][c] - rgb[j][c]) * f;
+      lut[i * 4 + 3] = 255;
+    }
+    return lut;
+  }
+
+  const LUTS = {
+    light: ramp(["#ffffff", "#deebf7", "#9ecae1", "#4292c6", "#08519c", "#08306b"]),
+    dark: ramp(["#10131a", "#3b1f5c", "#8c2981", "#de4968", "#fe9f6d", "#fcfdbf"]),
+  };
+  A.lut = (theme) => LUTS[theme === "dark" ? "dark" : "light"];
+
+  const PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                   "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"];
+  A.headColour = function (head, count) {
+    if (head === null) return "#4c78a8";
+    if (count <= PALETTE.length) return PALETTE[head % PALETTE.length];
+    return `hsl(${Math.round((head * 360) / count)}, 65%, 50%)`;
+  };
+
+  // Diverging colour for a signed number: blue below zero, orange above, strength |v| / max.
+  A.diverging = function (v, max, theme) {
+    const t = max > 0 ? Math.min(1, Math.abs(v) / max) : 0;
+    const base = theme === "dark" ? [24, 27, 34] : [255, 255, 255];
+    const end = v < 0 ? [33, 102, 172] : [230, 97, 1];
+    const c = base.map((b, i) => Math.round(b + (end[i] - b) * t));
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  };
+
+  A.emit = function (el, type, detail) {
+    el.dispatchEvent(new CustomEvent(type, { detail: detail, bubbles: true }));
+  };
+
+  // Small DOM helper: el("div", {class: "x", text: "..."}, children). Text always goes in as text.
+  A.el = function (tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") node.textContent = v;
+      else if (k === "class") node.className = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children || []) if (c) node.append(c);
+    return node;
+  };
+
+  A.tokenLabel = (model, i) => `${i}: ${model.tokens[i]}`;
+
+  // A canvas sized in CSS pixels and drawn at the screen's pixel density.
+  A.canvas = function (width, height, cls) {
+    const c = A.el("canvas", { class: cls || null });
+    A.sizeCanvas(c, width, height);
+    return c;
+  };
+  A.sizeCanvas = function (c, width, height) {
+    const dpr = Math.min(2, window.devicePixelRatio || 1);
+    c.width = Math.max(1, Math.round(width * dpr));
+    c.height = Math.max(1, Math.round(height * dpr));
+    c.style.width = `${width}px`;
+    c.style.height = `${height}px`;
+    const g = c.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    return g;
+  };
+
+  A.cssVar = (el, name) => getComputedStyle(el).getPropertyValue(name).trim();
+})();

@@ -1,0 +1,231 @@
+/* attnscope views: the matrix view. A query x key heatmap of one head with token labels, the causally
+   masked area hatched, the value on hover and a colour legend. One pixel per cell, scaled up. */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+  const el = (...a) => A.el(...a);
+  A.views = A.views || {};
+  const MAX_SIDE = 720; // px for the whole matrix
+  const FONT = "12px system-ui, sans-serif";
+
+  function geometry(model, available) {
+    const cell = Math.max(1, Math.min(24, Math.floor(Math.min(MAX_SIDE, available - 40) / model.n)));
+    let label = 0;
+    if (cell >= 11) {
+      const g = document.createElement("canvas").getContext("2d");
+      g.font = FONT;
+      label = Math.min(140, 8 + Math.max(...model.tokens.map((t, i) => g.measureText(A.tokenLabel(model, i)).width)));
+    }
+    return { cell: cell, label: Math.ceil(label), side: model.n * cell };
+  }
+
+  // [query, key] codes -> an n x n image through the theme's colour table.
+  function heatImage(model, src, layer, head, theme) {
+    const n = model.n;
+    const codes = src.codes(layer, head);
+    const toLut = src.scale(layer, head) / src.top(layer, head); // code -> colour index
+    const lut = A.lut(theme);
+    const off = document.createElement("canvas");
+    off.width = n;
+    off.height = n;
+    const g = off.getContext("2d");
+    const img = g.createImageData(n, n);
+    const colours = new Uint32Array(lut.buffer); // one RGBA pixel per entry
+    const pixels = new Uint32Array(img.data.buffer);
+    for (let i = 0; i < n * n; i++) pixels[i] = colours[Math.min(255, Math.round(codes[i] * toLut))];
+    g.putImageData(img, 0, 0);
+    return off;
+  }
+
+  A.hatch = function (g, theme) {
+    const p = document.createElement("canvas");
+    p.width = p.height = 6;
+    const pg = p.getContext("2d");
+    pg.strokeStyle = theme === "dark" ? "rgba(200,200,200,.35)" : "rgba(90,90,90,.35)";
+    pg.beginPath();
+    pg.moveTo(0, 6);
+    pg.lineTo(6, 0);
+    pg.stroke();
+    return g.createPattern(p, "repeat");
+  };
+
+  // Keys after the query: the staircase above the diagonal.
+  function maskPath(n, cell, x0, y0) {
+    const path = new Path2D();
+    path.moveTo(x0 + cell, y0);
+    path.lineTo(x0 + n * cell, y0);
+    path.lineTo(x0 + n * cell, y0 + (n - 1) * cell);
+    for (let q = n - 1; q >= 0; q--) {
+      path.lineTo(x0 + (q + 1) * cell, y0 + (q + 1) * cell);
+      path.lineTo(x0 + (q + 1) * cell, y0 + q * cell);
+    }
+    path.closePath();
+    return path;
+  }
+
+  function drawLabels(g, model, geo, fg) {
+    g.font = FONT;
+    g.fillStyle = fg;
+    g.textBaseline = "middle";
+    const fit = (t) => (t.length > 18 ? t.slice(0, 17) + "…" : t);
+    model.tokens.forEach((t, i) => {
+      const y = geo.label + i * geo.cell + geo.cell / 2;
+      g.textAlign = "right";
+      g.fillText(fit(A.tokenLabel(model, i)), geo.label - 4, y);
+      g.save();
+      g.translate(y, geo.label - 4);
+      g.rotate(-Math.PI / 2);
+      g.textAlign = "left";
+      g.fillText(fit(A.tokenLabel(model, i)), 0, 0);
+      g.restore();
+    });
+  }
+
+  function drawMatrix(canvas, ctx, geo, where) {
+    const { model } = ctx;
+    const theme = ctx.theme();
+    const size = geo.label + geo.side;
+    const g = A.sizeCanvas(canvas, size, size);
+    g.imageSmoothingEnabled = false;
+    g.drawImage(heatImage(model, where.src, where.layer, where.head, theme), geo.label, geo.label, geo.side, geo.side);
+    if (model.causal && model.n > 1) {
+      g.fillStyle = A.hatch(g, theme);
+      g.fill(maskPath(model.n, geo.cell, geo.label, geo.label));
+    }
+    if (geo.label) drawLabels(g, model, geo, A.cssVar(ctx.root.querySelector(".as-app") || ctx.root, "--fg"));
+  }
+
+  function drawCursor(overlay, geo, cursor, picked, fg) {
+    const size = geo.label + geo.side;
+    const g = A.sizeCanvas(overlay, size, size);
+    g.strokeStyle = fg;
+    const box = (q, k, w) => {
+      g.lineWidth = w;
+      g.strokeRect(geo.label + k * geo.cell - 1, geo.label + q * geo.cell - 1, geo.cell + 2, geo.cell + 2);
+    };
+    if (picked && picked.key !== null && picked.key !== undefined) box(picked.query, picked.key, 2);
+    if (picked && picked.query !== null && picked.query !== undefined) {
+      g.globalAlpha = 0.5;
+      g.strokeRect(geo.label, geo.label + picked.query * geo.cell, geo.side, geo.cell);
+      g.globalAlpha = 1;
+    }
+    if (cursor) box(cursor.q, cursor.k, 1);
+  }
+
+  function describeCell(ctx, where, q, k) {
+    const { model } = ctx;
+    const lines = [`query ${A.tokenLabel(model, q)} → key ${A.tokenLabel(model, k)}`];
+    if (model.causal && k > q) return lines.concat(["masked: a causal model's query never sees later keys"]);
+    const v = where.src.value(where.layer, where.head, q, k);
+    lines.push(`${where.src.label}: ≈ ${A.fmt(v)} (±${A.fmt(where.src.step(where.layer, where.head), 1)}, 8-bit)`);
+    const exact = where.src.name === "weights" ? model.readyBlock(where.layer, where.head) : null;
+    if (exact) lines.push(`exact: ${A.fmt(exact.weights[q * model.n + k], 6)}`);
+    return lines;
+  }
+
+  function legend(ctx, where) {
+    const w = 160;
+    const bar = A.canvas(w, 10, "as-legend-bar");
+    const g = bar.getContext("2d");
+    const lut = A.lut(ctx.theme());
+    for (let x = 0; x < w; x++) {
+      const c = Math.round((x / (w - 1)) * 255) * 4;
+      g.fillStyle = `rgb(${lut[c]},${lut[c + 1]},${lut[c + 2]})`;
+      g.fillRect(x, 0, 1, 10);
+    }
+    const top = where.src.top(where.layer, where.head);
+    const parts = [el("span", { text: "0" }), bar, el("span", { text: A.fmt(top, 3) }),
+                   el("span", { class: "as-muted", text: where.src.range === "unit" ? "(weight)" : "(max of this map)" })];
+    if (ctx.model.causal) parts.push(el("span", { class: "as-swatch as-masked" }), el("span", { text: "masked (causal)" }));
+    return el("div", { class: "as-legend", "aria-label": "colour scale" }, parts);
+  }
+
+  function cellAt(e, geo, n) {
+    const k = Math.floor((e.offsetX - geo.label) / geo.cell);
+    const q = Math.floor((e.offsetY - geo.label) / geo.cell);
+    return q >= 0 && k >= 0 && q < n && k < n ? { q: q, k: k } : null;
+  }
+
+  A.views.matrix = {
+    label: "Matrix",
+    render(panel, ctx) {
+      const { model } = ctx;
+      const fixed = ctx.options.fixed;
+      panel.append(el("div", { class: "as-controls" }, [
+        fixed ? null : A.controls.layer(ctx), fixed ? null : A.controls.heads(ctx, "single"), A.controls.source(ctx),
+        A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
+      ]));
+      const canvas = el("canvas", { class: "as-matrix", tabindex: "0", role: "img",
+                                    "aria-label": "attention matrix: rows are queries, columns keys; arrow keys move, Enter selects" });
+      const overlay = el("canvas", { class: "as-matrix-overlay", "aria-hidden": "true" });
+      const body = el("div", { class: "as-matrix-body" }, [canvas, overlay]);
+      const legendBox = el("div");
+      const info = el("div", { class: "as-info", "aria-live": "polite" });
+      panel.append(el("p", { class: "as-hint", text: "Rows: queries, columns: keys (0-indexed). Hover for the value; " +
+        "click a cell (or arrow keys, Enter) to select it." }), legendBox, body, info);
+      const tip = A.tooltip(body);
+      const geo = geometry(model, panel.clientWidth || MAX_SIDE);
+      let cursor = null;
+      const where = () => {
+        const src = ctx.source();
+        return { src: src, layer: src.perLayer ? ctx.state.layer : null, head: src.perHead ? ctx.state.head : null };
+      };
+      const fg = () => A.cssVar(ctx.root.querySelector(".as-app") || ctx.root, "--fg");
+      const picked = () => ({ query: ctx.state.query, key: ctx.state.key });
+      const full = () => {
+        drawMatrix(canvas, ctx, geo, where());
+        drawCursor(overlay, geo, cursor, picked(), fg());
+        legendBox.replaceChildren(legend(ctx, where()));
+        showInfo();
+      };
+      function showInfo() {
+        const { query, key } = ctx.state;
+        info.replaceChildren();
+        if (query === null || query === undefined) return;
+        info.append(el("span", { text: key === null || key === undefined ? `selected query ${A.tokenLabel(model, query)}`
+          : describeCell(ctx, where(), query, key).join(" · ") }));
+        if (ctx.options.openView && model.payload.neuron.available) {
+          info.append(el("button", { type: "button", class: "as-link", text: `neuron view of query ${query} →`,
+                                     onclick: () => ctx.options.openView("neuron") }));
+        }
+      }
+      const select = (q, k) => {
+        ctx.set({ query: q, key: k });
+        const w = where();
+        ctx.emit("attnscope:select", { view: "matrix", layer: w.layer, head: w.head, query: q, key: k, source: w.src.name });
+      };
+      const hover = (c) => {
+        cursor = c;
+        drawCursor(overlay, geo, cursor, picked(), fg());
+        if (!c) return tip.hide();
+        tip.show(geo.label + (c.k + 1) * geo.cell, geo.label + (c.q + 1) * geo.cell, describeCell(ctx, where(), c.q, c.k));
+      };
+      canvas.addEventListener("mousemove", (e) => hover(cellAt(e, geo, model.n)));
+      canvas.addEventListener("mouseleave", () => hover(null));
+      canvas.addEventListener("click", (e) => {
+        const c = cellAt(e, geo, model.n);
+        if (c) select(c.q, c.k);
+      });
+      canvas.addEventListener("keydown", (e) => {
+        const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+        const c = cursor || { q: ctx.state.query ?? 0, k: ctx.state.key ?? 0 };
+        if (e.key in moves) {
+          const [dq, dk] = moves[e.key];
+          const clamp = (v) => Math.max(0, Math.min(model.n - 1, v));
+          hover({ q: clamp(c.q + dq), k: clamp(c.k + dk) });
+        } else if (e.key === "Enter") select(c.q, c.k);
+        else if (e.key === "Escape") hover(null);
+        else return;
+        e.preventDefault();
+      });
+      ctx.subscribe((s, p) => {
+        if (ctx.changed(p, ["layer", "head", "source", "theme"])) full();
+        else if (ctx.changed(p, ["query", "key"])) {
+          drawCursor(overlay, geo, cursor, picked(), fg());
+          showInfo();
+        }
+      });
+      full();
+    },
+  };
+})();

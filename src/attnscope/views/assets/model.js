@@ -1,0 +1,115 @@
+/* attnscope views: the model view. Every layer x head as a thumbnail heatmap (max-pooled so a sharp
+   attention peak stays visible at 512 tokens); clicking one opens it large as a matrix or head view. */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+  const el = (...a) => A.el(...a);
+  A.views = A.views || {};
+  const SIZES = { small: 56, medium: 84, large: 128 };
+
+  // n x n codes -> r x r image, each pixel the max of its block, coloured through the theme's table.
+  function thumbImage(src, layer, head, n, r, theme) {
+    const codes = src.codes(layer, head);
+    const pooled = new Uint8Array(r * r);
+    const bin = Array.from({ length: n }, (_, i) => Math.floor((i * r) / n));
+    for (let q = 0; q < n; q++) {
+      const row = bin[q] * r;
+      for (let k = 0; k < n; k++) {
+        const c = codes[q * n + k];
+        if (c > pooled[row + bin[k]]) pooled[row + bin[k]] = c;
+      }
+    }
+    const toLut = src.scale(layer, head) / src.top(layer, head);
+    const colours = new Uint32Array(A.lut(theme).buffer);
+    const img = new ImageData(r, r);
+    const pixels = new Uint32Array(img.data.buffer);
+    for (let i = 0; i < r * r; i++) pixels[i] = colours[Math.min(255, Math.round(pooled[i] * toLut))];
+    return img;
+  }
+
+  function thumb(ctx, src, layer, head, px, open) {
+    const r = Math.min(ctx.model.n, px * Math.min(2, window.devicePixelRatio || 1));
+    const canvas = el("canvas", { width: String(r), height: String(r) });
+    canvas.style.width = canvas.style.height = `${px}px`;
+    canvas.getContext("2d").putImageData(thumbImage(src, layer, head, ctx.model.n, r, ctx.theme()), 0, 0);
+    const name = [layer === null ? "" : `layer ${layer}`, head === null ? "" : `head ${head}`].filter(Boolean).join(", ");
+    return el("button", { type: "button", class: "as-thumb", "data-layer": layer === null ? null : String(layer),
+                          "data-head": head === null ? null : String(head), title: `${name || src.label}: open large`,
+                          "aria-label": `${name || src.label}, open large`, onclick: () => open(layer, head) }, [canvas]);
+  }
+
+  function grid(ctx, px, open) {
+    const src = ctx.source();
+    const layers = src.perLayer ? ctx.model.layers : [null];
+    const heads = src.perHead ? ctx.model.heads : [null];
+    const box = el("div", { class: "as-grid", role: "group", "aria-label": `${src.label}: layers by heads` });
+    box.style.gridTemplateColumns = `auto repeat(${heads.length}, ${px + 6}px)`;
+    box.append(el("span"), ...heads.map((h) => el("span", { class: "as-axis", text: h === null ? "" : `head ${h}` })));
+    for (const layer of layers) {
+      box.append(el("span", { class: "as-axis as-row", text: layer === null ? "" : `layer ${layer}` }));
+      for (const head of heads) box.append(thumb(ctx, src, layer, head, px, open));
+    }
+    return box;
+  }
+
+  // The large view in a modal dialog, with its own copy of the state so the page stays as it was.
+  function openDialog(ctx, layer, head) {
+    const src = ctx.source();
+    const store = A.store(Object.assign({}, ctx.state, {
+      layer: layer ?? ctx.state.layer, head: head ?? ctx.state.head, heads: head === null ? ctx.state.heads : [head],
+    }));
+    const sub = A.context(ctx.root, ctx.model, store, { fixed: true });
+    const body = el("div", { class: "as-dialog-body" });
+    const title = [layer === null ? null : `layer ${layer}`, head === null ? null : `head ${head}`, src.label]
+      .filter(Boolean).join(" · ");
+    const dialog = el("dialog", { class: "as-dialog", "aria-label": title });
+    let inner = null;
+    const show = (name) => {
+      if (inner) inner.dispose();
+      inner = sub.scoped({ fixed: true });
+      body.replaceChildren();
+      for (const b of dialog.querySelectorAll("[data-show]")) b.setAttribute("aria-pressed", String(b.dataset.show === name));
+      A.views[name].render(body, inner);
+    };
+    const tools = [el("strong", { text: title }),
+      ...["matrix", "head"].map((v) => el("button", { type: "button", class: "as-tab-button", "data-show": v,
+                                                      text: A.views[v].label, onclick: () => show(v) }))];
+    if (ctx.options.openView && ctx.model.payload.neuron.available && head !== null) {
+      tools.push(el("button", { type: "button", class: "as-link", text: "neuron view →", onclick: () => {
+        dialog.close();
+        ctx.set({ layer: layer, head: head });
+        ctx.options.openView("neuron");
+      } }));
+    }
+    tools.push(el("button", { type: "button", class: "as-close", "aria-label": "close", text: "×",
+                              onclick: () => dialog.close() }));
+    dialog.append(el("div", { class: "as-dialog-head" }, tools), body);
+    (ctx.root.querySelector(".as-app") || ctx.root).append(dialog);
+    dialog.addEventListener("close", () => {
+      if (inner) inner.dispose();
+      dialog.remove();
+    });
+    dialog.showModal();
+    show("matrix");
+    return dialog;
+  }
+
+  A.views.model = {
+    label: "Model",
+    render(panel, ctx) {
+      const sizeSelect = el("select", { "aria-label": "thumbnail size" });
+      for (const s of Object.keys(SIZES)) sizeSelect.append(el("option", { value: s, text: s }));
+      sizeSelect.value = ctx.model.n > 128 ? "medium" : "small";
+      const holder = el("div", { class: "as-grid-holder" });
+      panel.append(el("div", { class: "as-controls" }, [
+        A.controls.source(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
+      ]));
+      panel.append(el("p", { class: "as-hint", text: "Each thumbnail is one head's query x key map (0-indexed; the max " +
+        "over each block of cells). Click or press Enter on one to open it large." }), holder);
+      const draw = () => holder.replaceChildren(grid(ctx, SIZES[sizeSelect.value], (l, h) => openDialog(ctx, l, h)));
+      sizeSelect.addEventListener("change", draw);
+      ctx.subscribe((s, p) => ctx.changed(p, ["source", "theme"]) && draw());
+      draw();
+    },
+  };
+})();

@@ -1,0 +1,69 @@
+"""One self-contained page: CSS and JS inlined, the payload in a `<script type="application/json">` block.
+
+The page loads nothing: a Content-Security-Policy allows only its own script (by hash), so
+even markup that slipped into it could neither run nor fetch anything.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+# Concatenated in this order: data decoding first, the app shell (which uses every view) last.
+SCRIPTS = ("data.js", "controls.js", "head.js", "matrix.js", "model.js", "neuron.js", "app.js")
+STYLES = ("attnscope.css",)
+BOOT = "\nwindow.attnscope.boot();\n"
+
+
+@cache
+def _asset(name: str) -> str:
+    return (resources.files("attnscope.views") / "assets" / name).read_text(encoding="utf-8")
+
+
+def css() -> str:
+    """The views' stylesheet."""
+    return "\n".join(_asset(n) for n in STYLES)
+
+
+def js() -> str:
+    """The views' script: defines `window.attnscope` (render, decode, views); runs nothing by itself."""
+    return "\n".join(_asset(n) for n in SCRIPTS)
+
+
+def bundle() -> str:
+    """`<style>` and `<script>` tags to inline into any page that renders payloads (the web app)."""
+    return f"<style>\n{css()}</style>\n<script>\n{js()}</script>\n"
+
+
+def json_for_script(data: Any) -> str:
+    """JSON that cannot close its `<script>` block or open a comment: <, >, & and line separators escaped."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                    ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def _csp(script: str) -> str:
+    digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+    return (f"default-src 'none'; script-src 'sha256-{digest}'; style-src 'unsafe-inline'; "
+            "img-src data: blob:; base-uri 'none'; form-action 'none'")
+
+
+def page(data: dict[str, Any], title: str) -> str:
+    """A complete HTML document that renders `data` (a payload) when opened, from a file or in an iframe."""
+    script = js() + BOOT
+    return (
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{html.escape(title)}</title>\n<style>\n{css()}</style>\n</head>\n<body>\n"
+        "<div id=\"attnscope-root\"></div>\n"
+        f"<script type=\"application/json\" id=\"attnscope-data\">{json_for_script(data)}</script>\n"
+        f"<script>{script}</script>\n</body>\n</html>\n"
+    )
