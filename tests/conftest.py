@@ -7,13 +7,13 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from collections.abc import Callable  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Callable
+from pathlib import Path
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-import attnscope  # noqa: E402
+import attnscope
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 UD_DEV = SHARED_DATA / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
@@ -44,8 +44,6 @@ def _tiny(name: str) -> torch.nn.Module:
     model.config._attn_implementation = "eager"
     return model.eval()
 
-
-FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2")
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,15 +147,24 @@ def _require_hub_reachable(name: str) -> None:
 
 
 def _hub_reachable() -> bool:
+    """One TCP connection to the hub, bounded in time even when name resolution hangs."""
     from huggingface_hub import constants
 
     url = urlparse(constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=_NETWORK_PROBE_SECONDS):
-            return True
-    except OSError:
-        return False
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((url.hostname or "", port), timeout=_NETWORK_PROBE_SECONDS):
+                result.append(True)
+        except OSError:
+            result.append(False)
+
+    worker = threading.Thread(target=probe, daemon=True)
+    worker.start()
+    worker.join(_NETWORK_PROBE_SECONDS)
+    return bool(result and result[0])
 
 
 def _first_line(exc: BaseException) -> str:

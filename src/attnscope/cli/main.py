@@ -29,8 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_to_stderr(debug: bool) -> logging.Handler:
+    """The library logs; the CLI shows its warnings as `warning: ...` lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    fmt = "%(levelname)s %(name)s: %(message)s" if debug else "warning: %(message)s"
+    handler.setFormatter(logging.Formatter(fmt))
+    logger = logging.getLogger("attnscope")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    logger.propagate = debug
+    return handler
+
+
 def _quiet_libraries(debug: bool) -> None:
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="warning: %(message)s")
     if not debug:  # read by transformers and huggingface_hub when they are imported
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -41,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _quiet_libraries(args.debug)
+    handler = _log_to_stderr(args.debug)
     try:
         return int(args.func(args))
     except AttnscopeError as exc:
@@ -53,6 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    finally:
+        logging.getLogger("attnscope").removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""The walkthrough: every step present, numbers equal to the trace's, in text, Markdown and JSON."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import attnscope
+from attnscope.explain import walkthrough
+from attnscope.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
+from attnscope.toy import toy_walkthrough
+
+STEPS = ["tokens", "x", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights", "context",
+         "merged", "output"]
+
+
+@pytest.fixture(scope="module")
+def trace(minilm: attnscope.Model) -> attnscope.Trace:
+    return attnscope.trace("time flies like an arrow", model=minilm)
+
+
+def test_steps_follow_the_stage_vocabulary(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=2, head=5, model=minilm)
+    assert [s.stage for s in w.steps] == STEPS
+    assert w.check["ok"] and w.check["head_max_error"] <= attnscope.TOLERANCE
+
+
+def test_numbers_are_the_traces_own(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=2, head=5, model=minilm)
+    step = {s.stage: s for s in w.steps}
+    assert np.array_equal(step["weights"].arrays["weights"], trace.weights[2, 5])
+    assert np.array_equal(step["q"].arrays["q"], trace.arrays["q"][2, 5])
+    scaled = step["scaled"].arrays["scaled"]
+    assert np.allclose(scaled, trace.arrays["scores"][2, 5] / math.sqrt(32), atol=1e-6)
+    assert np.allclose(step["weights"].arrays["row sums"], 1.0, atol=1e-6)
+    w_q = step["projections"].arrays["W_Q[:, 160:192]"]  # head 5 of 12 with d_head 32
+    assert np.array_equal(w_q, minilm.model.encoder.layer[2].attention.self.query.weight.detach().T[:, 160:192])
+
+
+def test_token_focus_keeps_one_query_row(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=0, head=0, token=3, model=minilm)
+    weights = next(s for s in w.steps if s.stage == "weights").arrays["weights"]
+    assert weights.shape == (1, 7) and np.array_equal(weights[0], trace.weights[0, 0, 3])
+
+
+def test_text_markdown_and_json_renderings(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=0, head=0, model=minilm)
+    text = to_text(walkthrough_renderables(w))
+    assert "layer 0, head 0" in text and "sqrt(32) = 5.6569" in text
+    assert "…" in text  # 384-wide x is elided visibly
+    assert "check: OK" in text
+    md = walkthrough_markdown(w)
+    assert md.startswith("# all-MiniLM-L6-v2: layer 0, head 0") and "| 1:time |" in md
+    data = walkthrough_json(w)
+    assert [s["stage"] for s in data["steps"]] == STEPS
+    x = next(s for s in data["steps"] if s["stage"] == "x")["arrays"]["x"]
+    assert np.array_equal(np.asarray(x, dtype=np.float32), trace.arrays["x"][0])  # full arrays in JSON
+
+
+def test_causal_mask_is_shown_for_decoders(tiny_model: object) -> None:
+    m = tiny_model("gpt2")  # type: ignore[operator]
+    tr = attnscope.trace("time flies like an arrow", model=m)
+    w = walkthrough(tr, 1, 2, model=m)
+    masked = next(s for s in w.steps if s.stage == "masked")
+    assert "causal" in masked.text
+    assert masked.arrays["mask"][0, 1] == np.finfo(np.float32).min and masked.arrays["mask"][1, 0] == 0
+    assert "-inf*" in to_text(walkthrough_renderables(w))
+
+
+def test_toy_walkthrough_scaled_and_unscaled() -> None:
+    scaled = to_text(walkthrough_renderables(toy_walkthrough(scale=True)))
+    unscaled = to_text(walkthrough_renderables(toy_walkthrough(scale=False)))
+    assert "sqrt(3) = 1.7321" in scaled and "9.2376" in scaled  # 16 / sqrt(3)
+    assert "skipped (--no-scale)" in unscaled and "0.4683" in unscaled
