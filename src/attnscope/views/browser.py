@@ -1,0 +1,72 @@
+"""Headless Chromium through Playwright: PNG pictures of pages (the CLI), and the browser the tests drive.
+
+Playwright is the `views` extra. Its own browser download is not needed: Debian's chromium
+(or ATTNSCOPE_CHROMIUM) is used when present.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from attnscope.errors import AttnscopeError
+
+CHROMIUM_ARGS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
+)
+READY = "#attnscope-root[data-attnscope-ready]"
+
+
+def chromium_path() -> str | None:
+    """ATTNSCOPE_CHROMIUM, else a system chromium; None lets Playwright use its own download."""
+    given = os.environ.get("ATTNSCOPE_CHROMIUM")
+    if given:
+        return given
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A headless Chromium (playwright Browser), closed on exit."""
+    try:
+        from playwright.sync_api import Error, sync_playwright
+    except ImportError as exc:
+        raise AttnscopeError("pictures need Playwright: pip install 'attnscope[views]'") from exc
+    with sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=chromium_path(), args=list(CHROMIUM_ARGS))
+        except Error as exc:
+            raise AttnscopeError(
+                "cannot start Chromium: install it (apt-get install chromium) or set ATTNSCOPE_CHROMIUM "
+                f"to its path ({str(exc).splitlines()[0]})"
+            ) from exc
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def render_png(document: str, path: str | os.PathLike[str], width: int = 1280, timeout_s: float = 60.0) -> Path:
+    """Open `document` from a file in headless Chromium, wait until the views are drawn, save a full-page PNG."""
+    out = Path(path)
+    with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
+        page_file = Path(tmp) / "view.html"
+        page_file.write_text(document, encoding="utf-8")
+        page = browser.new_page(viewport={"width": width, "height": 900})
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(READY, state="attached", timeout=timeout_s * 1000)
+        try:
+            page.screenshot(path=str(out), full_page=True)
+        except OSError as exc:
+            raise AttnscopeError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    return out
