@@ -1,0 +1,99 @@
+"""Norm-weighted category averages: a hand-worked example, and batched norms against the traced ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnscope
+from attnscope.capture import capturing
+from attnscope.norms import norm_attention
+from attnscope.recompute import layer_params
+from attnscope.stats import metrics
+from attnscope.stats.metrics import Units
+from attnscope.stats.norm_metrics import NORM_METRICS, OTHER_METRIC, norm_maps, register, share_to
+from attnscope.tracing import trace
+
+TOL = 1e-5
+TEXTS = ["The cat sat on the mat, again.", "Dogs bark."]
+
+
+def _units(kinds: dict[str, list[bool]], valid: list[bool]) -> Units:
+    as_tensor = {k: torch.tensor([v]) for k, v in kinds.items()}
+    return Units(torch.tensor([valid]), torch.tensor([valid]), as_tensor, causal=False)
+
+
+def test_shares_match_hand_computed_example() -> None:
+    # Units: [CLS], "hi", ".", [SEP], padding. Row norms (per head) and their shares:
+    #   row 0: [2, 1, 1, 0, 9] -> padding dropped -> [.5, .25, .25, 0]
+    #   row 1: [1, 1, 0, 2, 0] -> [.25, .25, 0, .5]
+    #   row 2: [0, 3, 1, 0, 0] -> [0, .75, .25, 0]
+    #   row 3: [1, 0, 0, 1, 0] -> [.5, 0, 0, .5]
+    maps = torch.tensor([[[[2.0, 1, 1, 0, 9], [1, 1, 0, 2, 0], [0, 3, 1, 0, 0], [1, 0, 0, 1, 0], [5, 5, 5, 5, 5]]]])
+    units = _units({"cls": [True, False, False, False, False], "sep": [False, False, False, True, False],
+                    "punct": [False, False, True, False, False], "sink": [False] * 5},
+                   valid=[True, True, True, True, False])
+    expected = {"cls": (0.5 + 0.25 + 0 + 0.5) / 4, "sep": (0 + 0.5 + 0 + 0.5) / 4,
+                "punct": (0.25 + 0 + 0.25 + 0) / 4, "other": (0.25 + 0.25 + 0.75 + 0) / 4}
+    for kind, value in expected.items():
+        got, ok = share_to(kind)(maps, units)
+        assert bool(ok[0]) and abs(float(got[0, 0]) - value) <= 1e-12, kind
+
+
+@pytest.fixture(scope="module")
+def batch_norms(minilm: attnscope.Model) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """norm_maps of each layer of a padded two-text batch, as a stats engine would compute them."""
+    inputs = minilm.tokenizer(TEXTS, padding=True, return_tensors="pt")
+    params = layer_params(minilm.model) or []
+    with torch.no_grad(), capturing(minilm.model) as cap:
+        minilm.model(**inputs)
+    maps = [norm_maps(c.v, c.weights, p.w_o) for c, p in zip(cap.calls, params, strict=True)]
+    return maps, inputs["attention_mask"]
+
+
+def test_batched_norm_maps_equal_the_traced_norms(minilm: attnscope.Model,
+                                                  batch_norms: tuple[list[torch.Tensor], torch.Tensor]) -> None:
+    maps, mask = batch_norms
+    assert int(mask[1].sum()) < mask.shape[1]  # the second text really is padded
+    for row, text in enumerate(TEXTS):
+        tr = trace(text, model=minilm)
+        n = tr.n_tokens
+        w_o = [p.w_o.numpy() for p in layer_params(minilm.model) or []]
+        expected = norm_attention(tr.arrays["v"], tr.weights, w_o)["norm_head"]  # [layer, head, query, key]
+        got = torch.stack([m[row, :, :n, :n] for m in maps]).numpy()
+        assert np.abs(got - expected).max() <= TOL
+        padded = torch.stack([m[row, :, :, n:] for m in maps])
+        assert padded.numel() == 0 or padded.abs().max() == 0.0  # padded keys move nothing
+
+
+def test_category_shares_add_up_to_one_on_the_bundled_model(minilm: attnscope.Model,
+                                                            batch_norms: tuple[list[torch.Tensor], torch.Tensor]
+                                                            ) -> None:
+    maps, mask = batch_norms
+    ids = minilm.tokenizer(TEXTS, padding=True)["input_ids"]
+    tokens = [minilm.tokenizer.convert_ids_to_tokens(row) for row in ids]
+    valid = mask.bool()
+    kinds = {
+        "cls": torch.tensor([[t == "[CLS]" for t in row] for row in tokens]) & valid,
+        "sep": torch.tensor([[t == "[SEP]" for t in row] for row in tokens]) & valid,
+        "punct": torch.tensor([[t in (".", ",") for t in row] for row in tokens]) & valid,
+        "sink": torch.zeros_like(valid),
+    }
+    units = Units(valid, valid, kinds, causal=False)
+    for layer_maps in maps:
+        total = sum(share_to(kind)(layer_maps, units)[0] for kind in ("cls", "sep", "punct", "other"))
+        assert torch.abs(total - 1).max() <= 1e-9
+
+
+def test_register_adds_the_norm_metrics_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))  # leave the real registry as it was
+    before = set(metrics.METRICS)
+    added = register()
+    names = {m.name for m in (*NORM_METRICS, OTHER_METRIC)}
+    assert {m.name for m in added} == names - before
+    assert set(metrics.METRICS) == before | names
+    assert register() == []  # a second call adds nothing and raises nothing
+    assert all(metrics.METRICS[m.name].source == "norm_head" for m in NORM_METRICS)
+    assert metrics.METRICS["norm_cls"].applies(causal=False) and not metrics.METRICS["norm_cls"].applies(causal=True)
+    assert metrics.METRICS["norm_sink"].applies(causal=True) and not metrics.METRICS["norm_sink"].applies(causal=False)
