@@ -22,6 +22,7 @@
       key: null,
       source: given.source || model.sources.keys().next().value,
       filter: "all",
+      scale: "map",
       theme: resolveTheme(given.theme),
     };
   }
@@ -86,7 +87,9 @@
 
   A.render = async function (element, payload, options) {
     options = options || {};
+    if (window.performance && performance.mark) performance.mark("attnscope:start");
     const model = await A.decode(payload);
+    if (window.performance && performance.mark) performance.mark("attnscope:decoded");
     const given = Object.assign({}, payload.initial);
     for (const k of STATE_KEYS) if (options[k] !== undefined) given[k] = options[k];
     const view = given.view || "all";
@@ -119,6 +122,7 @@
     app.append(panel);
     await show(view === "all" ? "head" : view);
     element.dataset.attnscopeReady = "1";
+    if (window.performance && performance.mark) performance.mark("attnscope:ready");
     A.emit(element, "attnscope:ready", { view: view });
     return {
       get state() {

@@ -130,6 +130,23 @@
     return labelled("query", select);
   };
 
+  // Colour scale of the matrix and model views: each map's own max, or absolute weights (0 to 1).
+  A.top = (ctx, src, layer, head) =>
+    (src.range === "unit" && ctx.state.scale === "unit" ? 1 : src.scale(layer, head) || 1);
+
+  C.scale = function (ctx) {
+    const select = el("select", { "aria-label": "colour scale" });
+    select.append(el("option", { value: "map", text: "each map's max" }), el("option", { value: "unit", text: "absolute (0–1)" }));
+    const sync = () => {
+      select.value = ctx.state.scale;
+      select.disabled = ctx.source().range !== "unit";
+    };
+    select.addEventListener("change", () => ctx.set({ scale: select.value }));
+    ctx.subscribe((s, p) => ctx.changed(p, ["scale", "source"]) && sync());
+    sync();
+    return labelled("colour", select);
+  };
+
   const FILTERS = [["all", "all"], ["AA", "A → A"], ["AB", "A → B"], ["BA", "B → A"], ["BB", "B → B"]];
   C.filter = function (ctx) {
     if (!ctx.model.pair) return null;

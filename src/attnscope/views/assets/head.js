@@ -20,23 +20,28 @@
     return col;
   }
 
-  // Every line of one head (or of the focused token only), bucketed by opacity into paths.
-  function headPaths(model, src, layer, head, focus, filter, width) {
+  // The lines of one head that cross the visible band [top, top + height), bucketed by opacity into paths.
+  // Only that band is drawn (the canvas stays on screen while the tokens scroll), so 512 tokens stay cheap.
+  function headPaths(model, src, layer, head, focus, filter, band) {
     const n = model.n;
     const codes = src.codes(layer, head);
     const perCode = src.scale(layer, head) / 255 / src.top(layer, head); // opacity of one code step
     const minCode = focus ? 1 : Math.max(1, Math.ceil(MIN_ALPHA / (perCode || 1)));
     const paths = Array.from({ length: BUCKETS }, () => new Path2D());
+    const y = (i) => i * ROW + ROW / 2 - band.top;
     const qs = focus && focus.side === "q" ? [focus.index] : [...Array(n).keys()];
     for (const q of qs) {
+      const yq = y(q);
       const k0 = focus && focus.side === "k" ? focus.index : 0;
       const k1 = focus && focus.side === "k" ? focus.index + 1 : n;
       for (let k = k0; k < k1; k++) {
         const c = codes[q * n + k];
-        if (c < minCode || !A.passes(model, filter, q, k)) continue;
+        if (c < minCode) continue;
+        const yk = y(k);
+        if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height) || !A.passes(model, filter, q, k)) continue;
         const b = Math.min(BUCKETS - 1, Math.floor(Math.min(1, c * perCode) * BUCKETS));
-        paths[b].moveTo(0, q * ROW + ROW / 2);
-        paths[b].lineTo(width, k * ROW + ROW / 2);
+        paths[b].moveTo(0, yq);
+        paths[b].lineTo(band.width, yk);
       }
     }
     return paths;
@@ -47,15 +52,14 @@
     return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h)) : [null];
   }
 
-  function draw(canvas, ctx, focus, width) {
-    const g = canvas.getContext("2d");
-    g.clearRect(0, 0, width, ctx.model.n * ROW);
+  function draw(canvas, ctx, focus, band) {
+    const g = A.sizeCanvas(canvas, band.width, band.height);
     const src = ctx.source();
     const layer = src.perLayer ? ctx.state.layer : null;
     const count = ctx.model.payload.model.heads || ctx.model.heads.length;
     g.lineWidth = 1.5;
     for (const head of drawnHeads(ctx)) {
-      const paths = headPaths(ctx.model, src, layer, head, focus, ctx.state.filter, width);
+      const paths = headPaths(ctx.model, src, layer, head, focus, ctx.state.filter, band);
       g.strokeStyle = A.headColour(head, count);
       paths.forEach((p, b) => {
         g.globalAlpha = (b + 0.5) / BUCKETS;
@@ -120,8 +124,12 @@
         "tokens to see only their lines; click or Enter pins a query, Esc clears." }));
       const width = 280;
       const cols = { q: tokenColumn(model, "q"), k: tokenColumn(model, "k") };
-      const canvas = A.canvas(width, model.n * ROW, "as-lines");
-      panel.append(el("div", { class: "as-head-body" }, [cols.q, canvas, cols.k]));
+      const canvas = el("canvas", { class: "as-lines", "aria-hidden": "true" });
+      const body = el("div", { class: "as-head-body" }, [cols.q, canvas, cols.k]);
+      panel.append(body);
+      // the part of the token columns in view: the canvas is sticky, so only that band gets lines
+      const band = () => ({ top: body.scrollTop, width: width,
+                            height: Math.min(model.n * ROW, body.clientHeight || model.n * ROW) });
 
       let hovered = null;
       let frame = 0;
@@ -130,7 +138,7 @@
       const redraw = () => {
         cancelAnimationFrame(frame);
         frame = requestAnimationFrame(() => {
-          draw(canvas, ctx, focus(), width);
+          draw(canvas, ctx, focus(), band());
           shade(cols, ctx, focus());
         });
       };
@@ -159,8 +167,17 @@
         keyboard(col, side, ctx, hover);
       }
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "theme"]) && redraw());
-      ctx.onDispose(() => cancelAnimationFrame(frame));
-      draw(canvas, ctx, focus(), width);
+      body.addEventListener("scroll", () => {
+        cancelAnimationFrame(frame);
+        frame = requestAnimationFrame(() => draw(canvas, ctx, focus(), band()));
+      }, { passive: true });
+      const resize = new ResizeObserver(redraw);
+      resize.observe(body);
+      ctx.onDispose(() => {
+        cancelAnimationFrame(frame);
+        resize.disconnect();
+      });
+      draw(canvas, ctx, focus(), band());
       shade(cols, ctx, focus());
     },
   };

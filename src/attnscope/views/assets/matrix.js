@@ -6,25 +6,26 @@
   const el = (...a) => A.el(...a);
   A.views = A.views || {};
   const MAX_SIDE = 720; // px for the whole matrix
-  const FONT = "12px system-ui, sans-serif";
+  const font = (cell) => `${Math.min(12, Math.floor(cell) - 1)}px system-ui, sans-serif`;
 
   function geometry(model, available) {
-    const cell = Math.max(1, Math.min(24, Math.floor(Math.min(MAX_SIDE, available - 40) / model.n)));
+    const fit = Math.min(MAX_SIDE, available - 40) / model.n; // px per cell, whole pixels once there is room
+    const cell = Math.max(1, Math.min(24, fit >= 2 ? Math.floor(fit) : fit));
     let label = 0;
-    if (cell >= 11) {
+    if (cell >= 10) {
       const g = document.createElement("canvas").getContext("2d");
-      g.font = FONT;
+      g.font = font(cell);
       label = Math.min(140, 8 + Math.max(...model.tokens.map((t, i) => g.measureText(A.tokenLabel(model, i)).width)));
     }
     return { cell: cell, label: Math.ceil(label), side: model.n * cell };
   }
 
   // [query, key] codes -> an n x n image through the theme's colour table.
-  function heatImage(model, src, layer, head, theme) {
-    const n = model.n;
+  function heatImage(ctx, src, layer, head) {
+    const n = ctx.model.n;
     const codes = src.codes(layer, head);
-    const toLut = src.scale(layer, head) / src.top(layer, head); // code -> colour index
-    const lut = A.lut(theme);
+    const toLut = src.scale(layer, head) / A.top(ctx, src, layer, head); // code -> colour index
+    const lut = A.lut(ctx.theme());
     const off = document.createElement("canvas");
     off.width = n;
     off.height = n;
@@ -64,7 +65,7 @@
   }
 
   function drawLabels(g, model, geo, fg) {
-    g.font = FONT;
+    g.font = font(geo.cell);
     g.fillStyle = fg;
     g.textBaseline = "middle";
     const fit = (t) => (t.length > 18 ? t.slice(0, 17) + "…" : t);
@@ -87,7 +88,7 @@
     const size = geo.label + geo.side;
     const g = A.sizeCanvas(canvas, size, size);
     g.imageSmoothingEnabled = false;
-    g.drawImage(heatImage(model, where.src, where.layer, where.head, theme), geo.label, geo.label, geo.side, geo.side);
+    g.drawImage(heatImage(ctx, where.src, where.layer, where.head), geo.label, geo.label, geo.side, geo.side);
     if (model.causal && model.n > 1) {
       g.fillStyle = A.hatch(g, theme);
       g.fill(maskPath(model.n, geo.cell, geo.label, geo.label));
@@ -133,9 +134,10 @@
       g.fillStyle = `rgb(${lut[c]},${lut[c + 1]},${lut[c + 2]})`;
       g.fillRect(x, 0, 1, 10);
     }
-    const top = where.src.top(where.layer, where.head);
+    const top = A.top(ctx, where.src, where.layer, where.head);
+    const absolute = where.src.range === "unit" && ctx.state.scale === "unit";
     const parts = [el("span", { text: "0" }), bar, el("span", { text: A.fmt(top, 3) }),
-                   el("span", { class: "as-muted", text: where.src.range === "unit" ? "(weight)" : "(max of this map)" })];
+                   el("span", { class: "as-muted", text: absolute ? "(weight)" : "(the max of this map)" })];
     if (ctx.model.causal) parts.push(el("span", { class: "as-swatch as-masked" }), el("span", { text: "masked (causal)" }));
     return el("div", { class: "as-legend", "aria-label": "colour scale" }, parts);
   }
@@ -153,6 +155,7 @@
       const fixed = ctx.options.fixed;
       panel.append(el("div", { class: "as-controls" }, [
         fixed ? null : A.controls.layer(ctx), fixed ? null : A.controls.heads(ctx, "single"), A.controls.source(ctx),
+        A.controls.scale(ctx),
         A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
       ]));
       const canvas = el("canvas", { class: "as-matrix", tabindex: "0", role: "img",
@@ -219,7 +222,7 @@
         e.preventDefault();
       });
       ctx.subscribe((s, p) => {
-        if (ctx.changed(p, ["layer", "head", "source", "theme"])) full();
+        if (ctx.changed(p, ["layer", "head", "source", "theme", "scale"])) full();
         else if (ctx.changed(p, ["query", "key"])) {
           drawCursor(overlay, geo, cursor, picked(), fg());
           showInfo();

@@ -8,7 +8,8 @@
   const SIZES = { small: 56, medium: 84, large: 128 };
 
   // n x n codes -> r x r image, each pixel the max of its block, coloured through the theme's table.
-  function thumbImage(src, layer, head, n, r, theme) {
+  function thumbImage(ctx, src, layer, head, r) {
+    const n = ctx.model.n;
     const codes = src.codes(layer, head);
     const pooled = new Uint8Array(r * r);
     const bin = Array.from({ length: n }, (_, i) => Math.floor((i * r) / n));
@@ -19,8 +20,8 @@
         if (c > pooled[row + bin[k]]) pooled[row + bin[k]] = c;
       }
     }
-    const toLut = src.scale(layer, head) / src.top(layer, head);
-    const colours = new Uint32Array(A.lut(theme).buffer);
+    const toLut = src.scale(layer, head) / A.top(ctx, src, layer, head);
+    const colours = new Uint32Array(A.lut(ctx.theme()).buffer);
     const img = new ImageData(r, r);
     const pixels = new Uint32Array(img.data.buffer);
     for (let i = 0; i < r * r; i++) pixels[i] = colours[Math.min(255, Math.round(pooled[i] * toLut))];
@@ -31,7 +32,7 @@
     const r = Math.min(ctx.model.n, px * Math.min(2, window.devicePixelRatio || 1));
     const canvas = el("canvas", { width: String(r), height: String(r) });
     canvas.style.width = canvas.style.height = `${px}px`;
-    canvas.getContext("2d").putImageData(thumbImage(src, layer, head, ctx.model.n, r, ctx.theme()), 0, 0);
+    canvas.getContext("2d").putImageData(thumbImage(ctx, src, layer, head, r), 0, 0);
     const name = [layer === null ? "" : `layer ${layer}`, head === null ? "" : `head ${head}`].filter(Boolean).join(", ");
     return el("button", { type: "button", class: "as-thumb", "data-layer": layer === null ? null : String(layer),
                           "data-head": head === null ? null : String(head), title: `${name || src.label}: open large`,
@@ -43,7 +44,7 @@
     const layers = src.perLayer ? ctx.model.layers : [null];
     const heads = src.perHead ? ctx.model.heads : [null];
     const box = el("div", { class: "as-grid", role: "group", "aria-label": `${src.label}: layers by heads` });
-    box.style.gridTemplateColumns = `auto repeat(${heads.length}, ${px + 6}px)`;
+    box.style.gridTemplateColumns = `max-content repeat(${heads.length}, ${px + 6}px)`;
     box.append(el("span"), ...heads.map((h) => el("span", { class: "as-axis", text: h === null ? "" : `head ${h}` })));
     for (const layer of layers) {
       box.append(el("span", { class: "as-axis as-row", text: layer === null ? "" : `layer ${layer}` }));
@@ -102,13 +103,13 @@
       sizeSelect.value = ctx.model.n > 128 ? "medium" : "small";
       const holder = el("div", { class: "as-grid-holder" });
       panel.append(el("div", { class: "as-controls" }, [
-        A.controls.source(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
+        A.controls.source(ctx), A.controls.scale(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
       ]));
       panel.append(el("p", { class: "as-hint", text: "Each thumbnail is one head's query x key map (0-indexed; the max " +
         "over each block of cells). Click or press Enter on one to open it large." }), holder);
       const draw = () => holder.replaceChildren(grid(ctx, SIZES[sizeSelect.value], (l, h) => openDialog(ctx, l, h)));
       sizeSelect.addEventListener("change", draw);
-      ctx.subscribe((s, p) => ctx.changed(p, ["source", "theme"]) && draw());
+      ctx.subscribe((s, p) => ctx.changed(p, ["source", "theme", "scale"]) && draw());
       draw();
     },
   };

@@ -66,6 +66,8 @@
     const k = (j, t) => b.k[j * d + t];
     const masked = (j) => model.causal && j > query;
     const scaling = f32(b.scaling);
+    let widest = 0; // bars are relative to this query's largest weight
+    for (let j = 0; j < n; j++) widest = Math.max(widest, b.weights[query * n + j]);
     const grid = el("div", { class: "as-neuron" });
     grid.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(3, max-content)`;
     grid.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n}, ${ROW}px)`;
@@ -79,7 +81,7 @@
     const qCanvas = vectorCanvas(1, d, cw, (r, t) => q[t], theme, `q vector of query ${query}`);
     hoverValues(qCanvas, tip, d, cw, (r, t) => [`q[${t}] = ${A.fmt(q[t], 6)}`]);
     put(qCanvas, 2, 2);
-    const heads = ["key", "k", "q × k (elementwise)", "q · k", `scaled (× ${A.fmt(b.scaling)})`, "softmax weight"];
+    const heads = ["key", "k", "q × k (elementwise)", "q · k", `scaled (× ${A.fmt(b.scaling)})`, "softmax weight (bar: / row max)"];
     heads.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
     const kCanvas = vectorCanvas(n, d, cw, (r, t) => k(keys[r], t), theme, "k vectors of every key");
     const pCanvas = vectorCanvas(n, d, cw, (r, t) => f32(q[t] * k(keys[r], t)), theme, "q times k, elementwise");
@@ -99,7 +101,7 @@
         ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity", text: "masked (−∞)" })
         : number("scaled", f32(score * scaling))]), row, 5);
       const bar = el("span", { class: "as-bar" });
-      bar.style.width = `${Math.max(0, Math.min(1, w)) * 6}em`;
+      bar.style.width = `${widest > 0 ? Math.max(0, w / widest) * 6 : 0}em`;
       put(el("span", { "data-key": String(j), class: `as-weight ${off}` }, [bar, number("weights", w)]), row, 6);
     });
     return grid;
