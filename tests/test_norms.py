@@ -119,3 +119,16 @@ def test_norms_are_saved_with_the_trace(minilm: attnscope.Model, minilm_trace: T
 def test_bad_input_is_an_error(v: np.ndarray, alpha: np.ndarray, w_o: list[np.ndarray], message: str) -> None:
     with pytest.raises(AttnscopeError, match=message):
         norm_attention(v, alpha, w_o)
+
+
+@pytest.mark.parametrize("family", ["minilm", "gpt2"])
+def test_trace_carries_norm_based_attention(
+    family: str, minilm: attnscope.Model, tiny_model: Callable[[str], attnscope.Model],
+) -> None:
+    model = minilm if family == "minilm" else tiny_model("gpt2")
+    tr = trace(TEXT, model=model)  # a fresh trace: nothing added by other tests
+    w_o = [p.w_o.numpy() for p in layer_params(model.model) or []]
+    expected = norm_attention(tr.arrays["v"], tr.weights, w_o)
+    for name, arr in tr.norms().items():
+        assert arr.dtype == np.float32
+        assert np.abs(arr - expected[name]).max() <= TOL
