@@ -1,0 +1,96 @@
+"""attnscope stats: per-head attention statistics over a corpus (Clark et al. 2019)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from attnscope.cli.common import add_model_args, print_json
+from attnscope.models import load_model
+from attnscope.stats.engine import Progress, Settings, run
+from attnscope.stats.outputs import write_outputs
+from attnscope.stats.sources import Source
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("stats", help="per-head attention statistics over a corpus, with tables, plots and a report")
+    p.add_argument("source", metavar="SOURCE",
+                   help="a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, "
+                        "a directory of .txt files, or sklearn:20newsgroups[:train|:test]")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="directory for the results")
+    p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUTDIR")
+    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
+    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
+    p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
+    add_model_args(p)
+    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="documents per batch (default 32)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="read only the first N documents")
+    p.add_argument("--word-level", action="store_true",
+                   help="statistics between words (to a word: sum over its pieces; from a word: their mean)")
+    p.add_argument("--checkpoint-every", type=int, default=20, metavar="N",
+                   help="write a checkpoint every N batches (default 20)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
+    p.set_defaults(func=run_stats)
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings(max_length=args.max_length, batch_size=args.batch_size, word_level=args.word_level,
+                    truncate=not args.no_truncate, limit=args.limit,
+                    checkpoint_every=max(1, args.checkpoint_every))
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
+    settings = settings_of(args)
+    model = load_model(args.model)
+    bar = None if args.no_progress else _progress_bar(source, settings.limit)
+    try:
+        result = run(source, model, settings, args.output, resume=args.resume,
+                     progress=bar.update if bar else None, total=bar.total if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    state = result.state
+    run_info = {"settings": asdict(settings), "seconds": round(result.seconds, 3),
+                "tokens_per_second": (state.tokens - result.resumed_tokens) / result.seconds
+                if result.seconds > 0 else float("nan"),
+                "resumed_from_documents": result.resumed_from}
+    written = write_outputs(state, model, args.output, {**source.describe(), "malformed": result.malformed},
+                            run_info)
+    if args.format == "json":
+        print_json({"output": args.output, "documents": state.documents, "tokens": state.tokens,
+                    "truncated": state.truncated, "malformed": result.malformed,
+                    "files": [str(p) for p in written]})
+    else:
+        print(f"{state.documents} documents, {state.tokens} tokens ({state.truncated} truncated, "
+              f"{result.malformed} malformed rows skipped) -> {args.output}/report.html")
+    return 0
+
+
+class _Bar:
+    """tqdm showing documents, tokens/s and the ETA (on stderr; silent when not a terminal)."""
+
+    def __init__(self, total: int | None):
+        from tqdm import tqdm
+
+        self.total = total
+        self.bar = tqdm(total=total, unit="doc", file=sys.stderr, disable=None, dynamic_ncols=True)
+        self.first: Progress | None = None
+
+    def update(self, p: Progress) -> None:
+        if self.first is None:
+            self.first = p
+            self.bar.n = p.documents
+        self.bar.update(p.documents - self.bar.n)
+        if p.seconds > 0:
+            self.bar.set_postfix_str(f"{(p.tokens - self.first.tokens) / p.seconds:.0f} tok/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress_bar(source: Source, limit: int | None) -> _Bar:
+    return _Bar(source.count(limit))

@@ -1,0 +1,235 @@
+"""Documents -> tokens -> length-bucketed, padded batches with the unit maps the metrics read.
+
+A "unit" is what a row and column of an attention map stands for: a token, or with
+--word-level a word (its pieces summed as a key, averaged as a query; special tokens
+stay units of their own). CoNLL-U sentences always get word units too, for the syntax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from attnscope.stats.metrics import Units
+from attnscope.stats.sources import Document
+
+PUNCTUATION = frozenset({".", ","})
+
+
+@dataclass
+class Prepared:
+    """One tokenized document."""
+
+    doc: Document
+    ids: list[int]
+    type_ids: list[int] | None
+    special: list[bool]
+    pieces: list[str]  # the text each token covers ("" for special tokens)
+    words: list[int | None]  # word of each token (CoNLL-U: the gold word index), None for specials
+    word_text: dict[int, str]
+    truncated: bool
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
+
+    def units(self, word_level: bool) -> list[list[int]]:
+        """Token indices of each unit, in order of first appearance."""
+        if not word_level:
+            return [[i] for i in range(self.n_tokens)]
+        groups: dict[tuple[str, int], list[int]] = {}
+        for i, word in enumerate(self.words):
+            key = ("token", i) if word is None else ("word", word)
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+
+@dataclass(frozen=True)
+class UnitMaps:
+    """How to turn token maps into unit maps: U = mean_from @ A @ sum_to."""
+
+    mean_from: torch.Tensor  # [batch, unit, token]: 1/pieces for each piece of the unit
+    sum_to: torch.Tensor  # [batch, token, unit]: 1 where the token is a piece of the unit
+    units: Units
+    groups: list[list[list[int]]]  # per document: the token indices of each unit
+
+    def apply(self, maps: torch.Tensor) -> torch.Tensor:
+        """[batch, head, token, token] -> [batch, head, unit, unit] (two batched matmuls)."""
+        b, h, t, _ = maps.shape
+        u = self.sum_to.shape[-1]
+        keys = maps.reshape(b, h * t, t) @ self.sum_to.to(maps.dtype)  # [batch, head * query, unit]
+        keys = keys.reshape(b, h, t, u).transpose(1, 2).reshape(b, t, h * u)  # [batch, query, head * unit]
+        both = self.mean_from.to(maps.dtype) @ keys  # [batch, unit, head * unit]
+        return both.reshape(b, u, h, u).transpose(1, 2)  # [batch, head, unit, unit]
+
+
+@dataclass(frozen=True)
+class Batch:
+    docs: list[Prepared]
+    inputs: dict[str, torch.Tensor]  # input_ids, attention_mask[, token_type_ids]: [batch, token]
+    units: Units  # what the metric maps' rows and columns are
+    unit_maps: UnitMaps | None  # None: token level
+    word_maps: UnitMaps | None  # word units of CoNLL-U sentences, for the syntax
+
+    @property
+    def tokens(self) -> int:
+        return sum(d.n_tokens for d in self.docs)
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, docs: Sequence[Document], max_length: int) -> list[Prepared]:
+    """Tokenize like attnscope.trace (special tokens added, truncated to max_length)."""
+    if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
+        tokenizer.pad_token = tokenizer.eos_token
+    texts = [d.text for d in docs]
+    kwargs = {"return_offsets_mapping": True, "return_special_tokens_mask": True, "verbose": False}
+    full = tokenizer(texts, truncation=False, **kwargs)
+    long_rows = {i: k for k, i in enumerate(
+        i for i, ids in enumerate(full["input_ids"]) if len(ids) > max_length)}
+    cut = tokenizer([texts[i] for i in long_rows], truncation=True, max_length=max_length, **kwargs) \
+        if long_rows else None
+    out = []
+    for row, doc in enumerate(docs):
+        enc, r = (cut, long_rows[row]) if row in long_rows else (full, row)
+        out.append(_prepared(enc, r, doc, row in long_rows))
+    return out
+
+
+def _prepared(enc: object, row: int, doc: Document, truncated: bool) -> Prepared:
+    data = enc  # a BatchEncoding
+    ids = list(data["input_ids"][row])  # type: ignore[index]
+    special = [bool(s) for s in data["special_tokens_mask"][row]]  # type: ignore[index]
+    offsets = [tuple(o) for o in data["offset_mapping"][row]]  # type: ignore[index]
+    types = data.get("token_type_ids")  # type: ignore[attr-defined]
+    pieces = ["" if s else doc.text[a:b] for (a, b), s in zip(offsets, special, strict=True)]
+    if doc.words is not None:
+        words, word_text = _gold_words(doc, offsets, special)
+    else:
+        words, word_text = _tokenizer_words(data.word_ids(row), offsets, special, doc.text)  # type: ignore[attr-defined]
+    type_ids = list(types[row]) if types is not None else None
+    return Prepared(doc, ids, type_ids, special, pieces, words, word_text, truncated)
+
+
+def _gold_words(
+    doc: Document, offsets: list[tuple[int, ...]], special: list[bool]
+) -> tuple[list[int | None], dict[int, str]]:
+    """Map each token to the CoNLL-U word its last character falls in (text = words joined by spaces)."""
+    assert doc.words is not None
+    owner: list[int | None] = []
+    for w, form in enumerate(doc.words):
+        owner += [w] * len(form) + [None]
+    words: list[int | None] = []
+    for (start, end), is_special in zip(offsets, special, strict=True):
+        words.append(None if is_special or end <= start else owner[end - 1])
+    return words, dict(enumerate(doc.words))
+
+
+def _tokenizer_words(
+    word_ids: list[int | None], offsets: list[tuple[int, ...]], special: list[bool], text: str
+) -> tuple[list[int | None], dict[int, str]]:
+    words: list[int | None] = []
+    spans: dict[int, tuple[int, int]] = {}
+    for wid, (start, end), is_special in zip(word_ids, offsets, special, strict=True):
+        word = None if is_special or wid is None else int(wid)
+        words.append(word)
+        if word is not None:
+            a, b = spans.get(word, (start, end))
+            spans[word] = (min(a, start), max(b, end))
+    return words, {w: text[a:b].strip() for w, (a, b) in spans.items()}
+
+
+def plan(prepared: Sequence[Prepared], batch_size: int, cell_budget: int) -> list[list[int]]:
+    """Length buckets: sort by length (stable), then cut batches of at most batch_size documents
+    whose padded attention map (documents x longest^2) stays within cell_budget."""
+    order = sorted(range(len(prepared)), key=lambda i: prepared[i].n_tokens)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = prepared[i].n_tokens  # sorted: the newcomer is the longest
+        if current and (len(current) >= batch_size or (len(current) + 1) * longest**2 > cell_budget):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool, cls_id: int | None,
+               sep_id: int | None) -> Batch:
+    """Right-padded model inputs plus unit maps for the metrics (and the syntax, for CoNLL-U)."""
+    t = max(d.n_tokens for d in docs)
+    ids = torch.full((len(docs), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(docs), t), dtype=torch.long)
+    types = torch.zeros((len(docs), t), dtype=torch.long)
+    for row, d in enumerate(docs):
+        ids[row, : d.n_tokens] = torch.tensor(d.ids)
+        mask[row, : d.n_tokens] = 1
+        if d.type_ids is not None:
+            types[row, : d.n_tokens] = torch.tensor(d.type_ids)
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    if docs[0].type_ids is not None:
+        inputs["token_type_ids"] = types
+    kinds = _Kinds(cls_id, sep_id, causal)
+    unit_maps = unit_maps_for(docs, t, kinds) if word_level else None
+    units = unit_maps.units if unit_maps is not None else _token_units(docs, t, kinds)
+    has_trees = docs[0].doc.heads is not None
+    word_maps = (unit_maps or unit_maps_for(docs, t, kinds)) if has_trees else None
+    return Batch(docs, inputs, units, unit_maps, word_maps)
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    cls_id: int | None
+    sep_id: int | None
+    causal: bool
+
+    def of(self, d: Prepared, tokens: list[int], text: str) -> dict[str, bool]:
+        first = tokens[0]
+        special = len(tokens) == 1 and d.special[first]
+        tid = d.ids[first]
+        return {
+            "cls": special and not self.causal and tid == self.cls_id,
+            "sep": special and not self.causal and tid == self.sep_id,
+            "punct": not special and text.strip() in PUNCTUATION,
+            "sink": self.causal and first == 0,
+        }
+
+
+def _units(rows: list[list[dict[str, bool]]], width: int, causal: bool) -> Units:
+    """Units from per-document lists of unit kinds, padded to width."""
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    kinds = {k: torch.zeros((len(rows), width), dtype=torch.bool) for k in ("cls", "sep", "punct", "sink")}
+    for b, row in enumerate(rows):
+        valid[b, : len(row)] = True
+        for u, flags in enumerate(row):
+            for k, v in flags.items():
+                kinds[k][b, u] = v
+    rows_that_count = valid.clone()
+    if causal:
+        rows_that_count[:, 0] = False  # row 0 can only attend to itself
+    return Units(valid, rows_that_count, kinds, causal)
+
+
+def _token_units(docs: list[Prepared], width: int, kinds: _Kinds) -> Units:
+    rows = [[kinds.of(d, [i], d.pieces[i]) for i in range(d.n_tokens)] for d in docs]
+    return _units(rows, width, kinds.causal)
+
+
+def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds) -> UnitMaps:
+    groups = [d.units(word_level=True) for d in docs]
+    n_units = max(len(g) for g in groups)
+    mean_from = torch.zeros((len(docs), n_units, width), dtype=torch.float32)
+    sum_to = torch.zeros((len(docs), width, n_units), dtype=torch.float32)
+    rows = []
+    for b, (d, doc_groups) in enumerate(zip(docs, groups, strict=True)):
+        row = []
+        for u, tokens in enumerate(doc_groups):
+            mean_from[b, u, tokens] = 1.0 / len(tokens)
+            sum_to[b, tokens, u] = 1.0
+            word = d.words[tokens[0]]
+            row.append(kinds.of(d, tokens, d.word_text[word] if word is not None else ""))
+        rows.append(row)
+    return UnitMaps(mean_from, sum_to, _units(rows, n_units, kinds.causal), groups)

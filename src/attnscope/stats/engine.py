@@ -1,0 +1,290 @@
+"""The corpus run: batches through the model, statistics folded in during the forward pass.
+
+Each layer's attention call (attnscope.capture.recording) is turned into per-document
+metric values at once; the maps are dropped before the next layer runs, so memory is flat
+in the corpus size. Documents are read in chunks of a fixed number, each chunk sorted
+into length buckets; a checkpoint records (chunk, batch) with the exact state, so a
+resumed run does the remaining batches exactly as an uninterrupted run would.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnscope.capture import AttentionCall, recording
+from attnscope.errors import AttnscopeError
+from attnscope.families import is_causal
+from attnscope.models import Model
+from attnscope.stats import syntax as syn
+from attnscope.stats.batching import Batch, make_batch, plan, tokenize
+from attnscope.stats.metrics import Metric, clean, metrics_for
+from attnscope.stats.sources import Document, Source
+from attnscope.stats.state import StatsState
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a run reads and batches its corpus. Only max_length and word_level change the numbers;
+    the rest must match too for a resume, so the remaining batches are the same."""
+
+    max_length: int = 256
+    batch_size: int = 32
+    word_level: bool = False
+    truncate: bool = True  # False: an over-long document is an error
+    limit: int | None = None
+    checkpoint_every: int = 20  # batches
+    chunk_batches: int = 32  # documents are bucketed by length within chunks of chunk_batches * batch_size
+    cell_budget: int = 0  # max documents x longest^2 per batch; 0 = batch_size * 64^2
+
+    @property
+    def budget(self) -> int:
+        return self.cell_budget or self.batch_size * 64 * 64
+
+    @property
+    def chunk_documents(self) -> int:
+        return self.chunk_batches * self.batch_size
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """What an input function sees for one layer of one batch."""
+
+    call: AttentionCall
+    layer: int
+    batch: Batch
+    model: Model
+
+
+# Maps a metric can read, by name: each returns token-level [batch, head, query, key].
+# A metric needing another per-batch input (e.g. norm-weighted attention) registers one here.
+InputFn = Callable[[LayerView], torch.Tensor]
+INPUTS: dict[str, InputFn] = {"weights": lambda view: view.call.weights}
+
+
+def register_input(name: str, fn: InputFn) -> None:
+    if name in INPUTS:
+        raise AttnscopeError(f"an input named {name!r} is already registered")
+    INPUTS[name] = fn
+
+
+@dataclass(frozen=True)
+class Progress:
+    documents: int
+    tokens: int
+    seconds: float
+    total_documents: int | None
+
+
+class _BatchRecorder:
+    """Receives each layer's attention call and keeps only per-document values."""
+
+    def __init__(self, model: Model, batch: Batch, metrics: list[Metric], counts: syn.SyntaxCounts | None):
+        self.model, self.batch, self.metrics = model, batch, metrics
+        self.values: dict[str, list[torch.Tensor]] = {m.name: [] for m in metrics}  # per layer [batch, head]
+        self.ok: dict[str, torch.Tensor] = {}
+        self.syntax = syn.syntax_batch(batch.docs, batch.word_maps, counts) if (
+            counts is not None and batch.word_maps is not None) else None
+        self.syntax_layers: list[torch.Tensor] = []
+        self.layer = 0
+
+    def on_attention(self, call: AttentionCall) -> None:
+        view = LayerView(call, self.layer, self.batch, self.model)
+        maps: dict[str, torch.Tensor] = {}
+        for metric in self.metrics:
+            if metric.source not in maps:
+                maps[metric.source] = self._units(INPUTS[metric.source](view))
+            values, ok = metric.fn(maps[metric.source], self.batch.units)
+            self.values[metric.name].append(values)
+            self.ok[metric.name] = ok
+        if self.syntax is not None:
+            word = maps["weights"] if self.batch.unit_maps is self.batch.word_maps and "weights" in maps else None
+            if word is None:
+                assert self.batch.word_maps is not None
+                word = self.batch.word_maps.apply(call.weights.detach())
+            self.syntax_layers.append(syn.layer_correct(word, self.syntax))
+        self.layer += 1
+
+    def _units(self, token_maps: torch.Tensor) -> torch.Tensor:
+        maps = token_maps.detach()
+        if self.batch.unit_maps is not None:
+            maps = self.batch.unit_maps.apply(maps)
+        return clean(maps, self.batch.units)
+
+
+def new_state(model: Model, settings: Settings, with_syntax: bool) -> StatsState:
+    causal = is_causal(model.model)
+    names = tuple(m.name for m in metrics_for(causal))
+    identity = {"model": model.name, "max_length": settings.max_length, "word_level": settings.word_level,
+                "causal": causal}
+    state = StatsState(model.n_layers, model.n_heads, names, identity)
+    if with_syntax:
+        state.syntax = syn.SyntaxCounts(model.n_layers, model.n_heads)
+    return state
+
+
+def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
+    """Run one batch through the model and return the state with it folded in (a new object)."""
+    part = StatsState(state.layers, state.heads, state.metrics, dict(state.settings))
+    if state.syntax is not None:
+        part.syntax = syn.SyntaxCounts(state.layers, state.heads)
+    metrics = [m for m in metrics_for(bool(state.settings["causal"])) if m.name in state.metrics]
+    rec = _BatchRecorder(model, batch, metrics, part.syntax)
+    with torch.no_grad(), recording(model.model, rec):
+        model.model(**batch.inputs)
+    if rec.layer != state.layers:
+        raise AttnscopeError(f"saw {rec.layer} attention calls for a model of {state.layers} layers")
+    for name, per_layer in rec.values.items():
+        values = torch.stack(per_layer, dim=1).numpy()  # [document, layer, head]
+        part.add(name, values, rec.ok[name].numpy())
+    if rec.syntax is not None and part.syntax is not None:
+        syn.fold_layers(part.syntax, rec.syntax_layers, rec.syntax)
+    part.documents, part.tokens = len(batch.docs), batch.tokens
+    part.truncated = sum(d.truncated for d in batch.docs)
+    return state.merge(part)
+
+
+def process_documents(model: Model, docs: Sequence[Document], settings: Settings,
+                      state: StatsState | None = None) -> StatsState:
+    """Statistics of a list of documents (e.g. one block of a distributed run), as a mergeable state."""
+    check_settings(model, settings)
+    if state is None:
+        state = new_state(model, settings, with_syntax=any(d.heads is not None for d in docs))
+    for batch in _batches(model, list(docs), settings):
+        state = run_batch(model, batch, state)
+    return state
+
+
+def check_settings(model: Model, settings: Settings) -> None:
+    if settings.max_length < 2:
+        raise AttnscopeError(f"--max-length {settings.max_length} is too small: use at least 2 tokens")
+    if settings.max_length > model.max_positions:
+        raise AttnscopeError(f"--max-length {settings.max_length} exceeds what {model.name} can read "
+                             f"({model.max_positions} positions): use at most {model.max_positions}")
+    if settings.batch_size < 1:
+        raise AttnscopeError(f"--batch-size {settings.batch_size} must be at least 1")
+    if settings.limit is not None and settings.limit < 1:
+        raise AttnscopeError(f"--limit {settings.limit} must be at least 1")
+
+
+def _batches(model: Model, docs: list[Document], settings: Settings, skip: int = 0) -> Iterator[Batch]:
+    if not docs:
+        return
+    tok = model.tokenizer
+    prepared = tokenize(tok, docs, settings.max_length)
+    if not settings.truncate:
+        for p in prepared:
+            if p.truncated:
+                raise AttnscopeError(f"{p.doc.where}: the document is over {settings.max_length} tokens: "
+                                     "raise --max-length or drop --no-truncate to truncate it")
+    causal = is_causal(model.model)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+    for idx in plan(prepared, settings.batch_size, settings.budget)[skip:]:
+        if len({prepared[i].doc.heads is None for i in idx}) > 1:
+            raise AttnscopeError("a corpus mixes documents with and without dependency trees")
+        yield make_batch([prepared[i] for i in idx], pad, settings.word_level, causal,
+                         tok.cls_token_id, tok.sep_token_id)
+
+
+@dataclass
+class RunResult:
+    state: StatsState
+    seconds: float  # time spent in this process
+    resumed_from: int  # documents already done by an earlier run
+    resumed_tokens: int
+    malformed: int
+
+
+def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathLike[str], resume: bool = False,
+        progress: Callable[[Progress], None] | None = None, total: int | None = None) -> RunResult:
+    """Run the statistics over a corpus, checkpointing into outdir; resume continues a stopped run."""
+    check_settings(model, settings)
+    out = Path(outdir)
+    identity = {"model": model.name, "source": source.describe(), "settings": asdict(settings)}
+    state, chunk0, batch0 = _start(out, identity, resume)
+    if state is None:
+        state = new_state(model, settings, with_syntax=source.has_trees)
+    done_before, tokens_before, started = state.documents, state.tokens, time.perf_counter()
+    position = (chunk0, batch0)
+    n_batches = 0
+    try:
+        for c, chunk in enumerate(_chunks(_limited(source, settings.limit), settings.chunk_documents)):
+            if c < chunk0:
+                continue
+            for j, batch in enumerate(_batches(model, chunk, settings, skip=batch0 if c == chunk0 else 0)):
+                state = run_batch(model, batch, state)
+                n_batches += 1
+                position = (c, (batch0 if c == chunk0 else 0) + j + 1)
+                if n_batches % settings.checkpoint_every == 0:
+                    _save(out, identity, state, position, complete=False)
+                if progress is not None:
+                    progress(Progress(state.documents, state.tokens, time.perf_counter() - started, total))
+            position = (c + 1, 0)
+    except KeyboardInterrupt:
+        _save(out, identity, state, position, complete=False)
+        raise
+    _save(out, identity, state, position, complete=True)
+    if state.documents == 0:
+        raise AttnscopeError(f"{source.spec} has no documents to read")
+    return RunResult(state, time.perf_counter() - started, done_before, tokens_before, source.malformed)
+
+
+def _limited(docs: Iterable[Document], limit: int | None) -> Iterator[Document]:
+    return iter(docs) if limit is None else itertools.islice(docs, limit)
+
+
+def _chunks(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
+    while chunk := list(itertools.islice(docs, size)):
+        yield chunk
+
+
+def _start(out: Path, identity: dict[str, Any], resume: bool) -> tuple[StatsState | None, int, int]:
+    """(state, chunk, batch) to continue from; refuses to overwrite a directory without --resume."""
+    ckpt = out / CHECKPOINT
+    if not resume:
+        if out.exists() and (not out.is_dir() or any(out.iterdir())):
+            raise AttnscopeError(f"{out} already exists and is not empty: pass --resume to continue that run, "
+                                 "or choose another output directory")
+        out.mkdir(parents=True, exist_ok=True)
+        return None, 0, 0
+    if not ckpt.is_file():
+        if out.exists() and any(out.iterdir()):
+            raise AttnscopeError(f"{out} has no {CHECKPOINT} to resume from: choose another output directory")
+        out.mkdir(parents=True, exist_ok=True)
+        return None, 0, 0
+    data = json.loads(ckpt.read_text(encoding="utf-8"))
+    if data.get("identity") != json.loads(json.dumps(identity)):
+        raise AttnscopeError(f"{ckpt} is from a run with another source, model or settings "
+                             "(resume with the same arguments, or choose another output directory)")
+    log.info("resuming %s at chunk %d, batch %d", out, data["chunk"], data["batch"])
+    return StatsState.from_dict(data["state"]), int(data["chunk"]), int(data["batch"])
+
+
+def _save(out: Path, identity: dict[str, Any], state: StatsState, position: tuple[int, int],
+          complete: bool) -> None:
+    """Write the checkpoint atomically (a kill mid-write leaves the previous one)."""
+    data = {"identity": identity, "chunk": position[0], "batch": position[1], "complete": complete,
+            "state": state.to_dict()}
+    tmp = out / (CHECKPOINT + ".tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, out / CHECKPOINT)
+
+
+def values_of(state: StatsState) -> dict[str, dict[str, np.ndarray]]:
+    """{metric: {"mean", "std", "count"}} arrays [layer, head]."""
+    return {name: {"mean": state.mean(name), "std": state.std(name), "count": state.count[name]}
+            for name in state.metrics}

@@ -1,0 +1,203 @@
+"""Per-head statistics of attention maps (Clark et al. 2019), as pure functions of a batch of maps.
+
+Every metric takes a batch of maps `A` [batch, head, query, key] over "units" (tokens, or
+words with --word-level) and a `Units` description of that batch, and returns one value
+per document and head [batch, head] with a flag per document saying whether it is defined
+[batch]. Each document is one observation: the corpus figure is the mean over documents.
+Padding units have zero columns and excluded rows, so padding never changes a value.
+See docs/stats.md for the definitions in words.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnscope.errors import AttnscopeError
+
+Values = tuple[torch.Tensor, torch.Tensor]  # ([batch, head] float64, [batch] bool: defined)
+
+
+@dataclass(frozen=True)
+class Units:
+    """What each query/key position of a batch of maps is. All tensors are [batch, unit]."""
+
+    valid: torch.Tensor  # bool: a real unit, not padding
+    rows: torch.Tensor  # bool: a query row that counts (valid; for causal models row 0 is excluded)
+    kinds: dict[str, torch.Tensor]  # bool per kind: "cls", "sep", "punct", "sink"
+    causal: bool
+
+    @property
+    def n_rows(self) -> torch.Tensor:
+        """[batch] float64: rows that count per document."""
+        return self.rows.sum(-1).to(torch.float64)
+
+
+MetricFn = Callable[[torch.Tensor, Units], Values]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A named per-head statistic. `source` names the map it reads (engine inputs: "weights")."""
+
+    name: str
+    fn: MetricFn
+    description: str
+    source: str = "weights"
+    models: str = "all"  # "all", "bidirectional" or "causal"
+
+    def applies(self, causal: bool) -> bool:
+        return self.models == "all" or self.models == ("causal" if causal else "bidirectional")
+
+
+def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
+    """Maps with padding keys zeroed: [batch, head, query, key]."""
+    return maps.masked_fill(~units.valid[:, None, None, :], 0.0)
+
+
+def row_mean(per_row: torch.Tensor, units: Units) -> Values:
+    """Mean (in float64) over the rows that count: [batch, head, query] -> [batch, head]."""
+    per_row = per_row.to(torch.float64)
+    kept = torch.where(units.rows[:, None, :], per_row, torch.zeros((), dtype=per_row.dtype))
+    n = units.n_rows
+    ok = n > 0
+    return kept.sum(-1) / torch.clamp(n, min=1.0)[:, None], ok
+
+
+def attention_to(kind: str) -> MetricFn:
+    """(1/n) sum_i sum_{j of this kind} A[i, j]."""
+
+    def fn(maps: torch.Tensor, units: Units) -> Values:
+        selector = units.kinds[kind].to(maps.dtype)[:, None, None, :]  # [batch, 1, 1, key]
+        per_row = (maps * selector).sum(-1)  # [batch, head, query]
+        return row_mean(per_row, units)
+
+    return fn
+
+
+def attention_at_offset(offset: int) -> MetricFn:
+    """(1/n) sum_i A[i, i + offset]: 0 is the token itself, -1 the previous, +1 the next."""
+
+    def fn(maps: torch.Tensor, units: Units) -> Values:
+        diagonal = torch.diagonal(maps, offset=offset, dim1=-2, dim2=-1)  # [batch, head, n - |offset|]
+        per_row = torch.zeros(maps.shape[:-1], dtype=maps.dtype)  # [batch, head, query]
+        if offset >= 0:
+            per_row[..., : diagonal.shape[-1]] = diagonal
+        else:
+            per_row[..., -offset:] = diagonal
+        return row_mean(per_row, units)
+
+    return fn
+
+
+def row_entropy(maps: torch.Tensor) -> torch.Tensor:
+    """-sum_j A[i,j] ln A[i,j] in nats, with 0 ln 0 = 0: [batch, head, query].
+
+    ln is taken of max(A, tiny) so that 0 * ln 0 gives 0 (a weight below the smallest normal
+    float changes the sum by less than 1e-35); NaN stays NaN.
+    """
+    tiny = torch.finfo(maps.dtype).tiny
+    return -(maps * torch.log(maps.clamp_min(tiny))).sum(-1)
+
+
+def entropy(maps: torch.Tensor, units: Units) -> Values:
+    return row_mean(row_entropy(maps), units)
+
+
+def uniform_entropy(maps: torch.Tensor, units: Units) -> Values:
+    """The entropy of uniform attention over the keys a row can see: ln n, or ln(i+1) when causal."""
+    n = units.valid.shape[-1]
+    visible = units.valid[:, None, :].expand(-1, n, -1)  # [batch, query, key]
+    if units.causal:
+        visible = visible & torch.ones(n, n, dtype=torch.bool).tril()
+    log_count = torch.log(torch.clamp(visible.sum(-1).to(torch.float64), min=1.0))  # [batch, query]
+    return row_mean(log_count[:, None, :].expand(-1, maps.shape[1], -1), units)
+
+
+def cls_entropy(maps: torch.Tensor, units: Units) -> Values:
+    """The entropy of the [CLS] row (the first [CLS] unit of each document)."""
+    cls = units.kinds["cls"]  # [batch, unit]
+    ok = cls.any(-1)
+    first = torch.argmax(cls.to(torch.int64), dim=-1)  # [batch]
+    b, h, _, k = maps.shape
+    row = torch.gather(maps, 2, first[:, None, None, None].expand(b, h, 1, k))  # [batch, head, 1, key]
+    picked = row_entropy(row)[..., 0].to(torch.float64)
+    return torch.where(ok[:, None], picked, torch.zeros((), dtype=picked.dtype)), ok
+
+
+def distance(maps: torch.Tensor, units: Units) -> Values:
+    """(1/n) sum_i sum_j A[i,j] |i - j|, in units (tokens or words)."""
+    n = maps.shape[-1]
+    pos = torch.arange(n, dtype=maps.dtype)
+    gap = (pos[:, None] - pos[None, :]).abs()  # [query, key]
+    return row_mean((maps * gap).sum(-1), units)
+
+
+def concentration(maps: torch.Tensor, units: Units) -> Values:
+    """(1/n) sum_i max_j A[i,j]."""
+    return row_mean(maps.max(-1).values, units)
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def register_metric(metric: Metric) -> Metric:
+    """Add a metric to the registry (its name becomes a column of heads.parquet)."""
+    if metric.name in METRICS:
+        raise AttnscopeError(f"a metric named {metric.name!r} is already registered")
+    METRICS[metric.name] = metric
+    return metric
+
+
+for _m in (
+    Metric("cls", attention_to("cls"), "attention to [CLS]", models="bidirectional"),
+    Metric("sep", attention_to("sep"), "attention to [SEP]", models="bidirectional"),
+    Metric("sink", attention_to("sink"), "attention to the first token (the sink)", models="causal"),
+    Metric("punct", attention_to("punct"), 'attention to "." and ","'),
+    Metric("self", attention_at_offset(0), "attention to the token itself"),
+    Metric("prev", attention_at_offset(-1), "attention to the previous token (j = i - 1)"),
+    Metric("next", attention_at_offset(1), "attention to the next token (j = i + 1)"),
+    Metric("entropy", entropy, "attention entropy (nats)"),
+    Metric("entropy_uniform", uniform_entropy, "entropy of uniform attention (nats): the baseline"),
+    Metric("entropy_cls", cls_entropy, "entropy of the [CLS] row (nats)", models="bidirectional"),
+    Metric("distance", distance, "mean attention distance (tokens)"),
+    Metric("concentration", concentration, "mean of the largest weight of each row"),
+):
+    register_metric(_m)
+
+
+def metrics_for(causal: bool) -> list[Metric]:
+    return [m for m in METRICS.values() if m.applies(causal)]
+
+
+# Head classes: (name, metric, threshold) meaning mean(metric) > threshold; "broad" compares
+# the entropy with the uniform baseline: mean(entropy) > BROAD_RATIO * mean(entropy_uniform).
+BROAD_RATIO = 0.8
+CLASS_RULES: tuple[tuple[str, str, float], ...] = (
+    ("previous-token", "prev", 0.5),
+    ("next-token", "next", 0.5),
+    ("[CLS]", "cls", 0.6),
+    ("[SEP]", "sep", 0.6),
+    ("sink", "sink", 0.6),
+    ("punctuation", "punct", 0.6),
+)
+
+
+def head_classes(means: dict[str, np.ndarray]) -> list[list[list[str]]]:
+    """Classes of each head from the corpus means [layer, head] of each metric: [layer][head] -> names."""
+    shape = means["entropy"].shape
+    out: list[list[list[str]]] = [[[] for _ in range(shape[1])] for _ in range(shape[0])]
+    for layer in range(shape[0]):
+        for head in range(shape[1]):
+            names = out[layer][head]
+            ent, base = means["entropy"][layer, head], means["entropy_uniform"][layer, head]
+            if math.isfinite(ent) and base > 0 and ent > BROAD_RATIO * base:
+                names.append("broad")
+            for name, metric, threshold in CLASS_RULES:
+                if metric in means and means[metric][layer, head] > threshold:
+                    names.append(name)
+    return out

@@ -1,0 +1,108 @@
+"""report.html: one self-contained page (inline CSS, images as data: URLs, nothing fetched)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import Any
+
+_CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; padding: 0 1rem; color: #222; }
+h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
+table { border-collapse: collapse; margin: .5rem 0; }
+th, td { border: 1px solid #ccc; padding: .2rem .5rem; text-align: right; }
+th { background: #f3f3f3; } td.l, th.l { text-align: left; }
+.grid { display: flex; flex-wrap: wrap; gap: 1rem; }
+figure { margin: 0; } figcaption { font-size: .85rem; color: #555; }
+img { max-width: 34rem; height: auto; border: 1px solid #eee; }
+.note { color: #555; font-size: .9rem; }
+"""
+
+# Nothing may load from the network: no scripts at all, images only from data: URLs.
+_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(header: list[str], rows: list[list[Any]], left: int = 0) -> str:
+    """An escaped HTML table; the first `left` columns are left-aligned."""
+    def cell(tag: str, i: int, v: Any) -> str:
+        cls = ' class="l"' if i < left else ""
+        return f"<{tag}{cls}>{_e(v)}</{tag}>"
+
+    head = "".join(cell("th", i, h) for i, h in enumerate(header))
+    body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _overview(info: dict[str, Any]) -> str:
+    model, source, run = info["model"], info["source"], info.get("run", {})
+    rows = [
+        ["model", f"{model['name']} ({model['architecture']}, {model['layers']} layers x {model['heads']} heads"
+                  f"{', causal' if model.get('causal') else ''})"],
+        ["source", f"{source.get('spec')} ({source.get('kind')})"],
+        ["documents", info["documents"]],
+        ["tokens", info["tokens"]],
+        ["truncated documents", info["truncated"]],
+        ["malformed rows skipped", source.get("malformed", 0)],
+        ["settings", ", ".join(f"{k}={v}" for k, v in info.get("settings", {}).items())],
+        ["tokens / s", f"{run.get('tokens_per_second', float('nan')):.0f}"],
+    ]
+    return _table(["", ""], rows, left=2)
+
+
+def _heatmaps(info: dict[str, Any], images: dict[str, bytes]) -> str:
+    figures = []
+    for name, png in images.items():
+        data = base64.b64encode(png).decode("ascii")
+        caption = info["metrics"].get(name, name)
+        figures.append(f'<figure><img alt="{_e(name)} heatmap" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{_e(name)}: {_e(caption)}</figcaption></figure>")
+    return '<div class="grid">' + "".join(figures) + "</div>"
+
+
+def _classes(info: dict[str, Any], heads: list[dict[str, Any]]) -> str:
+    columns = [c for c in ("prev", "next", "cls", "sep", "sink", "punct", "entropy", "entropy_uniform")
+               if f"{c}_mean" in (heads[0] if heads else {})]
+    rows = [[r["layer"], r["head"], r["classes"] or "-", *(f"{r[f'{c}_mean']:.3f}" for c in columns)]
+            for r in heads if r["classes"]]
+    rules = "; ".join(f"{k}: {v}" for k, v in info["thresholds"].items())
+    if not rows:
+        return f'<p class="note">No head passes a class threshold ({_e(rules)}).</p>'
+    return (f'<p class="note">Thresholds on the corpus means: {_e(rules)}.</p>'
+            + _table(["layer", "head", "classes", *columns], rows))
+
+
+def _syntax(info: dict[str, Any]) -> str:
+    syntax = info.get("syntax")
+    if not syntax:
+        return ""
+    rows = [[r["relation"], r["count"], f"{100 * r['accuracy']:.1f}", f"{r['layer']}-{r['head']}", r["direction"],
+             f"{r['baseline_offset']:+d}", f"{100 * r['baseline_accuracy']:.1f}"] for r in syntax["best_heads"]]
+    note = ('<p class="note">For each gold relation, the head whose most-attended word (excluding itself, '
+            "[CLS] and [SEP]) is the gold head most often, in either direction, next to the best fixed "
+            "offset (Clark et al. 2019, Table 1). Root words are not scored; "
+            f"{_e(syntax['unscored_words'])} words were lost to truncation.</p>")
+    return ("<h2>Dependency syntax</h2>" + note
+            + _table(["relation", "count", "best head %", "layer-head", "direction", "offset", "offset %"], rows,
+                     left=1))
+
+
+def report_html(info: dict[str, Any], heads: list[dict[str, Any]], images: dict[str, bytes]) -> str:
+    """The whole page; every value that came from the user or the corpus is escaped."""
+    title = f"attnscope stats: {info['model']['name']} on {info['source'].get('spec')}"
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f"<h1>{_e(title)}</h1>"
+        f'<p class="note">{_e(info["indexing"])}. Each document counts equally: every figure is the mean '
+        "over documents of a per-document value (see docs/stats.md).</p>"
+        + _overview(info)
+        + "<h2>Heatmaps (layer x head)</h2>" + _heatmaps(info, images)
+        + "<h2>Head classes</h2>" + _classes(info, heads)
+        + _syntax(info)
+        + "</body></html>\n"
+    )

@@ -1,0 +1,169 @@
+"""Dependency syntax in attention heads (Clark et al. 2019, section 4.2 and Table 1).
+
+For each head and each gold relation: how often the word a dependent attends to most
+(excluding itself, [CLS] and [SEP]) is its gold head ("dep->head"), and how often the
+word that attends most to a dependent is its head ("head->dep", the transposed map).
+Next to each relation, the fixed-offset baseline: the best relative position (+-1..+-5)
+predicting the head for that relation. Word-level maps (pieces summed as keys, averaged
+as queries). Root words have no head word and are not scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnscope.errors import AttnscopeError
+from attnscope.stats.batching import Prepared, UnitMaps
+
+DIRECTIONS = ("dep->head", "head->dep")
+OFFSETS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
+ALL = "all"  # every scored relation together
+
+
+@dataclass
+class SyntaxCounts:
+    """Exact, mergeable counts: per relation, scored dependents and correct predictions."""
+
+    layers: int
+    heads: int
+    total: dict[str, int] = field(default_factory=dict)
+    correct: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [direction, layer, head]
+    offset_correct: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [offset]
+    unscored: int = 0  # words lost to truncation (or to a tokenizer that gave them no token)
+
+    def _relation(self, name: str) -> np.ndarray:
+        if name not in self.correct:
+            self.total[name] = 0
+            self.correct[name] = np.zeros((len(DIRECTIONS), self.layers, self.heads), dtype=np.int64)
+            self.offset_correct[name] = np.zeros(len(OFFSETS), dtype=np.int64)
+        return self.correct[name]
+
+    def merge(self, other: SyntaxCounts) -> SyntaxCounts:
+        if (self.layers, self.heads) != (other.layers, other.heads):
+            raise AttnscopeError("cannot merge syntax counts of models with different layers or heads")
+        out = SyntaxCounts(self.layers, self.heads, unscored=self.unscored + other.unscored)
+        for part in (self, other):
+            for name in part.total:
+                out._relation(name)
+                out.total[name] += part.total[name]
+                out.correct[name] = out.correct[name] + part.correct[name]
+                out.offset_correct[name] = out.offset_correct[name] + part.offset_correct[name]
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        names = sorted(self.total)
+        return {
+            "layers": self.layers, "heads": self.heads, "unscored": self.unscored,
+            "total": {n: self.total[n] for n in names},
+            "correct": {n: self.correct[n].tolist() for n in names},
+            "offset_correct": {n: self.offset_correct[n].tolist() for n in names},
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SyntaxCounts:
+        out = cls(int(data["layers"]), int(data["heads"]), unscored=int(data["unscored"]))
+        for name, total in data["total"].items():
+            out.total[name] = int(total)
+            out.correct[name] = np.asarray(data["correct"][name], dtype=np.int64)
+            out.offset_correct[name] = np.asarray(data["offset_correct"][name], dtype=np.int64)
+        return out
+
+    def with_all(self) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
+        """relation -> (total, correct [direction, layer, head], offset_correct), plus "all"."""
+        rows = {n: (self.total[n], self.correct[n], self.offset_correct[n]) for n in self.total}
+        if rows:
+            rows[ALL] = (
+                sum(self.total.values()),
+                np.sum([self.correct[n] for n in self.total], axis=0),
+                np.sum([self.offset_correct[n] for n in self.total], axis=0),
+            )
+        return rows
+
+
+@dataclass(frozen=True)
+class SyntaxBatch:
+    """The gold trees of a batch in word units."""
+
+    gold: torch.Tensor  # long [batch, unit]: unit of the gold head, -1 when not scored
+    relation: torch.Tensor  # float64 [batch, unit, relation]: one-hot of scored dependents
+    candidates: torch.Tensor  # bool [batch, unit]: word units (not special tokens, not padding)
+    names: list[str]
+
+
+def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts) -> SyntaxBatch:
+    """Gold heads in unit positions; folds the batch's totals, offset baseline and unscored words."""
+    n_units = word_maps.units.valid.shape[1]
+    gold = torch.full((len(docs), n_units), -1, dtype=torch.long)
+    rel_ids = torch.full((len(docs), n_units), -1, dtype=torch.long)
+    names: dict[str, int] = {}
+    for b, (d, groups) in enumerate(zip(docs, word_maps.groups, strict=True)):
+        assert d.doc.heads is not None and d.doc.relations is not None
+        unit_of = {d.words[g[0]]: u for u, g in enumerate(groups) if d.words[g[0]] is not None}
+        for w, (head, rel) in enumerate(zip(d.doc.heads, d.doc.relations, strict=True)):
+            if head == 0:
+                continue
+            if w not in unit_of or head - 1 not in unit_of:
+                counts.unscored += 1
+                continue
+            gold[b, unit_of[w]] = unit_of[head - 1]
+            rel_ids[b, unit_of[w]] = names.setdefault(rel, len(names))
+            counts._relation(rel)
+            counts.total[rel] += 1
+            offset = head - 1 - w
+            if offset in OFFSETS:
+                counts.offset_correct[rel][OFFSETS.index(offset)] += 1
+    onehot = torch.zeros((len(docs), n_units, max(len(names), 1)), dtype=torch.float64)
+    scored = rel_ids >= 0
+    onehot[scored, rel_ids[scored]] = 1.0
+    special = word_maps.units.kinds["cls"] | word_maps.units.kinds["sep"]
+    words = torch.tensor([[d.words[g[0]] is not None for g in groups] + [False] * (n_units - len(groups))
+                          for d, groups in zip(docs, word_maps.groups, strict=True)], dtype=torch.bool)
+    candidates = word_maps.units.valid & words & ~special
+    return SyntaxBatch(gold, onehot, candidates, list(names))
+
+
+def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
+    """Correct predictions of one layer per direction, head and relation: float64 [direction, head, relation].
+
+    word_attention: [batch, head, unit, unit] word-level maps.
+    """
+    b, h, n, _ = word_attention.shape
+    excluded = ~(sb.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool))  # [batch, query, key]
+    gold = sb.gold[:, None, :]  # [batch, 1, unit]
+    relation = sb.relation.reshape(b * n, -1)  # [batch * unit, relation]
+    out = []
+    # dep->head: the key row i attends to most; head->dep: the query attending most to column i
+    for maps in (word_attention, word_attention.transpose(-1, -2).contiguous()):
+        predicted = maps.masked_fill(excluded[:, None], float("-inf")).argmax(-1)  # [batch, head, unit]
+        hit = ((predicted == gold) & (gold >= 0)).to(torch.float64)
+        out.append(hit.transpose(0, 1).reshape(h, b * n) @ relation)  # [head, relation]
+    return torch.stack(out)
+
+
+def fold_layers(counts: SyntaxCounts, per_layer: list[torch.Tensor], sb: SyntaxBatch) -> None:
+    """Add one batch's [direction, head, relation] counts of every layer into counts."""
+    stacked = torch.stack(per_layer).round().to(torch.int64).numpy()  # [layer, direction, head, relation]
+    for r, name in enumerate(sb.names):
+        counts._relation(name)
+        counts.correct[name] += stacked[..., r].transpose(1, 0, 2)
+
+
+def best_heads(counts: SyntaxCounts) -> list[dict[str, Any]]:
+    """Clark et al.'s Table 1: per relation the best head (either direction) and the best offset."""
+    rows = []
+    for name, (total, correct, offsets) in sorted(counts.with_all().items(), key=lambda kv: -kv[1][0]):
+        if total == 0:
+            continue
+        d, layer, head = np.unravel_index(int(np.argmax(correct)), correct.shape)
+        k = int(np.argmax(offsets))
+        rows.append({
+            "relation": name, "count": int(total),
+            "accuracy": float(correct[d, layer, head]) / total,
+            "layer": int(layer), "head": int(head), "direction": DIRECTIONS[int(d)],
+            "baseline_offset": OFFSETS[k], "baseline_accuracy": float(offsets[k]) / total,
+        })
+    return rows
