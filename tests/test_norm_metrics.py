@@ -10,9 +10,11 @@ import attnscope
 from attnscope.capture import capturing
 from attnscope.norms import norm_attention
 from attnscope.recompute import layer_params
-from attnscope.stats import metrics
+from attnscope.stats import engine, metrics
+from attnscope.stats.engine import Settings, process_documents, values_of
 from attnscope.stats.metrics import Units
 from attnscope.stats.norm_metrics import NORM_METRICS, OTHER_METRIC, norm_maps, register, share_to
+from attnscope.stats.sources import Document
 from attnscope.tracing import trace
 
 TOL = 1e-5
@@ -86,14 +88,40 @@ def test_category_shares_add_up_to_one_on_the_bundled_model(minilm: attnscope.Mo
         assert torch.abs(total - 1).max() <= 1e-9
 
 
-def test_register_adds_the_norm_metrics_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))  # leave the real registry as it was
+@pytest.fixture()
+def registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Copies of the metric and input registries, so these tests leave the real ones as they were."""
+    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))
+    monkeypatch.setattr(engine, "INPUTS", dict(engine.INPUTS))
+
+
+@pytest.mark.usefixtures("registries")
+def test_register_adds_the_norm_metrics_once() -> None:
     before = set(metrics.METRICS)
     added = register()
     names = {m.name for m in (*NORM_METRICS, OTHER_METRIC)}
     assert {m.name for m in added} == names - before
     assert set(metrics.METRICS) == before | names
+    assert "norm_head" in engine.INPUTS
     assert register() == []  # a second call adds nothing and raises nothing
     assert all(metrics.METRICS[m.name].source == "norm_head" for m in NORM_METRICS)
     assert metrics.METRICS["norm_cls"].applies(causal=False) and not metrics.METRICS["norm_cls"].applies(causal=True)
     assert metrics.METRICS["norm_sink"].applies(causal=True) and not metrics.METRICS["norm_sink"].applies(causal=False)
+
+
+def _cls_share(tr: attnscope.Trace) -> np.ndarray:
+    """Per layer and head, the mean over rows of the share of norm_head on [CLS] (key 0): [layer, head]."""
+    norms = tr.norms()["norm_head"].astype(np.float64)  # [layer, head, query, key]
+    return (norms[..., 0] / norms.sum(-1)).mean(-1)
+
+
+@pytest.mark.usefixtures("registries")
+def test_corpus_run_gives_the_norm_shares_of_each_trace(minilm: attnscope.Model) -> None:
+    register()
+    docs = [Document(text, f"test:{i}") for i, text in enumerate(TEXTS)]
+    state = process_documents(minilm, docs, Settings(batch_size=2))  # one padded batch
+    assert state.documents == 2
+    expected = np.mean([_cls_share(trace(text, model=minilm)) for text in TEXTS], axis=0)
+    assert np.abs(values_of(state)["norm_cls"]["mean"] - expected).max() <= TOL
+    weights_cls = values_of(state)["cls"]["mean"]
+    assert np.abs(weights_cls - expected).max() > 0.01  # the norms tell another story than the weights

@@ -9,7 +9,8 @@ attnscope.norms) that lands on each category,
 
 so the numbers compare directly with the weight-based ones (rows of both sum to 1). The
 metrics read the source "norm_head": maps [batch, head, query, key] that `norm_maps` computes
-per layer from what the attention function saw (v and the weights) and the layer's W_O.
+per layer from what the attention function saw (v and the weights) and the layer's W_O;
+`norm_input` is that computation as a corpus-run input. `register()` adds both.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from attnscope.errors import AttnscopeError
-from attnscope.stats import metrics
+from attnscope.families import family_of
+from attnscope.stats import engine, metrics
 from attnscope.stats.metrics import Metric, MetricFn, Units, Values, attention_to, clean
 
 NORM_SOURCE = "norm_head"
@@ -38,6 +40,17 @@ def norm_maps(v: torch.Tensor, weights: torch.Tensor, w_o: torch.Tensor) -> torc
     f = torch.einsum("bhkd,hdm->bhkm", v.to(torch.float64), w_heads)  # f^h(x_j): [batch, head, key, d_model]
     norms: torch.Tensor = weights.to(torch.float64) * torch.linalg.vector_norm(f, dim=-1)[:, :, None, :]
     return norms
+
+
+def norm_input(view: engine.LayerView) -> torch.Tensor:
+    """The corpus run's "norm_head" input: norm_maps of one layer's attention call, [batch, head, query, key]."""
+    fam = family_of(view.model.model)
+    if fam is None:
+        raise AttnscopeError(f"norm-weighted metrics need each layer's W_O, which attnscope cannot read for "
+                             f"{view.model.architecture}: use a bert, roberta, electra, distilbert, albert or "
+                             "gpt2 model")
+    w_o = fam.params(view.model.model, view.call.module, view.layer).w_o  # [head * d_head, d_model]
+    return norm_maps(view.call.v.detach(), view.call.weights.detach(), w_o)
 
 
 def shares(maps: torch.Tensor, units: Units) -> torch.Tensor:
@@ -79,5 +92,10 @@ OTHER_METRIC = Metric("other", share_to("other"), "attention to all other tokens
 
 
 def register() -> list[Metric]:
-    """Add the norm-weighted metrics (and weight-based "other") to the registry; already present ones are kept."""
+    """Add the "norm_head" input and the norm-weighted metrics (and weight-based "other") to the corpus run.
+
+    Returns the metrics added; what is already registered is kept, so calling it twice is harmless.
+    """
+    if NORM_SOURCE not in engine.INPUTS:
+        engine.register_input(NORM_SOURCE, norm_input)
     return [metrics.register_metric(m) for m in (*NORM_METRICS, OTHER_METRIC) if m.name not in metrics.METRICS]
