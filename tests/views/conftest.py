@@ -38,6 +38,7 @@ class Opened:
     url: str
     requests: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)  # alert(), confirm(): a script that should never run
 
     def foreign_requests(self) -> list[str]:
         return [r for r in self.requests if r != self.url]
@@ -64,6 +65,7 @@ def open_page(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Callabl
         page.on("request", lambda r: opened.requests.append(r.url))
         page.on("console", lambda m: m.type in ("error", "warning") and opened.errors.append(m.text))
         page.on("pageerror", lambda e: opened.errors.append(str(e)))
+        page.on("dialog", lambda d: (opened.dialogs.append(d.message), d.dismiss()))
         page.goto(opened.url)
         page.wait_for_selector(READY, state="attached", timeout=60_000)
         return opened

@@ -168,6 +168,8 @@
         "click a cell (or arrow keys, Enter) to select it." }), legendBox, body, info);
       const tip = A.tooltip(body);
       const geo = geometry(model, panel.clientWidth || MAX_SIDE);
+      canvas.dataset.cell = String(geo.cell); // px per cell and label margin, for code that points at cells
+      canvas.dataset.label = String(geo.label);
       let cursor = null;
       const where = () => {
         const src = ctx.source();

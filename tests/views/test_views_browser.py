@@ -1,0 +1,252 @@
+"""The views in real headless Chromium: controls, hover, numbers against the trace, keyboard, themes, escaping."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import attnscope
+from attnscope.bertviz import head_view
+from attnscope.tracing import Trace, trace
+from attnscope.views import to_html
+
+pytestmark = pytest.mark.browser
+
+LAYER = 'select[aria-label="layer (0-indexed)"]'
+QUERY = 'select[aria-label="query token (0-indexed)"]'
+LISTEN = ("() => { window.picked = [];"
+          " document.addEventListener('attnscope:select', e => window.picked.push(e.detail)); }")
+
+
+@pytest.fixture(scope="module")
+def all_page(pair_trace: Trace, open_page: Callable[..., Any]) -> Any:
+    opened = open_page(to_html(pair_trace, "all"), "all")
+    opened.page.evaluate(LISTEN)
+    return opened
+
+
+def tab(opened: Any, view: str) -> None:
+    opened.page.click(f'.as-tab[data-view="{view}"]')
+    opened.page.wait_for_selector(f'.as-panel[data-view="{view}"]', state="attached")
+
+
+def canvas_picture(page: Any, selector: str) -> str:
+    return str(page.eval_on_selector(selector, "c => c.toDataURL()"))
+
+
+def test_page_loads_offline_from_a_file(all_page: Any) -> None:
+    assert all_page.url.startswith("file://")
+    assert all_page.page.eval_on_selector_all(".as-tab", "ts => ts.map(t => t.textContent)") == [
+        "Head", "Model", "Matrix", "Neuron"]
+    all_page.shot("all-head-light")
+    assert all_page.foreign_requests() == [] and all_page.errors == []
+
+
+def test_head_view_layer_heads_and_hover(all_page: Any, pair_trace: Trace) -> None:
+    page = all_page.page
+    tab(all_page, "head")
+    page.select_option(LAYER, "3")
+    page.click(".as-chips .as-link >> text=none")
+    page.click('.as-chip[data-head="5"]')
+    pressed = page.eval_on_selector_all(".as-chip", "cs => cs.map(c => c.getAttribute('aria-pressed'))")
+    assert pressed == ["false"] * 5 + ["true"] + ["false"] * 6
+    before = canvas_picture(page, "canvas.as-lines")
+    page.hover('.as-q .as-tok[data-index="2"]')
+    page.wait_for_function("() => document.querySelector('.as-q .as-tok.as-focus')")
+    assert canvas_picture(page, "canvas.as-lines") != before  # only the hovered token's lines remain
+    shading = page.eval_on_selector_all(".as-k .as-tok", "ts => ts.map(t => Number(t.style.getPropertyValue('--w')))")
+    w = pair_trace.weights[3, 5, 2]
+    assert np.abs(np.asarray(shading) - w).max() <= w.max() / 510 + 1e-6  # shading is the trace's weight row
+    all_page.shot("head-hover")
+    page.click('.as-q .as-tok[data-index="2"]')
+    assert page.evaluate("() => window.picked.at(-1)") == {
+        "view": "head", "layer": 3, "head": 5, "query": 2, "key": None, "source": "weights"}
+    assert all_page.errors == []
+
+
+def test_sentence_filter_for_pairs(all_page: Any) -> None:
+    page = all_page.page
+    tab(all_page, "head")
+    select = 'select[aria-label="sentence filter (query → key)"]'
+    assert page.eval_on_selector_all(f"{select} option", "os => os.map(o => o.textContent)") == [
+        "all", "A → A", "A → B", "B → A", "B → B"]
+    page.mouse.move(0, 0)
+    pictures = set()
+    for value in ("all", "AB", "BA"):
+        page.select_option(select, value)
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        pictures.add(canvas_picture(page, "canvas.as-lines"))
+    assert len(pictures) == 3
+
+
+def test_model_view_thumbnails_open_large(all_page: Any) -> None:
+    page = all_page.page
+    tab(all_page, "model")
+    assert page.eval_on_selector_all(".as-thumb", "ts => ts.length") == 72
+    all_page.shot("model")
+    page.click('.as-thumb[data-layer="4"][data-head="7"]')
+    assert page.inner_text("dialog[open] .as-dialog-head strong") == "layer 4 · head 7 · attention weights"
+    assert page.is_visible("dialog[open] canvas.as-matrix")
+    page.click('dialog[open] [data-show="head"]')
+    assert page.eval_on_selector_all("dialog[open] .as-q .as-tok", "ts => ts.length") == 14
+    all_page.shot("model-dialog")
+    page.keyboard.press("Escape")
+    assert page.query_selector("dialog") is None
+
+
+def test_matrix_view_values_on_hover_and_select(all_page: Any, pair_trace: Trace) -> None:
+    page = all_page.page
+    tab(all_page, "matrix")
+    page.select_option(LAYER, "1")
+    page.click('.as-chip[data-head="2"]')
+    cell, label = page.eval_on_selector("canvas.as-matrix", "c => [Number(c.dataset.cell), Number(c.dataset.label)]")
+    box = page.query_selector("canvas.as-matrix").bounding_box()
+    page.mouse.move(box["x"] + label + 4.5 * cell, box["y"] + label + 3.5 * cell)  # query 3, key 4
+    tip = page.inner_text(".as-tip")
+    w = float(pair_trace.weights[1, 2, 3, 4])
+    approx = re.search(r"attention weights: ≈ ([0-9.e+-]+) \(±([0-9.e+-]+), 8-bit\)", tip)
+    exact = re.search(r"exact: ([0-9.e+-]+)", tip)
+    assert tip.startswith("query 3: sat → key 4: on") and approx and exact, tip
+    assert abs(float(approx.group(1)) - w) <= float(approx.group(2)) * 1.05 + 5e-4 * w
+    assert abs(float(exact.group(1)) - w) <= 5e-6 * w  # 6 significant digits of the trace's float32
+    all_page.shot("matrix-hover")
+    page.mouse.click(box["x"] + label + 4.5 * cell, box["y"] + label + 3.5 * cell)
+    assert page.evaluate("() => window.picked.at(-1)") == {
+        "view": "matrix", "layer": 1, "head": 2, "query": 3, "key": 4, "source": "weights"}
+    page.click(".as-info .as-link")  # "neuron view of query 3 →"
+    page.wait_for_selector('.as-panel[data-view="neuron"] [data-stage="weights"]')
+    assert page.input_value(QUERY) == "3" and page.input_value(LAYER) == "1"
+
+
+def neuron_rows(page: Any) -> dict[str, list[float]]:
+    cells = page.eval_on_selector_all(".as-neuron [data-stage]",
+                                      "ns => ns.map(n => [n.dataset.stage, n.dataset.value])")
+    out: dict[str, list[float]] = {}
+    for stage, value in cells:
+        out.setdefault(stage, []).append(float(value))
+    return out
+
+
+def test_neuron_view_shows_the_trace_numbers(all_page: Any, pair_trace: Trace) -> None:
+    page = all_page.page
+    tab(all_page, "neuron")
+    page.select_option(LAYER, "2")
+    page.click('.as-chip[data-head="5"]')
+    page.select_option(QUERY, "6")
+    page.wait_for_function("() => document.querySelector('.as-query-tok').textContent.startsWith('6:')")
+    rows = neuron_rows(page)
+    scores = pair_trace.arrays["scores"][2, 5, 6]
+    assert np.array_equal(np.float32(rows["scores"]), scores)  # bit for bit: the page shows the trace's float32
+    assert np.array_equal(np.float32(rows["weights"]), pair_trace.weights[2, 5, 6])
+    assert np.array_equal(np.float32(rows["scaled"]), scores * np.float32(pair_trace.scaling[2]))
+    shown = page.eval_on_selector_all('.as-neuron [data-stage="weights"]', "ns => ns.map(n => n.textContent)")
+    assert [float(s) for s in shown] == pytest.approx(pair_trace.weights[2, 5, 6], rel=5e-4)  # 4 digits shown
+    q, k = pair_trace.arrays["q"][2, 5, 6], pair_trace.arrays["k"][2, 5]
+    vec = page.query_selector_all("canvas.as-vec")[2]  # q, k, then q × k
+    box = vec.bounding_box()
+    cw = box["width"] / q.size
+    page.mouse.move(box["x"] + 7.5 * cw, box["y"] + 4.5 * 22)  # key 4, dimension 7
+    tip = page.inner_text(".as-tip")
+    assert tip.startswith("key 4: on") and "q[7] × k[7] = " in tip
+    assert float(tip.split("= ")[1]) == pytest.approx(float(q[7] * k[4, 7]), rel=5e-6)
+    badge = re.fullmatch(r"✓ verified · max error ([0-9.e+-]+) ≤ 1\.0e-5", page.inner_text(".as-panel .as-badge"))
+    assert badge and float(badge.group(1)) == pytest.approx(pair_trace.check().head_error(2, 5), rel=0.05)
+    all_page.shot("neuron")
+    assert all_page.errors == []
+
+
+def test_causal_model_masks_later_keys(tiny_model: Callable[[str], attnscope.Model],
+                                       open_page: Callable[..., Any]) -> None:
+    tr = trace("the cat sat on the mat", model=tiny_model("gpt2"))
+    opened = open_page(to_html(tr, "neuron", query=3), "gpt2-neuron")
+    rows = neuron_rows(opened.page)
+    assert rows["scaled"][4:] == [float("-inf")] * (tr.n_tokens - 4) and not any(rows["weights"][4:])
+    expected = tr.arrays["scores"][0, 0, 3, :4] * np.float32(tr.scaling[0])
+    assert np.array_equal(np.float32(rows["scaled"][:4]), expected)
+    assert opened.page.query_selector(".as-tab") is None  # a single view has no tabs
+    assert opened.errors == [] and opened.foreign_requests() == []
+
+
+def test_keyboard_reaches_every_control(all_page: Any) -> None:
+    page = all_page.page
+    tab(all_page, "head")
+    page.focus('.as-tab[data-view="head"]')
+    page.keyboard.press("ArrowRight")
+    assert page.get_attribute('.as-tab[data-view="model"]', "aria-selected") == "true"
+    page.keyboard.press("ArrowLeft")
+    reached = set()
+    for _ in range(40):
+        page.keyboard.press("Tab")
+        reached.add(page.evaluate("() => { const a = document.activeElement;"
+                                  " return a.getAttribute('aria-label') || a.className; }"))
+    assert {"layer (0-indexed)", "as-chip", "query tokens (from)", "switch light or dark theme"} <= reached
+    page.focus(".as-q")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("ArrowDown")
+    page.keyboard.press("Enter")
+    assert page.evaluate("() => window.picked.at(-1).query") == 1
+
+
+def test_light_and_dark_themes(pair_trace: Trace, open_page: Callable[..., Any]) -> None:
+    opened = open_page(to_html(pair_trace, "matrix"), "theme", color_scheme="dark")
+    page = opened.page
+    background = "() => getComputedStyle(document.querySelector('.as-app')).backgroundColor"
+    assert page.get_attribute(".as-app", "data-theme") == "dark" and page.evaluate(background) == "rgb(18, 21, 27)"
+    dark = canvas_picture(page, "canvas.as-matrix")
+    opened.shot("matrix-dark")
+    page.click(".as-theme")
+    assert page.get_attribute(".as-app", "data-theme") == "light" and page.evaluate(background) == "rgb(255, 255, 255)"
+    assert canvas_picture(page, "canvas.as-matrix") != dark  # the heatmap is redrawn in the light colours
+    opened.shot("matrix-light")
+    assert opened.errors == []
+
+
+HOSTILE_TOKENS = ["[CLS]", "</script><img src=x onerror=window.pwned=1>", '"><svg onload=window.pwned=2>',
+                  "<b>bold</b>", "</script><img src=x onerror=alert(1)>", '"><svg onload=alert(1)>', "[SEP]"]
+
+
+def test_hostile_tokens_render_literally(open_page: Callable[..., Any]) -> None:
+    n = len(HOSTILE_TOKENS)
+    attention = [torch.softmax(torch.randn(1, 2, n, n, generator=torch.Generator().manual_seed(1)), -1)]
+    page = head_view(attention, HOSTILE_TOKENS, html_action="return")
+    opened = open_page(page.data, "hostile")  # type: ignore[union-attr]
+    shown = opened.page.eval_on_selector_all(".as-q .as-tok", "ts => ts.map(t => t.textContent)")
+    assert shown == HOSTILE_TOKENS
+    opened.page.hover('.as-q .as-tok[data-index="1"]')
+    assert opened.page.evaluate("() => [window.pwned, document.querySelectorAll('img, svg, b').length]") == [None, 0]
+    assert opened.dialogs == [] and opened.errors == [] and opened.foreign_requests() == []
+    assert opened.page.inner_text(".as-badge") == "not verified: weights passed in directly, without their model: " \
+        "nothing to verify them against"
+    opened.shot("hostile-tokens")
+
+
+def test_hostile_text_through_the_tokenizer(minilm: attnscope.Model, open_page: Callable[..., Any]) -> None:
+    text = 'a </script><img src=x onerror=alert(1)> b'
+    pair = '"><svg onload=alert(1)>'
+    opened = open_page(to_html(trace(text, pair, model=minilm), "all"), "hostile-text")
+    assert opened.page.text_content(".as-title") == f"{text}  ‖  {pair}"
+    assert opened.page.evaluate("() => document.querySelectorAll('img, svg').length") == 0
+    assert opened.dialogs == [] and opened.errors == [] and opened.foreign_requests() == []
+
+
+def test_512_tokens_stay_usable(minilm: attnscope.Model, open_page: Callable[..., Any]) -> None:
+    sentence = "attention heads read every token of this long and repetitive sentence again "
+    tr = trace(sentence * 60, model=minilm, max_length=512)
+    assert tr.n_tokens == 512
+    opened = open_page(to_html(tr, "all"), "long")
+    page = opened.page
+    assert page.eval_on_selector("canvas.as-lines", "c => c.clientHeight") <= 900  # only the visible band is drawn
+    page.eval_on_selector(".as-head-body", "b => b.scrollTop = b.scrollHeight")
+    page.hover('.as-q .as-tok[data-index="510"]')
+    page.wait_for_function("() => document.querySelector('.as-q .as-tok.as-focus')?.dataset.index === '510'")
+    opened.shot("long-head")
+    tab(opened, "model")
+    assert page.eval_on_selector_all(".as-thumb", "ts => ts.length") == 72
+    tab(opened, "neuron")
+    assert len(neuron_rows(page)["weights"]) == 512
+    assert opened.errors == [] and opened.foreign_requests() == []
