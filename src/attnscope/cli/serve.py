@@ -34,25 +34,30 @@ def register(sub: Any) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     try:
+        import starlette  # noqa: F401
         import uvicorn
-
-        from attnscope.serve import Settings, create_app
     except ImportError as exc:
-        raise AttnscopeError(f"serve needs the serve extra: pip install 'attnscope[serve]' ({exc.name} is missing)") from exc
+        raise AttnscopeError(f"serve needs the serve extra: pip install 'attnscope[serve]' ({exc.name} is missing)"
+                             ) from exc
+    from attnscope.serve import Settings, create_app
+
     settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
                         max_body_bytes=args.max_body, workers=args.workers, queue=args.queue,
                         timeout=args.timeout, cache_entries=args.cache)
-    app = create_app(settings)
-    sock = bind(args.host, args.port)
-    host, port = sock.getsockname()[:2]
     if not is_loopback(args.host):
         print(f"attnscope: warning: listening on {args.host}: anyone who can reach this machine can use the "
               "server and its CPU; use --host 127.0.0.1 to keep it local", file=sys.stderr)
+    sock = bind(args.host, args.port)  # before loading models: a taken port fails at once
+    app = create_app(settings)
+    host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    print(f"attnscope: serving {', '.join(m['name'] for m in app.state.server.service.model_list())} "
-          f"on http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
+    names = ", ".join(m["name"] for m in app.state.server.service.model_list())
+    print(f"attnscope: serving {names} on http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: uvicorn has shut down gracefully
+        print("attnscope: stopped", file=sys.stderr)
     return 0
 
 

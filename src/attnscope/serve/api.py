@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnscope.serve.fields import ENCODINGS, STAGES, Field
+from attnscope.serve.fields import ENCODINGS, OPTIONAL_SOURCES, STAGES, Field
 from attnscope.serve.settings import Settings
 
 
@@ -19,6 +19,7 @@ class TraceRequest:
     stages: tuple[str, ...]
     encoding: str
     payload: bool
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,17 @@ class ExplainRequest:
     layer: int
     head: int
     token: int | None
+
+
+@dataclass(frozen=True)
+class NeuronRequest:
+    text: str
+    pair: str | None
+    model: str | None
+    max_length: int | None
+    truncate: bool
+    layer: int
+    head: int
 
 
 def text_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
@@ -56,16 +68,25 @@ def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
               "array's `axes`).", default=("weights",), enum=STAGES, max_length=len(STAGES)),
         Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "
               "or nested JSON lists.", default="base64", enum=ENCODINGS),
-        Field("payload", "boolean", "Also return the views' JSON payload (what the page renders).",
-              default=False),
+        Field("payload", "boolean", "Also return the views' JSON payload (what the page renders), with "
+              "raw weights and norm-based attention as sources.", default=False),
+        Field("sources", "array", "More sources for the payload: attention rollout, and attention flow "
+              "(slow: seconds beyond 50 tokens, refused beyond 64).", default=(), enum=OPTIONAL_SOURCES,
+              max_length=len(OPTIONAL_SOURCES)),
+    ]
+
+
+def head_fields(settings: Settings, models: Sequence[str], layers: int, heads: int) -> list[Field]:
+    return [
+        *text_fields(settings, models),
+        Field("layer", "integer", "Layer, 0-indexed.", default=0, minimum=0, maximum=layers - 1),
+        Field("head", "integer", "Head, 0-indexed.", default=0, minimum=0, maximum=heads - 1),
     ]
 
 
 def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads: int) -> list[Field]:
     return [
-        *text_fields(settings, models),
-        Field("layer", "integer", "Layer, 0-indexed.", default=0, minimum=0, maximum=layers - 1),
-        Field("head", "integer", "Head, 0-indexed.", default=0, minimum=0, maximum=heads - 1),
+        *head_fields(settings, models, layers, heads),
         Field("token", "integer", "Focus on one query token (0-indexed); null for every query.",
               nullable=True, minimum=0, maximum=settings.max_tokens - 1),
     ]

@@ -19,7 +19,14 @@ from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
 from attnscope.serve import page
-from attnscope.serve.api import ExplainRequest, TraceRequest, explain_fields, trace_fields
+from attnscope.serve.api import (
+    ExplainRequest,
+    NeuronRequest,
+    TraceRequest,
+    explain_fields,
+    head_fields,
+    trace_fields,
+)
 from attnscope.serve.fields import RequestError, parse_body, parse_json
 from attnscope.serve.openapi import document
 from attnscope.serve.pool import InferencePool, PoolBusy, PoolTimeout
@@ -42,7 +49,9 @@ class Server:
         heads = max(m.n_heads for m in models)
         self.trace_fields = trace_fields(settings, self.service.names)
         self.explain_fields = explain_fields(settings, self.service.names, layers, heads)
-        self.openapi = document(self.trace_fields, self.explain_fields)
+        self.neuron_fields = head_fields(settings, self.service.names, layers, heads)
+        self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields)
+        self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
 
     async def trace(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
@@ -53,6 +62,11 @@ class Server:
         data = await read_json(request, self.settings.max_body_bytes)
         req = ExplainRequest(**parse_body(data, self.explain_fields))
         return Response(await self._run(self.service.explain_body, req), media_type=JSON)
+
+    async def neuron(self, request: Request) -> Response:
+        data = await read_json(request, self.settings.max_body_bytes)
+        req = NeuronRequest(**parse_body(data, self.neuron_fields))
+        return Response(await self._run(self.service.neuron_body, req), media_type=JSON)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"models": self.service.model_list()})
@@ -65,8 +79,8 @@ class Server:
         return JSONResponse(self.openapi)
 
     async def index(self, _request: Request) -> Response:
-        html, policy = page.render(self.service.model_list())
-        return HTMLResponse(html, headers={"Content-Security-Policy": policy, "Cache-Control": "no-store"})
+        return HTMLResponse(self.page, headers={"Content-Security-Policy": self.page_policy,
+                                                "X-Content-Type-Options": "nosniff"})
 
     async def _run(self, fn: Callable[[Any], bytes], req: Any) -> bytes:
         try:
@@ -124,6 +138,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/", server.index, methods=["GET"]),
         Route("/api/trace", server.trace, methods=["POST"]),
         Route("/api/explain", server.explain, methods=["POST"]),
+        Route("/api/neuron", server.neuron, methods=["POST"]),
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

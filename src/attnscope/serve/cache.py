@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.trace import Trace
+from attnscope.tracing import Trace
 
 CacheKey = tuple[str, str, str | None, int, bool]  # model, text, pair, max_length, truncate
 
 
 @dataclass
 class Entry:
-    """One traced text with its verification; the views payload is added on first use."""
+    """One traced text with its verification; views payloads are added on first use."""
 
     trace: Trace
     check: dict[str, Any]
-    payload: dict[str, Any] | None = None
+    payloads: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)  # by optional sources
 
     @property
     def nbytes(self) -> int:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 STAGES = ("x", "q", "k", "v", "scores", "weights", "context", "output",
-          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.trace.ARRAY_AXES, in stage order
+          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.tracing.ARRAY_AXES, in stage order
+OPTIONAL_SOURCES = ("rollout", "flow")  # computed on request, so a views payload offers them only when asked
 ENCODINGS = ("base64", "list")
 _NONBLANK = r"\S"
 

@@ -78,7 +78,12 @@ _HEALTH = _obj(["status"], status={"type": "string", "enum": ["ok"]}, pool={"typ
                cache={"type": "object"}, models={"type": "array", "items": {"type": "string"}})
 
 
-def document(trace_fields: list[Field], explain_fields: list[Field]) -> dict[str, Any]:
+_NEURON = _obj(["layer", "head", "scaling", "d_head", "encoding", "data"], layer={"type": "integer"},
+               head={"type": "integer"}, scaling={"type": "number"}, d_head={"type": "integer"},
+               encoding={"type": "string"}, data={"type": "string"})
+
+
+def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
     return {
         "openapi": "3.0.3",
@@ -90,6 +95,8 @@ def document(trace_fields: list[Field], explain_fields: list[Field]) -> dict[str
                                 trace_fields, _TRACE, "trace"),
             "/api/explain": _post("Walk through one layer, head and query token step by step "
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
+            "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
+                                 "(attnscope.views.neuron_block)", neuron_fields, _NEURON, "neuron"),
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),

@@ -1,12 +1,88 @@
-"""The page at `/`: a form around the views, built once per request with its own script nonce."""
+"""The page at `/`: a form around the views, everything inlined, data in a JSON block.
+
+Its Content-Security-Policy allows exactly its two scripts (by hash) and connections to
+this server only, so the page can fetch nothing else and no injected markup can run.
+"""
 
 from __future__ import annotations
 
-import secrets
+import base64
+import hashlib
+import html
+from functools import cache
+from importlib import resources
 from typing import Any
 
+from attnscope.views import css as views_css
+from attnscope.views import js as views_js
+from attnscope.views.page import json_for_script
 
-def render(models: list[dict[str, Any]]) -> tuple[str, str]:
-    nonce = secrets.token_urlsafe(16)
-    policy = f"default-src 'none'; script-src 'nonce-{nonce}'; connect-src 'self'"
-    return "<!doctype html><title>attnscope</title>", policy
+DEFAULT_TEXT = "time flies like an arrow"
+VIEW_CHOICES = (("all", "all views (tabs)"), ("head", "head"), ("model", "model"), ("matrix", "matrix"),
+                ("neuron", "neuron"))
+
+
+@cache
+def _asset(name: str) -> str:
+    return (resources.files("attnscope.serve") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _sha256(script: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def policy(scripts: list[str]) -> str:
+    return (f"default-src 'none'; script-src {' '.join(map(_sha256, scripts))}; style-src 'unsafe-inline'; "
+            "connect-src 'self'; img-src data: blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+
+def _form(max_chars: int) -> str:
+    views = "".join(f'<option value="{v}">{label}</option>' for v, label in VIEW_CHOICES)
+    return f"""<form id="sv-form" class="sv-form" autocomplete="off">
+<label for="sv-text">Text<textarea id="sv-text" name="text" rows="2" maxlength="{max_chars}" required
+  spellcheck="false">{html.escape(DEFAULT_TEXT)}</textarea></label>
+<label for="sv-pair">Second text (optional, segment B)<input type="text" id="sv-pair" name="pair"
+  maxlength="{max_chars}" spellcheck="false"></label>
+<button type="submit" id="sv-go">Trace</button>
+<div class="sv-options">
+<label for="sv-model">Model<select id="sv-model" name="model"></select></label>
+<label for="sv-view">View<select id="sv-view" name="view">{views}</select></label>
+<label class="sv-check"><input type="checkbox" id="sv-rollout" checked> attention rollout</label>
+<label class="sv-check" title="slow beyond ~50 tokens, refused beyond 64"><input type="checkbox" id="sv-flow">
+  attention flow (short texts)</label>
+<span id="sv-status" role="status" aria-live="polite"></span>
+</div>
+</form>"""
+
+
+def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
+    """(the HTML page, its Content-Security-Policy header)."""
+    scripts = [views_js(), _asset("serve.js")]
+    config = json_for_script({"models": models})
+    page = f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>attnscope</title>
+<link rel="icon" href="data:,">
+<style>
+{views_css()}</style>
+<style>
+{_asset("serve.css")}</style>
+</head>
+<body>
+<header class="sv-top"><h1>attnscope</h1><p>type a sentence, explore every layer and head, click to see
+every step (layers, heads and tokens are 0-indexed)</p></header>
+{_form(max_chars)}
+<div class="sv-body">
+<section id="sv-views" class="sv-views" aria-label="attention views"></section>
+<aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
+</div>
+<script type="application/json" id="sv-config">{config}</script>
+<script>{scripts[0]}</script>
+<script>{scripts[1]}</script>
+</body>
+</html>
+"""
+    return page, policy(scripts)

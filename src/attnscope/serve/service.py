@@ -6,7 +6,7 @@ Everything here is blocking and returns response bytes, so the event loop only m
 from __future__ import annotations
 
 import base64
-import importlib
+import dataclasses
 import json
 import logging
 import threading
@@ -18,10 +18,12 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
-from attnscope.serve.api import ExplainRequest, TraceRequest
+from attnscope.serve.api import ExplainRequest, NeuronRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
+from attnscope.serve.fields import OPTIONAL_SOURCES
 from attnscope.serve.settings import Settings
-from attnscope.trace import ARRAY_AXES, Trace, trace
+from attnscope.tracing import ARRAY_AXES, Trace, trace
+from attnscope.views import neuron_block, payload
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +83,17 @@ class Service:
             "arrays": {s: encode_array(stage_array(tr, s), ARRAY_AXES[s], req.encoding) for s in req.stages},
         }
         if req.payload:
-            body["payload"] = views_payload(e)
+            body["payload"] = views_payload(e, tuple(s for s in OPTIONAL_SOURCES if s in req.sources))
         return to_json(body)
 
     def explain_body(self, req: ExplainRequest) -> bytes:
         m, e = self.entry(req.text, req.pair, req.model, req.max_length, req.truncate)
         w = walkthrough(e.trace, req.layer, req.head, req.token, model=m)
         return to_json(walkthrough_json(w))
+
+    def neuron_body(self, req: NeuronRequest) -> bytes:
+        _m, e = self.entry(req.text, req.pair, req.model, req.max_length, req.truncate)
+        return to_json(neuron_block(e.trace, req.layer, req.head))
 
 
 def load_models(specs: tuple[str, ...]) -> dict[str, Model]:
@@ -139,15 +145,18 @@ def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[st
             "data": data}
 
 
-def views_payload(e: Entry) -> dict[str, Any]:
-    """The views' JSON payload for this trace (attnscope.views.payload), built once per entry."""
-    if e.payload is None:
-        try:
-            views = importlib.import_module("attnscope.views")
-        except ImportError as exc:
-            raise AttnscopeError("the views are not part of this installation of attnscope") from exc
-        e.payload = views.payload(e.trace)
-    return e.payload
+def views_payload(e: Entry, optional: tuple[str, ...]) -> dict[str, Any]:
+    """The views' payload (attnscope.views.payload) with the always-traced sources and `optional` ones.
+
+    Built once per entry and choice, so switching views, layers and heads costs no recompute.
+    """
+    if optional not in e.payloads:
+        tr = e.trace
+        for name in optional:
+            stage_array(tr, name)
+        keep = {k: v for k, v in tr.arrays.items() if k not in OPTIONAL_SOURCES or k in optional}
+        e.payloads[optional] = payload(dataclasses.replace(tr, arrays=keep))
+    return e.payloads[optional]
 
 
 def to_json(body: Any) -> bytes:

@@ -1,0 +1,226 @@
+/* attnscope serve: the form around the views. Calls this server's JSON API only, draws the payload with
+   window.attnscope.render, and on "attnscope:select" shows the step-by-step explanation of that layer,
+   head and query token. User text only ever reaches the page as textContent. */
+(function () {
+  "use strict";
+  const A = window.attnscope;
+  const $ = (id) => document.getElementById(id);
+  const config = JSON.parse($("sv-config").textContent);
+  const MAX_ROWS = 12;
+  const MAX_COLS = 8;
+  const KEY_STAGES = ["scores", "scaled", "masked", "weights"]; // arrays whose columns are keys
+  const MASK_FLOOR = -1.7e38; // half the most negative float32: the additive mask
+
+  let current = null; // {request, payload, tokens, controller}
+  let explainSeq = 0;
+
+  function el(tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "text") node.textContent = String(v);
+      else if (k === "class") node.className = v;
+      else node.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children || []) if (c) node.append(c);
+    return node;
+  }
+
+  function status(text, kind) {
+    const s = $("sv-status");
+    s.textContent = text;
+    s.dataset.kind = kind || "";
+  }
+
+  async function api(path, body) {
+    const response = await fetch(path, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+    });
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (err) {
+      throw new Error(`${path} answered HTTP ${response.status} without JSON`);
+    }
+    if (!response.ok) throw new Error((data && data.error) || `${path} answered HTTP ${response.status}`);
+    return data;
+  }
+
+  function textRequest() {
+    const pair = $("sv-pair").value;
+    return { text: $("sv-text").value, pair: pair.trim() ? pair : null, model: $("sv-model").value || null };
+  }
+
+  function sources() {
+    return ["rollout", "flow"].filter((s) => $(`sv-${s}`).checked);
+  }
+
+  async function traceText(event) {
+    if (event) event.preventDefault();
+    const request = textRequest();
+    const started = performance.now();
+    status("tracing…", "busy");
+    $("sv-go").disabled = true;
+    try {
+      const data = await api("/api/trace", Object.assign({ stages: [], payload: true, sources: sources() }, request));
+      current = { request: request, payload: data.payload, tokens: data.tokens, controller: null };
+      await draw(null);
+      const ms = Math.round(performance.now() - started);
+      status(`${data.tokens.length} tokens${data.truncated ? " (truncated)" : ""} · ${ms} ms`, "ok");
+      clearExplanation();
+    } catch (err) {
+      status(err.message, "error");
+    } finally {
+      $("sv-go").disabled = false;
+    }
+  }
+
+  // Draw the payload in the chosen view, keeping layer, head, query and source across view switches.
+  async function draw(keep) {
+    if (!current) return;
+    if (current.controller) current.controller.destroy();
+    const options = { view: $("sv-view").value, loadNeuron: (layer, head) => api("/api/neuron",
+      Object.assign({ layer: layer, head: head }, current.request)) };
+    if (keep) for (const k of ["layer", "head", "query", "source"]) if (keep[k] !== undefined) options[k] = keep[k];
+    current.controller = await A.render($("sv-views"), current.payload, options);
+    document.body.dataset.view = options.view;
+  }
+
+  function clearExplanation() {
+    $("sv-explain").replaceChildren(el("p", { class: "sv-hint", text: "Click a matrix cell, a head-view token or a " +
+      "neuron-view row to see every step of that layer, head and query token, with the model's own numbers." }));
+  }
+
+  async function explain(detail) {
+    if (!current || detail.query === null || detail.query === undefined) return;
+    const state = current.controller ? current.controller.state : {};
+    const layer = detail.layer ?? state.layer ?? 0;
+    const head = detail.head ?? state.head ?? 0;
+    const seq = ++explainSeq;
+    const box = $("sv-explain");
+    box.dataset.state = "loading";
+    box.replaceChildren(el("p", { class: "sv-hint", text: `explaining layer ${layer}, head ${head}, query ${detail.query}…` }));
+    try {
+      const w = await api("/api/explain", Object.assign({ layer: layer, head: head, token: detail.query }, current.request));
+      if (seq !== explainSeq) return; // a newer click won
+      box.replaceChildren(...walkthrough(w, detail.key));
+      box.dataset.state = "ready";
+    } catch (err) {
+      if (seq !== explainSeq) return;
+      box.replaceChildren(el("p", { class: "sv-error", text: err.message }));
+      box.dataset.state = "error";
+    }
+  }
+
+  // ---- the walkthrough (same content as `attnscope explain --format json`) -------------
+
+  function checkLine(w) {
+    const c = w.check || {};
+    if (c.unsupported) return { kind: "none", text: `not verified: ${c.unsupported}` };
+    const ok = Boolean(c.ok);
+    return {
+      kind: ok ? "ok" : "fail",
+      text: `${ok ? "✓ verified" : "✗ check failed"}: every stage of layer ${w.layer} head ${w.head} recomputed from ` +
+        `the layer's weights matches the model's forward pass: max abs error ${Number(c.head_max_error ?? c.max_error)
+          .toExponential(2)} (tolerance ${Number(c.tolerance).toExponential(0)})`,
+    };
+  }
+
+  function walkthrough(w, key) {
+    const tokens = w.tokens.map((t) => t.text);
+    const focus = w.token === null ? "every query" : `query token ${w.token} “${tokens[w.token]}”`;
+    const check = checkLine(w);
+    const out = [
+      el("h2", { class: "sv-explain-title", text: `Layer ${w.layer}, head ${w.head}, ${focus}` }),
+      el("p", { class: "sv-meta", text: `${w.model.name} · ${w.model.layers} layers × ${w.model.heads} heads · ` +
+        "layers, heads and tokens are 0-indexed" }),
+      el("p", { class: `sv-badge sv-${check.kind}`, "data-ok": String(check.kind === "ok"), text: check.text }),
+    ];
+    w.steps.forEach((step, i) => out.push(stepNode(step, i + 1, w, tokens, key)));
+    return out;
+  }
+
+  function stepNode(step, n, w, tokens, key) {
+    const children = [el("summary", {}, [el("span", { text: `${n}. ${step.title} ` }),
+                                         el("code", { text: step.stage })])];
+    if (step.text) children.push(el("p", { text: step.text }));
+    if (step.shape) children.push(el("p", { class: "sv-shape", text: `shape ${step.shape}` }));
+    for (const [name, values] of Object.entries(step.arrays)) {
+      children.push(matrix(name, values, step, w, tokens, key));
+    }
+    return el("details", { class: "sv-step", "data-stage": step.stage, open: true }, children);
+  }
+
+  function keep(n, limit, must) {
+    if (n <= limit) return Array.from({ length: n }, (_, i) => i);
+    const head = Array.from({ length: limit - 2 }, (_, i) => i);
+    const tail = [n - 2, n - 1];
+    const picked = new Set([...head, ...tail]);
+    if (must !== null && must !== undefined && must >= 0 && must < n && !picked.has(must)) {
+      head[head.length - 1] = must; // keep the selected key visible
+      head.sort((a, b) => a - b);
+    }
+    return [...head, null, ...tail];
+  }
+
+  function fmt(v, integers) {
+    if (typeof v !== "number") return String(v);
+    if (v <= MASK_FLOOR) return "-inf*";
+    return integers ? String(v) : v.toFixed(4);
+  }
+
+  function rowLabels(rows, w, tokens) {
+    if (rows === tokens.length) return tokens.map((t, i) => `${i}: ${t}`);
+    if (rows === 1 && w.token !== null) return [`${w.token}: ${tokens[w.token]}`];
+    return null;
+  }
+
+  function colLabels(name, cols, step, tokens) {
+    if (step.stage === "tokens") return name.split(", ");
+    if (KEY_STAGES.includes(step.stage) && cols === tokens.length) return tokens.map((t, i) => `${i}: ${t}`);
+    return null;
+  }
+
+  function matrix(name, values, step, w, tokens, key) {
+    const grid = Array.isArray(values[0]) ? values : [values];
+    const rows = grid.length;
+    const cols = grid[0] ? grid[0].length : 0;
+    const flat = grid.flat();
+    const integers = flat.every((v) => Number.isInteger(v) && Math.abs(v) < 1e6);
+    const rl = rowLabels(rows, w, tokens);
+    const cl = colLabels(name, cols, step, tokens);
+    const keyCol = cl && KEY_STAGES.includes(step.stage) ? key : null;
+    const ri = keep(rows, MAX_ROWS, w.token !== null && rows === tokens.length ? w.token : null);
+    const ci = keep(cols, MAX_COLS, keyCol);
+    const head = el("tr", {}, [el("th", { text: "" }), ...ci.map((j) => el("th", {
+      class: j !== null && j === keyCol ? "sv-hit" : null, title: j === null ? null : cl ? cl[j] : String(j),
+      text: j === null ? "…" : cl ? cl[j].slice(0, 10) : String(j) }))]);
+    const body = ri.map((i) => el("tr", {}, [
+      el("th", { text: i === null ? "…" : rl ? rl[i] : String(i) }),
+      ...ci.map((j) => el("td", { class: j !== null && j === keyCol ? "sv-hit" : null,
+                                  text: i === null || j === null ? "…" : fmt(grid[i][j], integers) })),
+    ]));
+    const caption = el("caption", { text: `${name} [${rows}, ${cols}]` });
+    return el("div", { class: "sv-matrix" }, [el("table", { "data-name": name }, [caption, el("thead", {}, [head]),
+                                                                                    el("tbody", {}, body)])]);
+  }
+
+  // ---- start -------------------------------------------------------------------------------
+
+  function start() {
+    const select = $("sv-model");
+    for (const m of config.models) {
+      select.append(el("option", { value: m.name, selected: m.default, text: `${m.name} (${m.architecture}, ` +
+        `${m.layers} layers × ${m.heads} heads)` }));
+    }
+    $("sv-form").addEventListener("submit", traceText);
+    $("sv-view").addEventListener("change", () => {
+      if (current && current.controller) draw(current.controller.state).catch((err) => status(err.message, "error"));
+    });
+    $("sv-views").addEventListener("attnscope:select", (e) => explain(e.detail));
+    clearExplanation();
+    if ($("sv-text").value.trim()) traceText(null);
+  }
+
+  start();
+})();
