@@ -17,7 +17,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.tokens import Token
-from attnscope.trace import Trace
+from attnscope.tracing import Trace
 from attnscope.views import HTMLPage, display, frame_height, to_html
 
 UNVERIFIED = "weights passed in directly, without their model: nothing to verify them against"
@@ -35,7 +35,8 @@ def _choose(attention: Any, tokens: Any, enc: Any, dec: Any, cross: Any, enc_tok
     others = (enc, dec, cross, enc_tokens, dec_tokens)
     if attention is not None:
         if any(o is not None for o in others):
-            raise AttnscopeError("give attention= for a self-attention model, or the encoder/decoder arguments, not both")
+            raise AttnscopeError("give attention= for a self-attention model, or the encoder/decoder arguments, "
+                                 "not both")
         return attention, tokens
     if cross is not None or (enc is not None and dec is not None):
         raise AttnscopeError("attnscope's views draw self-attention: pass encoder_attention or decoder_attention "
@@ -49,14 +50,16 @@ def _choose(attention: Any, tokens: Any, enc: Any, dec: Any, cross: Any, enc_tok
 
 def _as_array(layer_attention: Any, layer: int) -> np.ndarray:
     detach = getattr(layer_attention, "detach", None)
-    a = detach().float().cpu().numpy() if callable(detach) else np.asarray(layer_attention, dtype=np.float32)
+    raw = detach().float().cpu().numpy() if callable(detach) else layer_attention
+    a = np.asarray(raw, dtype=np.float32)
     if a.ndim != 4:
         raise AttnscopeError(f"attention[{layer}] has shape {tuple(a.shape)}: expected (1, heads, tokens, tokens); "
                              "run the model with output_attentions=True")
     if a.shape[0] != 1:
         raise AttnscopeError(f"attention[{layer}] holds a batch of {a.shape[0]}: pass one example, "
                              "e.g. [a[i:i + 1] for a in attention]")
-    return a[0]
+    one: np.ndarray = a[0]  # [head, query, key]
+    return one
 
 
 def stack_attention(attention: Any, tokens: Any) -> np.ndarray:
@@ -82,7 +85,8 @@ def trace_from_attention(weights: np.ndarray, tokens: Sequence[str], sentence_b_
     if sentence_b_start is not None and not 0 <= sentence_b_start <= n:
         raise AttnscopeError(f"sentence_b_start {sentence_b_start} is outside the {n} tokens (0-indexed)")
     b = n if sentence_b_start is None else sentence_b_start
-    toks = [Token(i, str(t), -1, None, None, bool(_SPECIAL.match(str(t))), None, int(i >= b)) for i, t in enumerate(tokens)]
+    toks = [Token(i, str(t), -1, None, None, bool(_SPECIAL.match(str(t))), None, int(i >= b))
+            for i, t in enumerate(tokens)]
     causal = n > 1 and not np.triu(weights, 1).any()  # nothing ever attended to a later key
     info = {"name": "weights given to attnscope.bertviz", "architecture": None, "layers": int(weights.shape[0]),
             "heads": int(weights.shape[1]), "causal": bool(causal), "family": None}

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from views_support import ARTIFACTS
 
 import attnscope
 from attnscope.tracing import Trace, trace
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "views"
 PAIR = ("The cat sat on the mat.", "It was tired.")
 
 

@@ -6,10 +6,12 @@ import base64
 import json
 import re
 import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "views"  # screenshots (gitignored)
 DATA_BLOCK = re.compile(r'<script type="application/json" id="attnscope-data">(.*?)</script>', re.S)
 
 

@@ -16,7 +16,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("view", help="write interactive attention views as one self-contained HTML file (or PNG)")
     add_text_args(p)
     p.add_argument("--view", choices=VIEWS, default="all", help="which view (default all: every view as tabs)")
-    p.add_argument("--layers", nargs="+", metavar="L", help="layers to include, 0-indexed (e.g. 0 1 or 0,1; default all)")
+    p.add_argument("--layers", nargs="+", metavar="L",
+                   help="layers to include, 0-indexed (e.g. 0 1 or 0,1; default all)")
     p.add_argument("--heads", nargs="+", metavar="H", help="heads to include, 0-indexed (default all)")
     p.add_argument("--layer", type=int, default=None, help="layer shown first (0-indexed)")
     p.add_argument("--head", type=int, default=None, help="head shown first in the matrix and neuron views")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import html
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -108,9 +108,11 @@ def iframe(document: str, height: int = 640) -> str:
 
 
 def frame_height(trace: Trace, view: str) -> int:
-    """A first height for a notebook frame (people can drag it taller)."""
-    rows = 20 * trace.n_tokens + 190
-    return max(320, min(760, rows if view in ("head", "neuron", "all") else 640))
+    """A first height for a notebook frame (people can drag it taller): what the view needs, within 320-760 px."""
+    needs = {"head": 20 * trace.n_tokens + 190, "neuron": 22 * trace.n_tokens + 240, "matrix": 640,
+             "model": 66 * trace.n_layers + 200}
+    need = max(needs.values()) if view == "all" else needs[view]
+    return max(320, min(760, need))
 
 
 class HTMLPage:
@@ -150,7 +152,8 @@ def display(page_: HTMLPage) -> None:
     if get_ipython() is None:
         raise AttnscopeError("show() displays in Jupyter: outside it, write trace.to_html() to a file "
                              "or run `attnscope view TEXT -o view.html`")
-    ipython_display(page_)
+    shown: Callable[[HTMLPage], object] = ipython_display
+    shown(page_)
 
 
 def show(trace: Trace, view: str = "head", **options: Any) -> None:

@@ -136,7 +136,8 @@ def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tupl
         if choice == "all":
             return everything
         if choice != "budget":
-            raise AttnscopeError(f"neuron={choice!r} is not understood: use 'budget', 'all', 'none' or (layer, head) pairs")
+            raise AttnscopeError(f"neuron={choice!r} is not understood: use 'budget', 'all', 'none' "
+                                 "or (layer, head) pairs")
         per_pair = sum(trace.arrays[s][0, 0].nbytes for s in NEURON_STAGES)
         return everything[: max(1, NEURON_BUDGET // max(per_pair, 1))]
     pairs = [(int(layer), int(head)) for layer, head in choice]
