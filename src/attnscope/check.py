@@ -6,13 +6,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
+
+from attnscope.maths import AttentionParams, multi_head_attention
+from attnscope.recompute import RECOMPUTED_STAGES, layer_mask
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
 
 PER_HEAD = ("q", "k", "v", "scores", "weights", "context")  # arrays [layer, head, ...]
 PER_LAYER = ("x", "output")  # arrays [layer, token, d_model]
-# Logits reach |400| on real text, where float32 itself only resolves steps of 3e-5, so their
-# error is measured relative to the value: |a - b| / max(1, |b|). Every other stage is absolute.
+# A score q.k sums d_head products; float32 rounds it to within a few ulps of sum |q_i k_i| <= |q| |k|
+# (reaching 400 on real text, where float32 steps are 3e-5). So score errors are measured relative to
+# that bound, |a - b| / max(1, |q| |k|); every other stage is compared in absolute terms.
 RELATIVE = ("scores",)
 
 
@@ -23,7 +28,7 @@ class Comparison:
     stage: str
     source: str  # what the captured numbers are compared with: "recompute" or "model"
     errors: np.ndarray
-    relative: bool = False  # errors are |a - b| / max(1, |b|) rather than |a - b|
+    relative: bool = False  # errors are |a - b| / max(1, |q| |k|) rather than |a - b|
 
     @property
     def max_error(self) -> float:
@@ -72,35 +77,73 @@ class CheckReport:
         }
 
 
-def max_abs_error(a: np.ndarray, b: np.ndarray, per_head: bool, relative: bool = False) -> np.ndarray:
-    """Max |a - b| reduced to [layer, head] (per-head arrays) or [layer, 1]; NaN propagates."""
-    if a.shape != b.shape:
-        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
-    diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-    if relative:
-        diff /= np.maximum(1.0, np.abs(b.astype(np.float64)))
-    axes = tuple(range(2, diff.ndim)) if per_head else tuple(range(1, diff.ndim))
-    if diff.size == 0:
-        return np.zeros(diff.shape[:2] if per_head else (diff.shape[0], 1))
-    # np.max propagates NaN, so a NaN anywhere makes that entry fail the tolerance.
-    out: np.ndarray = diff.max(axis=axes)
-    return out if per_head else out[:, None]
+class ErrorTable:
+    """Max errors of a padded batch, filled one layer at a time: nothing else is kept.
+
+    For each (stage, source), errors[row] is [layer, head] (per-head stages) or [layer, 1].
+    """
+
+    def __init__(self, keep: torch.Tensor, n_layers: int, n_heads: int) -> None:
+        self.keep = keep.bool()  # [batch, token]: False on padding
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
+
+    def _valid(self, stage: str, shape: torch.Size) -> torch.Tensor:
+        """Where a [batch, ...] array of this stage holds real (unpadded) positions."""
+        k = self.keep
+        if stage in ("x", "output"):
+            return k[:, :, None]  # [batch, token, 1]
+        if stage in ("scores", "weights"):
+            return (k[:, :, None] & k[:, None, :])[:, None]  # [batch, 1, query, key]
+        return k[:, None, :, None]  # [batch, 1, token, 1]
+
+    def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor,
+            scale: torch.Tensor | None = None) -> None:
+        """captured, other (and scale): one layer of the batch, [batch, ...] with the stage's axes."""
+        per_head = stage in PER_HEAD
+        table = self.errors.setdefault(
+            (stage, source), np.zeros((self.keep.shape[0], self.n_layers, self.n_heads if per_head else 1)))
+        diff = (captured.float() - other.float()).abs_()
+        if scale is not None:
+            diff.div_(scale.clamp(min=1.0))
+        # where() rather than a product: padding drops out, a NaN in real positions stays and fails
+        diff = torch.where(self._valid(stage, diff.shape), diff, torch.zeros((), dtype=diff.dtype))
+        reduced = diff.flatten(2).amax(2) if per_head else diff.flatten(1).amax(1, keepdim=True)
+        table[:, layer] = reduced.numpy()
+
+    def comparisons(self, row: int) -> list[Comparison]:
+        order = [*PER_LAYER[:1], *PER_HEAD, *PER_LAYER[1:]]
+        keys = sorted(self.errors, key=lambda k: (k[1] != "recompute", order.index(k[0])))
+        return [Comparison(st, src, self.errors[(st, src)][row], st in RELATIVE) for st, src in keys]
 
 
-def compare(
-    captured: dict[str, np.ndarray],
-    others: dict[str, np.ndarray],
-    source: str,
-) -> list[Comparison]:
-    """Compare every stage present in both dicts."""
-    out = []
-    for stage in (*PER_LAYER[:1], *PER_HEAD, *PER_LAYER[1:]):
-        if stage in captured and stage in others:
-            per_head = stage in PER_HEAD
-            rel = stage in RELATIVE
-            errors = max_abs_error(captured[stage], others[stage], per_head, rel)
-            out.append(Comparison(stage, source, errors, rel))
-    return out
+def score_bound(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """|q_i| |k_j| for every score: [..., query, 1] x [..., 1, key] -> [..., query, key]."""
+    bound: torch.Tensor = q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]
+    return bound
+
+
+def verify_batch(batch: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
+                 params: list[AttentionParams] | None, causal: bool, keep: torch.Tensor,
+                 ) -> ErrorTable:
+    """Recompute each layer of a padded batch from its captured input and compare, one layer at a time.
+
+    batch and reference hold [layer, batch, ...] tensors by stage; keep is the [batch, token] 0/1 mask.
+    """
+    n_layers, n_heads = int(batch["weights"].shape[0]), int(batch["weights"].shape[2])
+    table = ErrorTable(keep, n_layers, n_heads)
+    if params is not None and "x" in batch:
+        mask = layer_mask(int(batch["x"].shape[-2]), causal, keep)
+        for layer, p in enumerate(params):
+            rec = multi_head_attention(batch["x"][layer], p, mask)  # [batch, ...] every stage
+            bound = score_bound(batch["q"][layer], batch["k"][layer])
+            for stage in RECOMPUTED_STAGES:
+                scale = bound if stage in RELATIVE else None
+                table.add(stage, "recompute", layer, batch[stage][layer], rec[stage], scale)
+    for stage, ref in reference.items():
+        for layer in range(n_layers):
+            table.add(stage, "model", layer, batch[stage][layer], ref[layer])
+    return table
 
 
 def report_from_dict(data: dict[str, Any]) -> CheckReport:

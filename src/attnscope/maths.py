@@ -114,9 +114,8 @@ def apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 def softmax(masked: torch.Tensor) -> torch.Tensor:
     """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1."""
-    shifted = masked - masked.amax(dim=-1, keepdim=True)
-    e = shifted.exp()
-    return e / e.sum(dim=-1, keepdim=True)
+    e = (masked - masked.amax(dim=-1, keepdim=True)).exp_()  # in place on a fresh tensor: same maths
+    return e.div_(e.sum(dim=-1, keepdim=True))
 
 
 def attend(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
+import torch
 
 from attnscope.errors import AttnscopeError
 from attnscope.rollout import check_weights
@@ -43,16 +44,37 @@ def transformed(v: np.ndarray, w_o: npt.ArrayLike) -> np.ndarray:
 
 def layer_norms(v: np.ndarray, weights: np.ndarray, w_o: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """One layer: v [head, key, d_head], weights [head, query, key] -> ([head, query, key], [query, key])."""
-    f = transformed(v, w_o)  # [head, key, d_model]
-    alpha = np.asarray(weights, dtype=np.float64)
-    per_head = alpha * np.linalg.norm(f, axis=-1)[:, None, :]  # alpha_ij ||f(x_j)||, [head, query, key]
-    # ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>: a [key, head, head] Gram matrix instead of a
-    # [query, key, d_model] sum, which would need query x key x d_model memory.
-    gram = np.einsum("hkm,gkm->khg", f, f)  # [key, head, head]
-    squared = np.einsum("hqk,khg,gqk->qk", alpha, gram, alpha, optimize=True)  # [query, key]
-    # squared is a sum of squares; rounding can leave it a few ulps below 0 where it is 0
-    per_layer = np.sqrt(np.maximum(squared, 0.0))
-    return per_head, per_layer
+    transformed(v, w_o)  # validates W_O's shape with a clear message
+    w = torch.as_tensor(np.asarray(w_o))
+    out = norm_attention_batch(torch.as_tensor(v)[None, None], torch.as_tensor(weights)[None, None], [w])
+    return out["norm_head"][0, 0].numpy(), out["norm_layer"][0, 0].numpy()
+
+
+@torch.no_grad()
+def norm_attention_batch(
+    v: torch.Tensor, weights: torch.Tensor, w_o: Sequence[torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """Norm-based attention of a padded batch, in float64, returned in v's dtype.
+
+    v: [layer, batch, head, key, d_head]; weights: [layer, batch, head, query, key]; w_o: one
+    [head * d_head, d_model] per layer. Returns "norm_head" [layer, batch, head, query, key] and
+    "norm_layer" [layer, batch, query, key]. Padded keys have weight 0, so their norms are 0.
+    """
+    heads, layers = [], []
+    for i, w in enumerate(w_o):
+        alpha = weights[i].double()  # [batch, head, query, key]
+        n_heads, d_head = v.shape[2], v.shape[4]
+        w_heads = w.double().reshape(n_heads, d_head, -1)  # [head, d_head, d_model]
+        f = v[i].double() @ w_heads  # [batch, head, key, d_model]
+        heads.append(alpha * f.norm(dim=-1)[:, :, None, :])  # alpha_ij ||f(x_j)||
+        # ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>: a [key, head, head] Gram matrix per text
+        # instead of a [query, key, d_model] sum.
+        gram = f.transpose(1, 2) @ f.permute(0, 2, 3, 1)  # [batch, key, head, head]
+        a = alpha.permute(0, 3, 1, 2)  # [batch, key, head, query]
+        squared = (a * (gram @ a)).sum(2).transpose(1, 2)  # [batch, query, key]
+        # a sum of squares: rounding can leave it a few ulps below 0 where it is 0
+        layers.append(squared.clamp(min=0.0).sqrt())
+    return {"norm_head": torch.stack(heads).to(v.dtype), "norm_layer": torch.stack(layers).to(v.dtype)}
 
 
 def norm_attention(

@@ -24,20 +24,25 @@ def layer_params(model: nn.Module) -> list[maths.AttentionParams] | None:
     return [fam.params(model, m, layer) for layer, m in enumerate(mods)]
 
 
-def layer_mask(n_tokens: int, causal: bool) -> torch.Tensor | None:
-    """The additive mask of an unpadded text: the causal mask for decoders, none otherwise."""
-    return maths.causal_mask(n_tokens) if causal else None
+def layer_mask(n_tokens: int, causal: bool, keep: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The additive mask: padded keys (keep [batch, key] is 0) and, for decoders, future keys.
+
+    Returns [batch, 1, query, key] with keep, [query, key] without, or None when nothing is hidden.
+    """
+    pad = None if keep is None or bool(keep.all()) else maths.padding_mask(keep)[:, None]  # [batch, 1, 1, key]
+    return maths.combine_masks(pad, maths.causal_mask(n_tokens) if causal else None)
 
 
 @torch.no_grad()
 def recompute(
-    x: torch.Tensor, params: list[maths.AttentionParams], causal: bool
+    x: torch.Tensor, params: list[maths.AttentionParams], causal: bool, keep: torch.Tensor | None = None
 ) -> dict[str, torch.Tensor]:
-    """x: [layer, token, d_model] captured inputs -> each stage stacked over layers.
+    """x: [layer, (batch,) token, d_model] captured inputs -> each stage stacked over layers.
 
-    q, k, v, context: [layer, head, token, d_head]; scores, weights: [layer, head, query, key];
-    output: [layer, token, d_model].
+    keep: [batch, token], 1 for real tokens and 0 for padding. Returns q, k, v, context
+    [layer, (batch,) head, token, d_head]; scores, weights [layer, (batch,) head, query, key];
+    output [layer, (batch,) token, d_model].
     """
-    mask = layer_mask(int(x.shape[1]), causal)
+    mask = layer_mask(int(x.shape[-2]), causal, keep)
     per_layer = [maths.multi_head_attention(x[i], p, mask) for i, p in enumerate(params)]
     return {s: torch.stack([st[s] for st in per_layer]) for s in RECOMPUTED_STAGES}

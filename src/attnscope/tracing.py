@@ -16,8 +16,9 @@ from attnscope import check as checking
 from attnscope.capture import AttentionCall, LayerCapture, capturing
 from attnscope.errors import AttnscopeError, check_index
 from attnscope.families import family_of, is_causal
+from attnscope.maths import AttentionParams
 from attnscope.models import Model, ModelLike, describe, load_model
-from attnscope.recompute import layer_params, recompute
+from attnscope.recompute import layer_params
 from attnscope.tokens import Token, encode
 
 # Saved arrays and their axes (see docs): the project's stage vocabulary.
@@ -42,9 +43,9 @@ ARRAY_AXES: dict[str, tuple[str, ...]] = {
 class Trace:
     """One text's attention in every layer and head, as the model computed it.
 
-    `arrays` holds the captured numbers by stage name (axes in ARRAY_AXES); `recomputed`
-    the independent recompute from each layer's weights; `reference` the model's own
-    outputs (`output_attentions` as "weights", hidden states as "x").
+    `arrays` holds the captured numbers by stage name (axes in ARRAY_AXES); `comparisons`
+    the max errors, per layer and head, of the independent recompute from each layer's
+    weights and of the model's own outputs (`output_attentions`, hidden states) against them.
     """
 
     model: dict[str, Any]
@@ -54,10 +55,10 @@ class Trace:
     arrays: dict[str, np.ndarray]
     scaling: list[float]  # per layer: the factor applied to scores (1 / sqrt(d_head) usually)
     truncated: bool = False
-    recomputed: dict[str, np.ndarray] | None = None
-    reference: dict[str, np.ndarray] = field(default_factory=dict)
+    comparisons: list[checking.Comparison] = field(default_factory=list)
     unsupported: str | None = None  # why there is no recompute
     saved_check: dict[str, Any] | None = None  # a loaded trace's stored verification
+    output_projection: list[np.ndarray] | None = None  # W_O per layer [head * d_head, d_model], for norms()
 
     @property
     def n_layers(self) -> int:
@@ -101,13 +102,10 @@ class Trace:
 
     def check(self, tolerance: float = checking.TOLERANCE) -> checking.CheckReport:
         """Recompute vs capture vs the model's own outputs, per layer, head and stage."""
-        if self.recomputed is None and not self.reference and self.saved_check is not None:
-            return checking.report_from_dict(self.saved_check)  # a loaded trace: its stored check
-        report = checking.CheckReport(tolerance=tolerance, unsupported=self.unsupported)
-        if self.recomputed is not None:
-            report.comparisons += checking.compare(self.arrays, self.recomputed, "recompute")
-        report.comparisons += checking.compare(self.arrays, self.reference, "model")
-        return report
+        if not self.comparisons and self.saved_check is not None:  # a loaded trace: its stored check
+            saved = checking.report_from_dict(self.saved_check)
+            return checking.CheckReport(tolerance, saved.comparisons, saved.unsupported)
+        return checking.CheckReport(tolerance, list(self.comparisons), self.unsupported)
 
     # Views (attnscope.views): self-contained HTML pages, in files and in Jupyter.
     def to_html(self, view: str = "all", **options: Any) -> str:
@@ -150,11 +148,13 @@ class Trace:
         "norm_head": ||alpha_ij f^h(x_j)|| [layer, head, query, key];
         "norm_layer": ||sum_h alpha^h_ij f^h(x_j)|| [layer, query, key].
         """
-        missing = [k for k in ("norm_head", "norm_layer") if k not in self.arrays]
-        if missing:
-            raise AttnscopeError(
-                self.unsupported or "this trace has no norm-based attention: trace it again with this version"
-            )
+        from attnscope.norms import norm_attention
+
+        if "norm_head" not in self.arrays:
+            if self.output_projection is None:
+                raise AttnscopeError(f"norm-based attention needs the layers' output projections: "
+                                     f"{self.unsupported or 'trace the text again with the model at hand'}")
+            self.arrays.update(norm_attention(self.arrays["v"], self.arrays["weights"], self.output_projection))
         return {k: self.arrays[k] for k in ("norm_head", "norm_layer")}
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -179,12 +179,13 @@ class Trace:
 @overload
 def trace(  # type: ignore[overload-overlap]
     text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int = ...,
-    truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
+    truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ...,
 ) -> Trace: ...
 @overload
 def trace(
     text: Sequence[str], text_pair: Sequence[str | None] | None = ..., model: ModelLike = ...,
     max_length: int = ..., truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
+    recompute: bool = ...,
 ) -> list[Trace]: ...
 
 
@@ -195,12 +196,14 @@ def trace(
     max_length: int = 256,
     truncate: bool = True,
     tokenizer: PreTrainedTokenizerBase | None = None,
+    recompute: bool = True,
 ) -> Trace | list[Trace]:
     """Run the model on text (or a list of texts, as one padded batch) and trace its attention.
 
     text_pair gives second sentences (segment B, with token_type_ids). max_length counts
     tokens including special tokens; longer texts are truncated with a warning unless
-    truncate=False, which makes them an error.
+    truncate=False, which makes them an error. recompute=False keeps only what the forward pass
+    captured (no independent recompute, no norm-based attention).
     """
     single = isinstance(text, str)
     texts = [text] if isinstance(text, str) else list(text)
@@ -215,9 +218,22 @@ def trace(
     max_length = _usable_max_length(m, max_length)
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
-        out = m.model(**enc.inputs, output_attentions=True, output_hidden_states=True)
-    rows = zip(texts, pairs or [None] * len(texts), strict=True)
-    traces = [_row_trace(m, cap, out, enc, row, t, p) for row, (t, p) in enumerate(rows)]
+        out = m.model(**enc.inputs, output_attentions=recompute, output_hidden_states=recompute)
+    batch = _stack_batch(cap)  # stage -> [layer, batch, ...]
+    lengths = [len(t) for t in enc.tokens]
+    params = layer_params(m.model) if recompute else None
+    table = None
+    if recompute:
+        reference = _stack_reference(m, out, len(cap.calls))
+        table = checking.verify_batch(batch, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
+    info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
+    w_o = [p.w_o.numpy() for p in params] if params is not None else None
+    traces = []
+    for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True)):
+        tr = Trace(info, t, p, enc.tokens[row], _unpad(batch, row, lengths[row]), scaling, enc.truncated[row],
+                   comparisons=table.comparisons(row) if table else [], output_projection=w_o)
+        tr.unsupported = _why_unverified(m, recompute, params, batch)
+        traces.append(tr)
     return traces[0] if single else traces
 
 
@@ -232,43 +248,34 @@ def _usable_max_length(m: Model, max_length: int) -> int:
     return max_length
 
 
-def _row_trace(m: Model, cap: LayerCapture, out: Any, enc: Any, row: int, text: str, pair: str | None) -> Trace:
-    tokens = enc.tokens[row]
-    n = len(tokens)
-    arrays = _captured_arrays(cap, row, n)
-    info = _model_info(m, cap)
-    reference = _reference_arrays(m, out, row, n, cap)
-    tr = Trace(info, text, pair, tokens, arrays, [c.scaling for c in cap.calls], enc.truncated[row],
-               reference=reference)
-    params = layer_params(m.model)
-    if params is None or "x" not in arrays:
-        tr.unsupported = f"independent recompute not supported for {m.architecture}"
-    else:
-        x = torch.from_numpy(arrays["x"])
-        rec = recompute(x, params, is_causal(m.model))
-        tr.recomputed = {k: v.numpy() for k, v in rec.items()}
-    return tr
+def _why_unverified(m: Model, requested: bool, params: list[AttentionParams] | None,
+                    batch: dict[str, torch.Tensor]) -> str | None:
+    if not requested:
+        return "not verified: traced with recompute=False"
+    if params is None or "x" not in batch:
+        return f"independent recompute not supported for {m.architecture}"
+    return None
 
 
-def _captured_arrays(cap: LayerCapture, row: int, n: int) -> dict[str, np.ndarray]:
-    """Unpad one row of the batch: keep its first n positions on every token axis."""
-    def stack(ts: list[torch.Tensor]) -> np.ndarray:
-        return torch.stack(ts).float().numpy()
-
+def _stack_batch(cap: LayerCapture) -> dict[str, torch.Tensor]:
+    """Captured stages of the padded batch, stacked over layers: [layer, batch, ...]."""
     calls = [_expand_kv(c) for c in cap.calls]
-    arrays = {
-        "q": stack([c.q[row, :, :n] for c in calls]),  # [layer, head, token, d_head]
-        "k": stack([c.k[row, :, :n] for c in calls]),
-        "v": stack([c.v[row, :, :n] for c in calls]),
-        "weights": stack([c.weights[row, :, :n, :n] for c in calls]),  # [layer, head, query, key]
-        "context": stack([c.context[row, :, :n] for c in calls]),
-    }
-    arrays["scores"] = np.matmul(arrays["q"], arrays["k"].swapaxes(-1, -2))  # q k^T, [layer, head, query, key]
-    if cap.x and len(cap.x) == len(calls):
-        arrays["x"] = stack([x[row, :n] for x in cap.x])  # [layer, token, d_model]
-    if cap.output and len(cap.output) == len(calls):
-        arrays["output"] = stack([o[row, :n] for o in cap.output])
-    return {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    out = {s: torch.stack([getattr(c, s) for c in calls]) for s in ("q", "k", "v", "weights", "context")}
+    out["scores"] = out["q"] @ out["k"].transpose(-1, -2)  # q k^T: [layer, batch, head, query, key]
+    for stage, ts in (("x", cap.x), ("output", cap.output)):
+        if ts and len(ts) == len(calls):
+            out[stage] = torch.stack(ts)  # [layer, batch, token, d_model]
+    return out
+
+
+def _unpad(batch: dict[str, torch.Tensor], row: int, n: int) -> dict[str, np.ndarray]:
+    """One row of the batch with its first n positions on every token axis (views, no copies)."""
+    arrays = {}
+    for stage, t in batch.items():
+        axes = ARRAY_AXES[stage]
+        index = tuple(slice(0, n) if a in ("token", "query", "key") else slice(None) for a in axes[1:])
+        arrays[stage] = t[:, row][(slice(None), *index)].numpy()
+    return arrays
 
 
 def _expand_kv(call: AttentionCall) -> AttentionCall:
@@ -280,17 +287,15 @@ def _expand_kv(call: AttentionCall) -> AttentionCall:
     return dataclasses.replace(call, k=k, v=v)
 
 
-def _reference_arrays(m: Model, out: Any, row: int, n: int, cap: LayerCapture) -> dict[str, np.ndarray]:
-    """The model's own outputs: output_attentions, and the hidden states each layer reads."""
-    ref: dict[str, np.ndarray] = {}
+def _stack_reference(m: Model, out: Any, n_layers: int) -> dict[str, torch.Tensor]:
+    """The model's own outputs: output_attentions, and the attention input its hidden states imply."""
+    ref: dict[str, torch.Tensor] = {}
     if getattr(out, "attentions", None):
-        ref["weights"] = torch.stack([a[row, :, :n, :n] for a in out.attentions]).float().numpy()
+        ref["weights"] = torch.stack(out.attentions)  # [layer, batch, head, query, key]
     hidden = getattr(out, "hidden_states", None)
     fam = family_of(m.model)
-    if hidden and fam is not None and len(hidden) > len(cap.calls):
-        pre = fam.pre_attention
-        xs = [_x_from_hidden(m, pre, i, h[row : row + 1, :n]) for i, h in enumerate(hidden[:-1])]
-        ref["x"] = torch.cat(xs).float().numpy()  # [layer, token, d_model]
+    if hidden and fam is not None and len(hidden) > n_layers:
+        ref["x"] = torch.stack([_x_from_hidden(m, fam.pre_attention, i, h) for i, h in enumerate(hidden[:n_layers])])
     return ref
 
 

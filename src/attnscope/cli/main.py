@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from attnscope.errors import AttnscopeError
 
 # Each module registers its subcommands with register(subparsers).
-COMMAND_MODULES = ("attnscope.cli.core", "attnscope.cli.serve", "attnscope.cli.rollout", "attnscope.cli.view", "attnscope.cli.stats")
+COMMAND_MODULES = (
+    "attnscope.cli.core",
+    "attnscope.cli.serve",
+    "attnscope.cli.rollout",
+    "attnscope.cli.view",
+    "attnscope.cli.stats",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -115,8 +115,6 @@ def keep_check_only(tr: Trace) -> dict[str, Any]:
     """
     report = tr.check().to_dict()
     tr.saved_check = report
-    tr.recomputed = None
-    tr.reference = {}
     return report
 
 
