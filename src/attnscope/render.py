@@ -55,7 +55,7 @@ def matrix_table(name: str, arr: np.ndarray, rows: list[str] | None = None, cols
     header, body = _grid(a, rows, cols, max_rows, max_cols)
     t = Table(title=f"{name} {list(a.shape)}", title_justify="left", show_edge=False, pad_edge=False)
     for h in header:
-        t.add_column(h, justify="right", no_wrap=True, min_width=len(h), overflow="ignore")
+        t.add_column(h, justify="right", no_wrap=True, min_width=max(len(h), 6))
     for r in body:
         t.add_row(*r)
     return t

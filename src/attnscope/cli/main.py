@@ -55,9 +55,9 @@ def _quiet_libraries(debug: bool) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _quiet_libraries("--debug" in argv)  # before anything imports transformers
     parser = build_parser()
     args = parser.parse_args(argv)
-    _quiet_libraries(args.debug)
     handler = _log_to_stderr(args.debug)
     try:
         return int(args.func(args))
