@@ -82,13 +82,13 @@ class Source:
     def describe(self) -> dict[str, Any]:
         return {"spec": self.spec, "kind": self.kind, "field": self.field, "column": self.column}
 
-    def bad(self, where: str, why: str) -> None:
-        """Report one malformed row: fatal with strict, else logged and counted."""
+    def bad(self, where: str, why: str, what: str = "row") -> None:
+        """Report one malformed row (or sentence): fatal with strict, else logged and counted."""
         if self.strict:
             raise AttnscopeError(f"{where}: {why} (--strict makes malformed rows fatal)")
         self.malformed += 1
         if not self.quiet:
-            log.warning("%s: %s; skipped", where, why)
+            log.warning("%s: %s; %s skipped", where, why, what)
 
     def _text(self) -> Iterator[Document]:
         path = Path(self.spec)
@@ -173,12 +173,12 @@ class Source:
         for number, cols in rows:
             where = f"{path}:{number}"
             if len(cols) != 10:
-                self.bad(where, f"{len(cols)} tab-separated fields, CoNLL-U has 10; sentence skipped")
+                self.bad(where, f"{len(cols)} tab-separated fields, CoNLL-U has 10", "sentence")
                 return None
             if "-" in cols[0] or "." in cols[0]:
                 continue  # multi-word token ranges (3-4) and empty nodes (5.1) are not words
             if cols[0] != str(len(words) + 1) or not cols[6].isdigit():
-                self.bad(where, f"word ID {cols[0]!r} / HEAD {cols[6]!r} out of sequence; sentence skipped")
+                self.bad(where, f"word ID {cols[0]!r} out of sequence or HEAD {cols[6]!r} not a number", "sentence")
                 return None
             words.append(cols[1])
             heads.append(int(cols[6]))
@@ -186,7 +186,7 @@ class Source:
         if not words:
             return None
         if any(h > len(words) for h in heads):
-            self.bad(f"{path}:{start}", "a HEAD points past the last word; sentence skipped")
+            self.bad(f"{path}:{start}", "a HEAD points past the last word", "sentence")
             return None
         return Document(" ".join(words), f"{path}:{start}", tuple(words), tuple(heads), tuple(relations))
 

@@ -1,0 +1,65 @@
+"""The aggregate state: exact mean/std, exact order-independent merge, lossless serialisation."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from attnscope.errors import AttnscopeError
+from attnscope.stats.state import StatsState, merge_all
+
+METRICS = ("entropy", "distance")
+
+
+def filled(values: np.ndarray) -> StatsState:
+    s = StatsState(2, 3, METRICS, {"model": "m"})
+    for name in METRICS:
+        s.add(name, values, np.ones(values.shape[0], dtype=bool))
+    s.documents = values.shape[0]
+    return s
+
+
+def test_mean_and_std_match_numpy() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0, 5, size=(50, 2, 3))
+    s = filled(values)
+    assert np.abs(s.mean("entropy") - values.mean(0)).max() <= 1e-9
+    assert np.abs(s.std("entropy") - values.std(0)).max() <= 1e-9
+    assert (s.count["entropy"] == 50).all()
+
+
+def test_merge_is_exact_and_order_independent() -> None:
+    rng = np.random.default_rng(1)
+    parts = [filled(rng.uniform(0, 500, size=(n, 2, 3))) for n in (1, 7, 13, 2, 30)]
+    reference = merge_all(parts).to_dict()
+    for seed in range(5):
+        order = parts[:]
+        random.Random(seed).shuffle(order)
+        assert merge_all(order).to_dict() == reference
+    left = parts[0].merge(parts[1]).merge(parts[2])
+    right = parts[0].merge(parts[1].merge(parts[2]))
+    assert left.to_dict() == right.to_dict()
+
+
+def test_round_trip_through_json_is_lossless() -> None:
+    s = filled(np.random.default_rng(2).uniform(0, 9, size=(20, 2, 3)))
+    back = StatsState.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back.to_dict() == s.to_dict()
+    assert np.array_equal(back.mean("distance"), s.mean("distance"))
+
+
+def test_undefined_documents_are_not_counted() -> None:
+    s = StatsState(1, 1, ("entropy",))
+    s.add("entropy", np.array([[[1.0]], [[3.0]]]), np.array([True, False]))
+    assert int(s.count["entropy"][0, 0]) == 1 and s.mean("entropy")[0, 0] == 1.0
+
+
+def test_nan_is_an_error_and_mismatched_states_do_not_merge() -> None:
+    s = StatsState(1, 1, ("entropy",))
+    with pytest.raises(AttnscopeError, match="non-finite"):
+        s.add("entropy", np.array([[[np.nan]]]), np.array([True]))
+    with pytest.raises(AttnscopeError, match="cannot merge"):
+        s.merge(StatsState(1, 1, ("entropy",), {"model": "other"}))
