@@ -1,4 +1,4 @@
-"""Views fixtures: short real traces, one headless Chromium per session, and a decoder for payloads."""
+"""Views fixtures: a short real trace, one headless Chromium per module, pages opened from files."""
 
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ def pair_trace(minilm: attnscope.Model) -> Trace:
     return trace(*PAIR, model=minilm)
 
 
-@pytest.fixture(scope="session")
+# One Chromium per test module: Playwright's sync API allows one session per thread, and other
+# modules (tests/test_views_beyond.py) start their own.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from attnscope.views.browser import chromium
 
@@ -50,7 +52,7 @@ class Opened:
         return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def open_page(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Opened]:
     """open_page(html, name, width=1200) -> Opened, loaded from file:// and drawn."""
     from attnscope.views.browser import READY

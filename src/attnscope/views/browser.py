@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,8 +58,16 @@ def chromium() -> Iterator[Any]:
 
 
 def render_png(document: str, path: str | os.PathLike[str], width: int = 1280, timeout_s: float = 60.0) -> Path:
-    """Open `document` from a file in headless Chromium, wait until the views are drawn, save a full-page PNG."""
-    out = Path(path)
+    """Open `document` from a file in headless Chromium, wait until the views are drawn, save a full-page PNG.
+
+    Runs in its own thread: Playwright's sync API refuses a thread with an asyncio loop (Jupyter)
+    or another Playwright session.
+    """
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_render_png, document, Path(path), width, timeout_s).result()
+
+
+def _render_png(document: str, out: Path, width: int, timeout_s: float) -> Path:
     with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
         page_file = Path(tmp) / "view.html"
         page_file.write_text(document, encoding="utf-8")

@@ -7,6 +7,7 @@
   const ROW = 20; // px per token row
   const BUCKETS = 16; // opacity levels: one canvas path per head and level
   const MIN_ALPHA = 0.01; // lines fainter than this are not drawn unless a token is focused
+  const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
   A.views = A.views || {};
 
   function tokenColumn(model, side) {
@@ -20,31 +21,35 @@
     return col;
   }
 
-  // The lines of one head that cross the visible band [top, top + height), bucketed by opacity into paths.
-  // Only that band is drawn (the canvas stays on screen while the tokens scroll), so 512 tokens stay cheap.
-  function headPaths(model, src, layer, head, focus, filter, band) {
+  // Calls each(q, k, opacity) for every line of one head that crosses the visible band [top, top + height)
+  // and passes the sentence filter. Only that band is drawn (the canvas stays put while the tokens scroll).
+  function eachLine(model, src, layer, head, focus, filter, band, each) {
     const n = model.n;
     const codes = src.codes(layer, head);
     const perCode = src.scale(layer, head) / 255 / src.top(layer, head); // opacity of one code step
     const minCode = focus ? 1 : Math.max(1, Math.ceil(MIN_ALPHA / (perCode || 1)));
-    const paths = Array.from({ length: BUCKETS }, () => new Path2D());
-    const y = (i) => i * ROW + ROW / 2 - band.top;
     const qs = focus && focus.side === "q" ? [focus.index] : [...Array(n).keys()];
+    const [k0, k1] = focus && focus.side === "k" ? [focus.index, focus.index + 1] : [0, n];
     for (const q of qs) {
-      const yq = y(q);
-      const k0 = focus && focus.side === "k" ? focus.index : 0;
-      const k1 = focus && focus.side === "k" ? focus.index + 1 : n;
+      const yq = q * ROW + ROW / 2 - band.top;
       for (let k = k0; k < k1; k++) {
         const c = codes[q * n + k];
         if (c < minCode) continue;
-        const yk = y(k);
+        const yk = k * ROW + ROW / 2 - band.top;
         if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height) || !A.passes(model, filter, q, k)) continue;
-        const b = Math.min(BUCKETS - 1, Math.floor(Math.min(1, c * perCode) * BUCKETS));
-        paths[b].moveTo(0, yq);
-        paths[b].lineTo(band.width, yk);
+        each(yq, yk, Math.min(1, c * perCode));
       }
     }
-    return paths;
+  }
+
+  // The faintest opacity drawn so that at most MAX_LINES lines are: raster time grows with every line.
+  function cutoff(counts) {
+    let total = 0;
+    for (let i = counts.length - 1; i >= 0; i--) {
+      total += counts[i];
+      if (total > MAX_LINES) return (i + 1) / counts.length;
+    }
+    return 0;
   }
 
   function drawnHeads(ctx) {
@@ -52,14 +57,26 @@
     return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h)) : [null];
   }
 
+  // Draws the lines; returns the opacity below which lines were left out (0: none were).
   function draw(canvas, ctx, focus, band) {
     const g = A.sizeCanvas(canvas, band.width, band.height);
     const src = ctx.source();
     const layer = src.perLayer ? ctx.state.layer : null;
     const count = ctx.model.payload.model.heads || ctx.model.heads.length;
-    g.lineWidth = 1.5;
-    for (const head of drawnHeads(ctx)) {
-      const paths = headPaths(ctx.model, src, layer, head, focus, ctx.state.filter, band);
+    const heads = drawnHeads(ctx);
+    const lines = (head, each) => eachLine(ctx.model, src, layer, head, focus, ctx.state.filter, band, each);
+    const counts = new Uint32Array(256);
+    if (!focus) for (const h of heads) lines(h, (yq, yk, a) => counts[Math.min(255, Math.floor(a * 256))]++);
+    const floor = focus ? 0 : cutoff(counts);
+    g.lineWidth = 1;
+    for (const head of heads) {
+      const paths = Array.from({ length: BUCKETS }, () => new Path2D());
+      lines(head, (yq, yk, a) => {
+        if (a < floor) return;
+        const p = paths[Math.min(BUCKETS - 1, Math.floor(a * BUCKETS))];
+        p.moveTo(0, yq);
+        p.lineTo(band.width, yk);
+      });
       g.strokeStyle = A.headColour(head, count);
       paths.forEach((p, b) => {
         g.globalAlpha = (b + 0.5) / BUCKETS;
@@ -67,6 +84,7 @@
       });
     }
     g.globalAlpha = 1;
+    return floor;
   }
 
   // Shade the other column by the focused token's mean weight over the drawn heads.
@@ -110,38 +128,57 @@
     });
   }
 
+  function layout(panel, ctx) {
+    const fixed = ctx.options.fixed;
+    panel.append(el("div", { class: "as-controls" }, [
+      fixed ? null : A.controls.layer(ctx), A.controls.source(ctx), A.controls.filter(ctx),
+      fixed ? null : A.controls.heads(ctx, "multi"),
+      A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: ctx.state.heads })),
+    ]));
+    panel.append(el("p", { class: "as-hint", text: "Left: queries, right: keys (0-indexed). Hover or arrow-key through " +
+      "tokens to see only their lines; click or Enter pins a query, Esc clears." }));
+    const cols = { q: tokenColumn(ctx.model, "q"), k: tokenColumn(ctx.model, "k") };
+    const canvas = el("canvas", { class: "as-lines", "aria-hidden": "true" });
+    const body = el("div", { class: "as-head-body" }, [cols.q, canvas, cols.k]);
+    const status = el("p", { class: "as-hint as-status", "aria-live": "polite" });
+    panel.append(body, status);
+    return { cols: cols, canvas: canvas, body: body, status: status };
+  }
+
+  // Hover, click and keys on the token columns: hover shows one token's lines, click or Enter pins a query.
+  function listen(ctx, cols, hover) {
+    for (const side of ["q", "k"]) {
+      const col = cols[side];
+      const at = (e) => e.target.closest(".as-tok");
+      col.addEventListener("mouseover", (e) => at(e) && hover.set({ side: side, index: Number(at(e).dataset.index) }));
+      col.addEventListener("mouseleave", () => hover.set(null));
+      col.addEventListener("click", (e) => at(e) && hover.pin(side, Number(at(e).dataset.index)));
+      col.addEventListener("blur", () => hover.set(null));
+      keyboard(col, side, ctx, hover);
+    }
+  }
+
   A.views.head = {
     label: "Head",
     render(panel, ctx) {
-      const model = ctx.model;
-      const fixed = ctx.options.fixed;
-      panel.append(el("div", { class: "as-controls" }, [
-        fixed ? null : A.controls.layer(ctx), A.controls.source(ctx), A.controls.filter(ctx),
-        fixed ? null : A.controls.heads(ctx, "multi"),
-        A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: ctx.state.heads })),
-      ]));
-      panel.append(el("p", { class: "as-hint", text: "Left: queries, right: keys (0-indexed). Hover or arrow-key through " +
-        "tokens to see only their lines; click or Enter pins a query, Esc clears." }));
-      const width = 280;
-      const cols = { q: tokenColumn(model, "q"), k: tokenColumn(model, "k") };
-      const canvas = el("canvas", { class: "as-lines", "aria-hidden": "true" });
-      const body = el("div", { class: "as-head-body" }, [cols.q, canvas, cols.k]);
-      panel.append(body);
+      const { cols, canvas, body, status } = layout(panel, ctx);
+      const n = ctx.model.n;
       // the part of the token columns in view: the canvas is sticky, so only that band gets lines
-      const band = () => ({ top: body.scrollTop, width: width,
-                            height: Math.min(model.n * ROW, body.clientHeight || model.n * ROW) });
-
+      const band = () => ({ top: body.scrollTop, width: 280, height: Math.min(n * ROW, body.clientHeight || n * ROW) });
       let hovered = null;
       let frame = 0;
       const focus = () => hovered || (ctx.state.query !== null && ctx.state.query !== undefined
         ? { side: "q", index: ctx.state.query } : null);
-      const redraw = () => {
-        cancelAnimationFrame(frame);
-        frame = requestAnimationFrame(() => {
-          draw(canvas, ctx, focus(), band());
-          shade(cols, ctx, focus());
-        });
+      const paint = () => {
+        const floor = draw(canvas, ctx, focus(), band());
+        status.textContent = floor > 0 ? `Lines fainter than ${A.fmt(floor, 2)} are left out here (the ` +
+          `${MAX_LINES} strongest are drawn); hover a token to see all of its lines.` : "";
       };
+      const later = (f) => {
+        cancelAnimationFrame(frame);
+        frame = requestAnimationFrame(f);
+      };
+      const redraw = () => later(() => (paint(), shade(cols, ctx, focus())));
       const hover = {
         get: () => hovered,
         set(f) { hovered = f; redraw(); },
@@ -152,33 +189,14 @@
                                          query: i, key: null, source: ctx.source().name });
         },
       };
-      for (const side of ["q", "k"]) {
-        const col = cols[side];
-        col.addEventListener("mouseover", (e) => {
-          const t = e.target.closest(".as-tok");
-          if (t) hover.set({ side: side, index: Number(t.dataset.index) });
-        });
-        col.addEventListener("mouseleave", () => hover.set(null));
-        col.addEventListener("click", (e) => {
-          const t = e.target.closest(".as-tok");
-          if (t) hover.pin(side, Number(t.dataset.index));
-        });
-        col.addEventListener("blur", () => hover.set(null));
-        keyboard(col, side, ctx, hover);
-      }
-      ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "theme"]) && redraw());
-      body.addEventListener("scroll", () => {
-        cancelAnimationFrame(frame);
-        frame = requestAnimationFrame(() => draw(canvas, ctx, focus(), band()));
-      }, { passive: true });
+      listen(ctx, cols, hover);
+      const now = () => (cancelAnimationFrame(frame), paint(), shade(cols, ctx, focus()));
+      ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "theme"]) && now());
+      body.addEventListener("scroll", () => later(paint), { passive: true });
       const resize = new ResizeObserver(redraw);
       resize.observe(body);
-      ctx.onDispose(() => {
-        cancelAnimationFrame(frame);
-        resize.disconnect();
-      });
-      draw(canvas, ctx, focus(), band());
-      shade(cols, ctx, focus());
+      ctx.onDispose(() => (cancelAnimationFrame(frame), resize.disconnect()));
+      now();
     },
   };
 })();
