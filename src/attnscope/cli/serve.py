@@ -24,7 +24,10 @@ def register(sub: Any) -> None:
                    help="characters per text (default 10000)")
     p.add_argument("--max-body", type=int, default=256 * 1024, metavar="BYTES",
                    help="request body limit; larger bodies get 413 (default 262144)")
-    p.add_argument("--workers", type=int, default=1, help="inference threads (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="inference workers (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for the whole server (default 1: fastest where the CPU is shared; "
+                        "0 keeps torch's default)")
     p.add_argument("--queue", type=int, default=32, help="requests that may wait; beyond, 503 (default 32)")
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="per-request deadline, waiting included; beyond, 504 (default 30)")
@@ -39,15 +42,17 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise AttnscopeError(f"serve needs the serve extra: pip install 'attnscope[serve]' ({exc.name} is missing)"
                              ) from exc
-    from attnscope.serve import Settings, create_app
+    from attnscope.serve.settings import Settings
 
     settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
-                        max_body_bytes=args.max_body, workers=args.workers, queue=args.queue,
-                        timeout=args.timeout, cache_entries=args.cache)
+                        max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
+                        queue=args.queue, timeout=args.timeout, cache_entries=args.cache)
     if not is_loopback(args.host):
         print(f"attnscope: warning: listening on {args.host}: anyone who can reach this machine can use the "
               "server and its CPU; use --host 127.0.0.1 to keep it local", file=sys.stderr)
     sock = bind(args.host, args.port)  # before loading models: a taken port fails at once
+    from attnscope.serve.app import create_app
+
     app = create_app(settings)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -42,6 +43,9 @@ class Server:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        if settings.threads is not None:
+            # the server owns its process; several busy torch threads on a shared CPU spin rather than work
+            torch.set_num_threads(settings.threads)
         self.service = Service(settings)
         self.pool = InferencePool(settings.workers, settings.queue, settings.timeout)
         models = list(dict.fromkeys(self.service.models.values()))

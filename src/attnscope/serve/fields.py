@@ -16,7 +16,8 @@ STAGES = ("x", "q", "k", "v", "scores", "weights", "context", "output",
           "rollout", "flow", "norm_head", "norm_layer")  # attnscope.tracing.ARRAY_AXES, in stage order
 OPTIONAL_SOURCES = ("rollout", "flow")  # computed on request, so a views payload offers them only when asked
 ENCODINGS = ("base64", "list")
-_NONBLANK = r"\S"
+# A non-space character, the same set in Python and in ECMA-262 (whose \s differs on \x1c-\x1f, \x85, \ufeff).
+_NONBLANK = r"[^\s\x1c-\x1f\x85\ufeff]"
 
 
 class RequestError(Exception):

@@ -20,6 +20,7 @@ class Settings:
     max_tokens: int = 256  # per trace, special tokens included; longer text is truncated or refused
     max_body_bytes: int = 256 * 1024  # a larger request body gets 413
     workers: int = 1  # inference threads; one model runs one forward pass at a time
+    threads: int | None = 1  # torch threads per process (None: torch's default); 1 avoids spinning on shared CPUs
     queue: int = 32  # requests that may wait for a worker; beyond this, 503
     timeout: float = 30.0  # seconds a request may take, waiting included; beyond this, 504
     cache_entries: int = 16  # recent traces kept, so switching layers, heads and tokens is instant
@@ -30,6 +31,8 @@ class Settings:
         _at_least("max_tokens", self.max_tokens, 2)
         _at_least("max_body_bytes", self.max_body_bytes, 1024)
         _at_least("workers", self.workers, 1)
+        if self.threads is not None:
+            _at_least("threads", self.threads, 1)
         _at_least("queue", self.queue, 0)
         _at_least("cache_entries", self.cache_entries, 0)
         _at_least("cache_bytes", self.cache_bytes, 0)

@@ -1,0 +1,127 @@
+"""The page in headless Chromium against the real server: type, trace, switch views, click, read the explanation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from serve_support import ARTIFACTS, MAX_TOKENS, Server
+
+import attnscope
+
+pytestmark = pytest.mark.browser
+
+# Hostile on purpose: both must show up as literal text and run nothing.
+TEXT = "The cat </script><img src=x onerror=alert(1)> sat."
+PAIR = '"><svg onload=alert(2)> It slept.'
+LAYER, HEAD, QUERY, KEY = 2, 5, 3, 1
+
+
+@dataclass
+class Visit:
+    page: Any
+    origin: str
+    requests: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture(scope="module")
+def visit(server: Server) -> Iterator[Visit]:
+    from attnscope.views.browser import chromium
+
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        v = Visit(page, server.url)
+        page.on("request", lambda r: v.requests.append(r.url))
+        page.on("console", lambda m: m.type in ("error", "warning") and v.errors.append(m.text))
+        page.on("pageerror", lambda e: v.errors.append(str(e)))
+        page.on("dialog", lambda d: (v.dialogs.append(d.message), d.dismiss()))
+        page.goto(server.url)
+        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default sentence, traced
+        yield v
+        page.close()
+
+
+@pytest.fixture(scope="module")
+def local(minilm: attnscope.Model) -> attnscope.Trace:
+    return attnscope.trace(TEXT, PAIR, model=minilm, max_length=MAX_TOKENS)
+
+
+def explanation(page: Any) -> dict[str, Any]:
+    page.wait_for_selector("#sv-explain[data-state=ready]", timeout=60_000)
+    return page.evaluate("""() => {
+      const box = document.getElementById("sv-explain");
+      const table = box.querySelector('table[data-name="weights"]');
+      return {
+        title: box.querySelector("h2").textContent,
+        badge: box.querySelector(".sv-badge").textContent,
+        ok: box.querySelector(".sv-badge").dataset.ok,
+        stages: [...box.querySelectorAll(".sv-step")].map((s) => s.dataset.stage),
+        columns: [...table.querySelectorAll("thead th")].slice(1).map((th) => th.title),
+        hit: [...table.querySelectorAll("thead th.sv-hit")].map((th) => th.title),
+        row: [...table.querySelectorAll("tbody tr:first-child td")].map((td) => td.textContent),
+      };
+    }""")
+
+
+def shown_weights_match(shown: dict[str, Any], row: np.ndarray) -> None:
+    """Each number the table shows (4 decimals) is the trace's weight for that key."""
+    for title, cell in zip(shown["columns"], shown["row"], strict=True):
+        if cell == "…":
+            continue
+        key = int(title.split(":")[0])
+        assert abs(float(cell) - float(row[key])) <= 5e-5 + 1e-7, (title, cell, row[key])
+
+
+def test_type_trace_switch_views_click_and_read(visit: Visit, local: attnscope.Trace) -> None:
+    page = visit.page
+    page.fill("#sv-text", TEXT)
+    page.fill("#sv-pair", PAIR)
+    page.click("#sv-go")
+    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
+                           arg=f"{TEXT}  ‖  {PAIR}", timeout=60_000)
+    assert page.text_content("#sv-status").startswith(f"{local.n_tokens} tokens")
+
+    page.select_option("#sv-view", "matrix")
+    page.wait_for_selector("#sv-views canvas.as-matrix")
+    page.locator("#sv-views .as-panel select").first.select_option(str(LAYER))
+    page.locator("#sv-views .as-chips button", has_text=str(HEAD)).first.click()
+    canvas = page.locator("#sv-views canvas.as-matrix")
+    cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
+    canvas.click(position={"x": label + (KEY + 0.5) * cell, "y": label + (QUERY + 0.5) * cell})
+    shown = explanation(page)
+    visit.shot("matrix-explained")
+    assert shown["title"] == f"Layer {LAYER}, head {HEAD}, query token {QUERY} “{local.tokens[QUERY].text}”"
+    assert shown["ok"] == "true" and shown["badge"].startswith("✓ verified")
+    assert shown["stages"] == ["tokens", "x", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights",
+                               "context", "merged", "output"]
+    assert shown["hit"] == [f"{KEY}: {local.tokens[KEY].text}"]
+    shown_weights_match(shown, local.weights[LAYER, HEAD, QUERY])
+
+    page.select_option("#sv-view", "neuron")  # the selection carries over: same layer, head and query
+    page.wait_for_selector("#sv-views .as-neuron [data-key]")
+    page.locator("#sv-views .as-neuron .as-tok-cell[data-key='0']").click()
+    page.wait_for_function("() => document.querySelector('#sv-explain h2')?.textContent.includes('query token')")
+    shown = explanation(page)
+    visit.shot("neuron-explained")
+    assert shown["title"].startswith(f"Layer {LAYER}, head {HEAD}, query token {QUERY} ")
+    shown_weights_match(shown, local.weights[LAYER, HEAD, QUERY])
+
+
+def test_user_text_stays_text_and_nothing_leaves_the_server(visit: Visit) -> None:
+    page = visit.page
+    assert page.evaluate("() => document.querySelectorAll('[onerror], [onload], #sv-views img, svg').length") == 0
+    tokens = page.evaluate("() => [...document.querySelectorAll('#sv-explain tbody th')].map((t) => t.textContent)")
+    assert any("<" in t for t in tokens)  # the WordPiece tokens of the markup, shown as text
+    assert visit.dialogs == []
+    assert visit.errors == []
+    assert visit.requests and all(r.startswith(visit.origin) for r in visit.requests), visit.requests
+    assert {r.removeprefix(visit.origin) for r in visit.requests} <= {"", "api/trace", "api/explain", "api/neuron"}
