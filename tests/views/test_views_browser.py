@@ -13,7 +13,8 @@ import torch
 import attnscope
 from attnscope.bertviz import head_view
 from attnscope.tracing import Trace, trace
-from attnscope.views import to_html
+from attnscope.views import bundle, neuron_block, payload, to_html
+from attnscope.views.page import json_for_script
 
 pytestmark = pytest.mark.browser
 
@@ -250,3 +251,29 @@ def test_512_tokens_stay_usable(minilm: attnscope.Model, open_page: Callable[...
     tab(opened, "neuron")
     assert len(neuron_rows(page)["weights"]) == 512
     assert opened.errors == [] and opened.foreign_requests() == []
+
+
+def test_another_page_embeds_the_views(pair_trace: Trace, open_page: Callable[..., Any]) -> None:
+    """The web app's contract: bundle() in its page, render(element, payload, options), lazy neuron blocks, events."""
+    data = payload(pair_trace, neuron="none")
+    blocks = {f"{layer}:{head}": neuron_block(pair_trace, layer, head) for layer, head in ((3, 1), (3, 2))}
+    host = (f"<!doctype html><meta charset=utf-8><title>host</title>{bundle()}"
+            "<main><div id=attnscope-root></div></main>"
+            f"<script>window.asked = []; const blocks = {json_for_script(blocks)};"
+            f"window.events = []; document.addEventListener('attnscope:select', e => window.events.push(e.detail));"
+            f"window.ctl = attnscope.render(document.getElementById('attnscope-root'), {json_for_script(data)},"
+            "{view: 'neuron', layer: 3, head: 1, query: 4, theme: 'dark', loadNeuron: (l, h) => {"
+            " window.asked.push([l, h]); return Promise.resolve(blocks[l + ':' + h]); }});</script>")
+    opened = open_page(host, "embedded")
+    page = opened.page
+    page.wait_for_selector('[data-stage="weights"]')
+    assert np.array_equal(np.float32(neuron_rows(page)["weights"]), pair_trace.weights[3, 1, 4])
+    page.evaluate("async () => (await window.ctl).set({head: 2})")
+    page.wait_for_function("() => window.asked.length === 2")
+    page.wait_for_function("() => document.querySelector('.as-chip[aria-pressed=true]').dataset.head === '2'")
+    page.wait_for_selector('[data-stage="weights"]')
+    assert np.array_equal(np.float32(neuron_rows(page)["weights"]), pair_trace.weights[3, 2, 4])
+    page.click('.as-tok-cell[data-key="7"]')
+    assert page.evaluate("() => [window.asked, window.events.at(-1)]") == [[[3, 1], [3, 2]], {
+        "view": "neuron", "layer": 3, "head": 2, "query": 4, "key": 7, "source": "weights"}]
+    assert page.get_attribute(".as-app", "data-theme") == "dark" and opened.errors == []

@@ -85,11 +85,38 @@
     node.replaceChildren(el("p", { class: "as-missing", text: `attnscope could not draw this view: ${err.message || err}` }));
   }
 
+  const mark = (name) => window.performance && performance.mark && performance.mark(name);
+
+  // The panel and, for "all", the tabs; show(name) swaps the view drawn in the panel.
+  function mountViews(element, app, base, view) {
+    const panel = el("section", { class: "as-panel", role: view === "all" ? "tabpanel" : "region" });
+    const mounted = { current: null, tabs: null };
+    mounted.show = async (name) => {
+      if (mounted.current) mounted.current.dispose();
+      mounted.current = base.scoped({ openView: mounted.tabs ? mounted.show : null });
+      panel.replaceChildren();
+      panel.dataset.view = name;
+      if (mounted.tabs) mounted.tabs.select(name);
+      try {
+        await A.views[name].render(panel, mounted.current);
+      } catch (err) {
+        failure(panel, err);
+      }
+      A.emit(element, "attnscope:view", { view: name });
+    };
+    if (view === "all") {
+      mounted.tabs = tabs(base, panel, TABS, mounted.show);
+      app.append(mounted.tabs.node);
+    }
+    app.append(panel);
+    return mounted;
+  }
+
   A.render = async function (element, payload, options) {
     options = options || {};
-    if (window.performance && performance.mark) performance.mark("attnscope:start");
+    mark("attnscope:start");
     const model = await A.decode(payload);
-    if (window.performance && performance.mark) performance.mark("attnscope:decoded");
+    mark("attnscope:decoded");
     const given = Object.assign({}, payload.initial);
     for (const k of STATE_KEYS) if (options[k] !== undefined) given[k] = options[k];
     const view = given.view || "all";
@@ -99,39 +126,19 @@
     element.replaceChildren(app);
     const base = A.context(element, model, store, { loadNeuron: options.loadNeuron });
     app.append(header(base, app));
-    const panel = el("section", { class: "as-panel", role: view === "all" ? "tabpanel" : "region" });
-    let current = null;
-    let tabBar = null;
-    const show = async (name) => {
-      if (current) current.dispose();
-      current = base.scoped({ openView: tabBar ? show : null });
-      panel.replaceChildren();
-      panel.dataset.view = name;
-      if (tabBar) tabBar.select(name);
-      try {
-        await A.views[name].render(panel, current);
-      } catch (err) {
-        failure(panel, err);
-      }
-      A.emit(element, "attnscope:view", { view: name });
-    };
-    if (view === "all") {
-      tabBar = tabs(base, panel, TABS, show);
-      app.append(tabBar.node);
-    }
-    app.append(panel);
-    await show(view === "all" ? "head" : view);
+    const mounted = mountViews(element, app, base, view);
+    await mounted.show(view === "all" ? "head" : view);
     element.dataset.attnscopeReady = "1";
-    if (window.performance && performance.mark) performance.mark("attnscope:ready");
+    mark("attnscope:ready");
     A.emit(element, "attnscope:ready", { view: view });
     return {
       get state() {
         return store.get();
       },
       set: (patch) => store.set(patch),
-      show: tabBar ? show : null,
+      show: mounted.tabs ? mounted.show : null,
       destroy() {
-        if (current) current.dispose();
+        if (mounted.current) mounted.current.dispose();
         element.replaceChildren();
       },
     };

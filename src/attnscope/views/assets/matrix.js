@@ -148,87 +148,95 @@
     return q >= 0 && k >= 0 && q < n && k < n ? { q: q, k: k } : null;
   }
 
+  function layout(panel, ctx) {
+    const fixed = ctx.options.fixed;
+    panel.append(el("div", { class: "as-controls" }, [
+      fixed ? null : A.controls.layer(ctx), fixed ? null : A.controls.heads(ctx, "single"), A.controls.source(ctx),
+      A.controls.scale(ctx), A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
+    ]));
+    const parts = {
+      canvas: el("canvas", { class: "as-matrix", tabindex: "0", role: "img", "aria-label":
+        "attention matrix: rows are queries, columns keys; arrow keys move, Enter selects" }),
+      overlay: el("canvas", { class: "as-matrix-overlay", "aria-hidden": "true" }),
+      legend: el("div"),
+      info: el("div", { class: "as-info", "aria-live": "polite" }),
+    };
+    parts.body = el("div", { class: "as-matrix-body" }, [parts.canvas, parts.overlay]);
+    panel.append(el("p", { class: "as-hint", text: "Rows: queries, columns: keys (0-indexed). Hover for the value; " +
+      "click a cell (or arrow keys, Enter) to select it." }), parts.legend, parts.body, parts.info);
+    return parts;
+  }
+
+  // The selected cell or query, and a way on to the neuron view when the page has one.
+  function showInfo(info, ctx, where) {
+    const { query, key } = ctx.state;
+    info.replaceChildren();
+    if (query === null || query === undefined) return;
+    info.append(el("span", { text: key === null || key === undefined ? `selected query ${A.tokenLabel(ctx.model, query)}`
+      : describeCell(ctx, where, query, key).join(" · ") }));
+    if (ctx.options.openView && ctx.model.payload.neuron.available) {
+      info.append(el("button", { type: "button", class: "as-link", text: `neuron view of query ${query} →`,
+                                 onclick: () => ctx.options.openView("neuron") }));
+    }
+  }
+
+  // Mouse and keys on the matrix: hover(cell | null) shows a value, select(q, k) picks a cell.
+  function listen(canvas, ctx, geo, cursor, hover, select) {
+    const n = ctx.model.n;
+    canvas.addEventListener("mousemove", (e) => hover(cellAt(e, geo, n)));
+    canvas.addEventListener("mouseleave", () => hover(null));
+    canvas.addEventListener("click", (e) => {
+      const c = cellAt(e, geo, n);
+      if (c) select(c.q, c.k);
+    });
+    canvas.addEventListener("keydown", (e) => {
+      const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
+      const c = cursor() || { q: ctx.state.query ?? 0, k: ctx.state.key ?? 0 };
+      const clamp = (v) => Math.max(0, Math.min(n - 1, v));
+      if (e.key in moves) hover({ q: clamp(c.q + moves[e.key][0]), k: clamp(c.k + moves[e.key][1]) });
+      else if (e.key === "Enter") select(c.q, c.k);
+      else if (e.key === "Escape") hover(null);
+      else return;
+      e.preventDefault();
+    });
+  }
+
   A.views.matrix = {
     label: "Matrix",
     render(panel, ctx) {
-      const { model } = ctx;
-      const fixed = ctx.options.fixed;
-      panel.append(el("div", { class: "as-controls" }, [
-        fixed ? null : A.controls.layer(ctx), fixed ? null : A.controls.heads(ctx, "single"), A.controls.source(ctx),
-        A.controls.scale(ctx),
-        A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
-      ]));
-      const canvas = el("canvas", { class: "as-matrix", tabindex: "0", role: "img",
-                                    "aria-label": "attention matrix: rows are queries, columns keys; arrow keys move, Enter selects" });
-      const overlay = el("canvas", { class: "as-matrix-overlay", "aria-hidden": "true" });
-      const body = el("div", { class: "as-matrix-body" }, [canvas, overlay]);
-      const legendBox = el("div");
-      const info = el("div", { class: "as-info", "aria-live": "polite" });
-      panel.append(el("p", { class: "as-hint", text: "Rows: queries, columns: keys (0-indexed). Hover for the value; " +
-        "click a cell (or arrow keys, Enter) to select it." }), legendBox, body, info);
-      const tip = A.tooltip(body);
-      const geo = geometry(model, panel.clientWidth || MAX_SIDE);
-      canvas.dataset.cell = String(geo.cell); // px per cell and label margin, for code that points at cells
-      canvas.dataset.label = String(geo.label);
+      const parts = layout(panel, ctx);
+      const tip = A.tooltip(parts.body);
+      const geo = geometry(ctx.model, panel.clientWidth || MAX_SIDE);
+      parts.canvas.dataset.cell = String(geo.cell); // px per cell and label margin, for code that points at cells
+      parts.canvas.dataset.label = String(geo.label);
       let cursor = null;
       const where = () => {
         const src = ctx.source();
         return { src: src, layer: src.perLayer ? ctx.state.layer : null, head: src.perHead ? ctx.state.head : null };
       };
       const fg = () => A.cssVar(ctx.root.querySelector(".as-app") || ctx.root, "--fg");
-      const picked = () => ({ query: ctx.state.query, key: ctx.state.key });
-      const full = () => {
-        drawMatrix(canvas, ctx, geo, where());
-        drawCursor(overlay, geo, cursor, picked(), fg());
-        legendBox.replaceChildren(legend(ctx, where()));
-        showInfo();
+      const marks = () => drawCursor(parts.overlay, geo, cursor, { query: ctx.state.query, key: ctx.state.key }, fg());
+      const hover = (c) => {
+        cursor = c;
+        marks();
+        if (!c) return tip.hide();
+        tip.show(geo.label + (c.k + 1) * geo.cell, geo.label + (c.q + 1) * geo.cell, describeCell(ctx, where(), c.q, c.k));
       };
-      function showInfo() {
-        const { query, key } = ctx.state;
-        info.replaceChildren();
-        if (query === null || query === undefined) return;
-        info.append(el("span", { text: key === null || key === undefined ? `selected query ${A.tokenLabel(model, query)}`
-          : describeCell(ctx, where(), query, key).join(" · ") }));
-        if (ctx.options.openView && model.payload.neuron.available) {
-          info.append(el("button", { type: "button", class: "as-link", text: `neuron view of query ${query} →`,
-                                     onclick: () => ctx.options.openView("neuron") }));
-        }
-      }
       const select = (q, k) => {
         ctx.set({ query: q, key: k });
         const w = where();
         ctx.emit("attnscope:select", { view: "matrix", layer: w.layer, head: w.head, query: q, key: k, source: w.src.name });
       };
-      const hover = (c) => {
-        cursor = c;
-        drawCursor(overlay, geo, cursor, picked(), fg());
-        if (!c) return tip.hide();
-        tip.show(geo.label + (c.k + 1) * geo.cell, geo.label + (c.q + 1) * geo.cell, describeCell(ctx, where(), c.q, c.k));
+      listen(parts.canvas, ctx, geo, () => cursor, hover, select);
+      const full = () => {
+        drawMatrix(parts.canvas, ctx, geo, where());
+        parts.legend.replaceChildren(legend(ctx, where()));
+        marks();
+        showInfo(parts.info, ctx, where());
       };
-      canvas.addEventListener("mousemove", (e) => hover(cellAt(e, geo, model.n)));
-      canvas.addEventListener("mouseleave", () => hover(null));
-      canvas.addEventListener("click", (e) => {
-        const c = cellAt(e, geo, model.n);
-        if (c) select(c.q, c.k);
-      });
-      canvas.addEventListener("keydown", (e) => {
-        const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
-        const c = cursor || { q: ctx.state.query ?? 0, k: ctx.state.key ?? 0 };
-        if (e.key in moves) {
-          const [dq, dk] = moves[e.key];
-          const clamp = (v) => Math.max(0, Math.min(model.n - 1, v));
-          hover({ q: clamp(c.q + dq), k: clamp(c.k + dk) });
-        } else if (e.key === "Enter") select(c.q, c.k);
-        else if (e.key === "Escape") hover(null);
-        else return;
-        e.preventDefault();
-      });
       ctx.subscribe((s, p) => {
         if (ctx.changed(p, ["layer", "head", "source", "theme", "scale"])) full();
-        else if (ctx.changed(p, ["query", "key"])) {
-          drawCursor(overlay, geo, cursor, picked(), fg());
-          showInfo();
-        }
+        else if (ctx.changed(p, ["query", "key"])) (marks(), showInfo(parts.info, ctx, where()));
       });
       full();
     },

@@ -55,56 +55,66 @@
     return keys;
   }
 
+  // A CSS grid whose put(node, row, column, rowSpan) places cells; the vector canvases span every key row.
+  function grid(n, d, cw) {
+    const node = el("div", { class: "as-neuron" });
+    node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(3, max-content)`;
+    node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n}, ${ROW}px)`;
+    const put = (cell, row, col, span) => {
+      cell.style.gridRow = span ? `${row} / span ${span}` : String(row);
+      cell.style.gridColumn = String(col);
+      node.append(cell);
+    };
+    return { node: node, put: put };
+  }
+
+  // One key's numbers: q . k (the trace's scores), scaled (float32 product), the softmax weight and its bar.
+  function keyRow(put, v, row) {
+    const off = v.masked ? "as-off" : "";
+    const key = String(v.key);
+    put(el("span", { class: `as-tok-cell ${off}`, "data-key": key, text: v.label }), row, 1);
+    put(el("span", { "data-key": key, class: off }, [number("scores", v.score)]), row, 4);
+    put(el("span", { "data-key": key, class: off }, [v.masked
+      ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity", text: "masked (−∞)" })
+      : number("scaled", v.scaled)]), row, 5);
+    const bar = el("span", { class: "as-bar" });
+    bar.style.width = `${v.bar * 6}em`;
+    put(el("span", { "data-key": key, class: `as-weight ${off}` }, [bar, number("weights", v.weight)]), row, 6);
+  }
+
   function table(ctx, b, query, order, tip) {
     const { model } = ctx;
-    const n = model.n;
-    const d = b.d;
+    const [n, d] = [model.n, b.d];
     const cw = Math.max(3, Math.min(10, Math.floor(320 / d)));
-    const theme = ctx.theme();
     const keys = orderKeys(model, b, query, order);
     const q = b.q.subarray(query * d, (query + 1) * d);
     const k = (j, t) => b.k[j * d + t];
-    const masked = (j) => model.causal && j > query;
-    const scaling = f32(b.scaling);
-    let widest = 0; // bars are relative to this query's largest weight
-    for (let j = 0; j < n; j++) widest = Math.max(widest, b.weights[query * n + j]);
-    const grid = el("div", { class: "as-neuron" });
-    grid.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(3, max-content)`;
-    grid.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n}, ${ROW}px)`;
-    const put = (node, row, col, span) => {
-      node.style.gridRow = span ? `${row} / span ${span}` : String(row);
-      node.style.gridColumn = String(col);
-      grid.append(node);
-    };
-    ["query", "q", "", "", "", ""].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
+    const row = b.weights.subarray(query * n, (query + 1) * n);
+    const widest = Math.max(...row); // bars are relative to this query's largest weight
+    const { node, put } = grid(n, d, cw);
+    const titles = ["key", "k", "q × k (elementwise)", "q · k", `scaled (× ${A.fmt(b.scaling)})`,
+                    "softmax weight (bar: / row max)"];
+    ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
-    const qCanvas = vectorCanvas(1, d, cw, (r, t) => q[t], theme, `q vector of query ${query}`);
-    hoverValues(qCanvas, tip, d, cw, (r, t) => [`q[${t}] = ${A.fmt(q[t], 6)}`]);
-    put(qCanvas, 2, 2);
-    const heads = ["key", "k", "q × k (elementwise)", "q · k", `scaled (× ${A.fmt(b.scaling)})`, "softmax weight (bar: / row max)"];
-    heads.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
-    const kCanvas = vectorCanvas(n, d, cw, (r, t) => k(keys[r], t), theme, "k vectors of every key");
-    const pCanvas = vectorCanvas(n, d, cw, (r, t) => f32(q[t] * k(keys[r], t)), theme, "q times k, elementwise");
-    hoverValues(kCanvas, tip, d, cw, (r, t) => [`key ${A.tokenLabel(model, keys[r])}`, `k[${t}] = ${A.fmt(k(keys[r], t), 6)}`]);
-    hoverValues(pCanvas, tip, d, cw, (r, t) => [`key ${A.tokenLabel(model, keys[r])}`,
-      `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)), 6)}`]);
-    put(kCanvas, 4, 2, n);
-    put(pCanvas, 4, 3, n);
-    keys.forEach((j, r) => {
-      const row = 4 + r;
-      const off = masked(j) ? "as-off" : "";
-      const score = b.scores[query * n + j];
-      const w = b.weights[query * n + j];
-      put(el("span", { class: `as-tok-cell ${off}`, "data-key": String(j), text: A.tokenLabel(model, j) }), row, 1);
-      put(el("span", { "data-key": String(j), class: off }, [number("scores", score)]), row, 4);
-      put(el("span", { "data-key": String(j), class: off }, [masked(j)
-        ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity", text: "masked (−∞)" })
-        : number("scaled", f32(score * scaling))]), row, 5);
-      const bar = el("span", { class: "as-bar" });
-      bar.style.width = `${widest > 0 ? Math.max(0, w / widest) * 6 : 0}em`;
-      put(el("span", { "data-key": String(j), class: `as-weight ${off}` }, [bar, number("weights", w)]), row, 6);
+    titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+    const who = (r) => `key ${A.tokenLabel(model, keys[r])}`;
+    const vectors = [
+      [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t], 6)}`], 2],
+      [n, (r, t) => k(keys[r], t), "k vectors of every key", (r, t) => [who(r), `k[${t}] = ${A.fmt(k(keys[r], t), 6)}`], 4],
+      [n, (r, t) => f32(q[t] * k(keys[r], t)), "q times k, elementwise",
+       (r, t) => [who(r), `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)), 6)}`], 4],
+    ];
+    vectors.forEach(([rows, value, label, describe, at], i) => {
+      const canvas = vectorCanvas(rows, d, cw, value, ctx.theme(), label);
+      hoverValues(canvas, tip, d, cw, describe);
+      put(canvas, at, i === 2 ? 3 : 2, rows > 1 ? rows : 0);
     });
-    return grid;
+    const scaling = f32(b.scaling);
+    keys.forEach((j, r) => keyRow(put, {
+      key: j, label: A.tokenLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
+      scaled: f32(b.scores[query * n + j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
+    }, 4 + r));
+    return node;
   }
 
   function firstWord(model) {
