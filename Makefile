@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/attnscope explain "time flies like an arrow"
 	$(BIN)/attnscope check "time flies like an arrow"
+	$(BIN)/attnscope view "time flies like an arrow" -o demo.html
+	@echo "open demo.html in a browser: head, model, neuron and matrix views, offline"
 
 chromium:
 	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
