@@ -277,3 +277,20 @@ def test_another_page_embeds_the_views(pair_trace: Trace, open_page: Callable[..
     assert page.evaluate("() => [window.asked, window.events.at(-1)]") == [[[3, 1], [3, 2]], {
         "view": "neuron", "layer": 3, "head": 2, "query": 4, "key": 7, "source": "weights"}]
     assert page.get_attribute(".as-app", "data-theme") == "dark" and opened.errors == []
+
+
+def test_unverified_family_and_causal_mask(tiny_model: Callable[[str], attnscope.Model],
+                                           open_page: Callable[..., Any]) -> None:
+    tr = trace("the cat sat on the mat", model=tiny_model("llama"))
+    opened = open_page(to_html(tr, "matrix", layer=1, head=2), "llama-matrix")
+    page = opened.page
+    badges = page.eval_on_selector_all(".as-badge", "bs => bs.map(b => b.textContent)")
+    assert badges == ["not verified: independent recompute not supported for LlamaModel"] * 2  # no "verified" badge
+    page.focus("canvas.as-matrix")
+    for key in ("ArrowRight", "ArrowRight", "ArrowDown"):  # query 1, key 2: a later key
+        page.keyboard.press(key)
+    assert page.inner_text(".as-tip").splitlines()[1] == "masked: a causal model's query never sees later keys"
+    page.keyboard.press("ArrowLeft")  # key 1: seen
+    assert "≈" in page.inner_text(".as-tip") and tr.causal
+    opened.shot("llama-matrix-causal")
+    assert opened.errors == []

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 from views_support import decode_block, decode_source
 
+import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.rollout import rollout
-from attnscope.tracing import Trace
+from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_BUDGET, quantize
 
@@ -125,3 +127,10 @@ def test_layers_out_of_range(pair_trace: Trace) -> None:
         payload(pair_trace, layers=[6])
     with pytest.raises(AttnscopeError, match="no layers or no heads selected"):
         payload(pair_trace, heads=[])
+
+
+def test_no_badge_without_an_independent_recompute(tiny_model: Callable[[str], attnscope.Model]) -> None:
+    tr = trace("the cat sat on the mat", model=tiny_model("llama"))  # a family without a recompute adapter
+    check = payload(tr)["check"]
+    assert check["ok"] is None and check["unsupported"] == "independent recompute not supported for LlamaModel"
+    assert check["max_error"] == tr.check().max_error  # what was compared: capture vs the model's own weights

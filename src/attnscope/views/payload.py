@@ -164,15 +164,17 @@ def _json_number(x: float) -> float | str:
 
 
 def check_payload(trace: Trace, sel: Selection) -> dict[str, Any]:
+    """trace.check() for the badge. ok is None (no badge) when the independent recompute did not run:
+    then `unsupported` says why, and max_error is what remains (capture vs the model's own outputs)."""
     report = trace.check()
-    verified = bool(report.comparisons)
+    compared = bool(report.comparisons)
     return {
-        "ok": report.ok if verified else None,
+        "ok": report.ok if compared and not report.unsupported else None,
         "tolerance": report.tolerance,
-        "max_error": _json_number(report.max_error) if verified else None,
-        "unsupported": report.unsupported if not verified or report.unsupported else None,
+        "max_error": _json_number(report.max_error) if compared else None,
+        "unsupported": report.unsupported if report.unsupported or not compared else None,
         "head_errors": [[_json_number(report.head_error(layer, head)) for head in sel.heads]
-                        for layer in sel.layers] if verified else None,
+                        for layer in sel.layers] if compared else None,
     }
 
 

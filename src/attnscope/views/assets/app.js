@@ -31,7 +31,8 @@
     const p = ctx.model.payload;
     const m = p.model;
     const text = p.pair ? `${p.text}  ‖  ${p.pair}` : p.text;
-    const meta = `${m.name || "model"}${m.architecture ? ` (${m.architecture})` : ""} · ${p.model.layers ?? "?"} layers × ` +
+    const arch = m.architecture && m.architecture !== m.name ? ` (${m.architecture})` : "";
+    const meta = `${m.name || "model"}${arch} · ${p.model.layers ?? "?"} layers × ` +
       `${p.model.heads ?? "?"} heads · ${ctx.model.n} tokens${m.causal ? " · causal" : ""} · all 0-indexed`;
     const toggle = el("button", { type: "button", class: "as-theme", "aria-label": "switch light or dark theme",
                                   text: "◐ theme" });
@@ -44,7 +45,8 @@
     const overall = c && c.ok !== null
       ? el("span", { class: `as-badge as-${c.ok ? "ok" : "fail"}`, title: c.unsupported || "every layer, head and stage",
                      text: `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmt(c.max_error, 2)}` })
-      : el("span", { class: "as-badge as-none", text: `not verified: ${(c && c.unsupported) || "no check"}` });
+      : el("span", { class: "as-badge as-none", text: `not verified: ${(c && c.unsupported) || "no check"}`,
+                     title: A.describeCheck(ctx.model, ctx.model.layers[0], ctx.model.heads).title });
     return el("header", { class: "as-header" }, [
       el("div", { class: "as-title", title: text, text: text }),
       el("div", { class: "as-meta" }, [el("span", { text: meta }), p.truncated

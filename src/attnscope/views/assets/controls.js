@@ -182,7 +182,9 @@
   function describeCheck(model, layer, heads) {
     const c = model.check;
     if (!c || c.ok === null) {
-      return { kind: "none", text: `not verified: ${(c && c.unsupported) || "no check"}`, title: "" };
+      const partial = c && c.max_error !== null ? `The captured numbers match the model's own outputs within ` +
+        `${A.fmt(c.max_error, 2)}, but nothing recomputed them independently.` : "";
+      return { kind: "none", text: `not verified: ${(c && c.unsupported) || "no check"}`, title: partial };
     }
     if (!heads.length) return { kind: "none", text: "no head selected", title: "" };
     const li = model.layers.indexOf(layer);
@@ -209,8 +211,8 @@
         tip.replaceChildren(...lines.map((t) => el("div", { text: t })));
         tip.hidden = false;
         const box = container.getBoundingClientRect();
-        const w = tip.offsetWidth;
-        tip.style.left = `${Math.min(x + 14, box.width - w - 4)}px`;
+        const room = document.documentElement.clientWidth - box.left; // the tip may overhang its container
+        tip.style.left = `${Math.max(0, Math.min(x + 14, room - tip.offsetWidth - 4))}px`;
         tip.style.top = `${y + 14}px`;
       },
       hide() {
