@@ -180,37 +180,37 @@ def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool
     return Batch(docs, inputs, units, unit_maps, word_maps)
 
 
+KINDS = ("cls", "sep", "punct", "sink")
+
+
 @dataclass(frozen=True)
 class _Kinds:
     cls_id: int | None
     sep_id: int | None
     causal: bool
 
-    def of(self, d: Prepared, tokens: list[int], text: str) -> dict[str, bool]:
+    def of(self, d: Prepared, tokens: list[int], text: str) -> tuple[bool, bool, bool, bool]:
+        """(cls, sep, punct, sink) flags of one unit, in the order of KINDS."""
         first = tokens[0]
         special = len(tokens) == 1 and d.special[first]
         tid = d.ids[first]
-        return {
-            "cls": special and not self.causal and tid == self.cls_id,
-            "sep": special and not self.causal and tid == self.sep_id,
-            "punct": not special and text.strip() in PUNCTUATION,
-            "sink": self.causal and first == 0,
-        }
+        return (
+            special and not self.causal and tid == self.cls_id,
+            special and not self.causal and tid == self.sep_id,
+            not special and text.strip() in PUNCTUATION,
+            self.causal and first == 0,
+        )
 
 
-def _units(rows: list[list[dict[str, bool]]], width: int, causal: bool) -> Units:
-    """Units from per-document lists of unit kinds, padded to width."""
-    valid = torch.zeros((len(rows), width), dtype=torch.bool)
-    kinds = {k: torch.zeros((len(rows), width), dtype=torch.bool) for k in ("cls", "sep", "punct", "sink")}
-    for b, row in enumerate(rows):
-        valid[b, : len(row)] = True
-        for u, flags in enumerate(row):
-            for k, v in flags.items():
-                kinds[k][b, u] = v
+def _units(rows: list[list[tuple[bool, bool, bool, bool]]], width: int, causal: bool) -> Units:
+    """Units from per-document lists of unit kinds, padded to width (built as lists, one tensor each)."""
+    pad = (False, False, False, False)
+    flags = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.bool)  # [b, u, kind]
+    valid = torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in rows], dtype=torch.bool)
     rows_that_count = valid.clone()
     if causal:
         rows_that_count[:, 0] = False  # row 0 can only attend to itself
-    return Units(valid, rows_that_count, kinds, causal)
+    return Units(valid, rows_that_count, {k: flags[..., i] for i, k in enumerate(KINDS)}, causal)
 
 
 def _token_units(docs: list[Prepared], width: int, kinds: _Kinds) -> Units:
@@ -221,15 +221,20 @@ def _token_units(docs: list[Prepared], width: int, kinds: _Kinds) -> Units:
 def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds) -> UnitMaps:
     groups = [d.units(word_level=True) for d in docs]
     n_units = max(len(g) for g in groups)
-    mean_from = torch.zeros((len(docs), n_units, width), dtype=torch.float32)
-    sum_to = torch.zeros((len(docs), width, n_units), dtype=torch.float32)
+    index: list[tuple[int, int, int]] = []  # (document, unit, token)
+    share: list[float] = []
     rows = []
     for b, (d, doc_groups) in enumerate(zip(docs, groups, strict=True)):
         row = []
         for u, tokens in enumerate(doc_groups):
-            mean_from[b, u, tokens] = 1.0 / len(tokens)
-            sum_to[b, tokens, u] = 1.0
+            index += [(b, u, t) for t in tokens]
+            share += [1.0 / len(tokens)] * len(tokens)
             word = d.words[tokens[0]]
             row.append(kinds.of(d, tokens, d.word_text[word] if word is not None else ""))
         rows.append(row)
+    b_, u_, t_ = torch.tensor(index, dtype=torch.long).unbind(-1)
+    mean_from = torch.zeros((len(docs), n_units, width), dtype=torch.float32)
+    mean_from[b_, u_, t_] = torch.tensor(share, dtype=torch.float32)
+    sum_to = torch.zeros((len(docs), width, n_units), dtype=torch.float32)
+    sum_to[b_, t_, u_] = 1.0
     return UnitMaps(mean_from, sum_to, _units(rows, n_units, kinds.causal), groups)

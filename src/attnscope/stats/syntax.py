@@ -97,8 +97,8 @@ class SyntaxBatch:
 def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts) -> SyntaxBatch:
     """Gold heads in unit positions; folds the batch's totals, offset baseline and unscored words."""
     n_units = word_maps.units.valid.shape[1]
-    gold = torch.full((len(docs), n_units), -1, dtype=torch.long)
-    rel_ids = torch.full((len(docs), n_units), -1, dtype=torch.long)
+    gold_rows = [[-1] * n_units for _ in docs]
+    rel_rows = [[-1] * n_units for _ in docs]
     names: dict[str, int] = {}
     for b, (d, groups) in enumerate(zip(docs, word_maps.groups, strict=True)):
         assert d.doc.heads is not None and d.doc.relations is not None
@@ -109,20 +109,21 @@ def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts
             if w not in unit_of or head - 1 not in unit_of:
                 counts.unscored += 1
                 continue
-            gold[b, unit_of[w]] = unit_of[head - 1]
-            rel_ids[b, unit_of[w]] = names.setdefault(rel, len(names))
+            gold_rows[b][unit_of[w]] = unit_of[head - 1]
+            rel_rows[b][unit_of[w]] = names.setdefault(rel, len(names))
             counts._relation(rel)
             counts.total[rel] += 1
             offset = head - 1 - w
             if offset in OFFSETS:
                 counts.offset_correct[rel][OFFSETS.index(offset)] += 1
+    gold = torch.tensor(gold_rows, dtype=torch.long)
+    rel_ids = torch.tensor(rel_rows, dtype=torch.long)
     onehot = torch.zeros((len(docs), n_units, max(len(names), 1)), dtype=torch.float64)
     scored = rel_ids >= 0
     onehot[scored, rel_ids[scored]] = 1.0
-    special = word_maps.units.kinds["cls"] | word_maps.units.kinds["sep"]
-    words = torch.tensor([[d.words[g[0]] is not None for g in groups] + [False] * (n_units - len(groups))
-                          for d, groups in zip(docs, word_maps.groups, strict=True)], dtype=torch.bool)
-    candidates = word_maps.units.valid & words & ~special
+    # candidates: word units; special tokens ([CLS], [SEP], ...) and padding are never predicted
+    candidates = torch.tensor([[d.words[g[0]] is not None for g in groups] + [False] * (n_units - len(groups))
+                               for d, groups in zip(docs, word_maps.groups, strict=True)], dtype=torch.bool)
     return SyntaxBatch(gold, onehot, candidates, list(names))
 
 
@@ -132,13 +133,16 @@ def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor
     word_attention: [batch, head, unit, unit] word-level maps.
     """
     b, h, n, _ = word_attention.shape
-    excluded = ~(sb.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool))  # [batch, query, key]
+    # Only words compete (never itself, [CLS], [SEP] or padding). Scored dependents are words, so one
+    # mask over both axes serves both directions: masking non-word rows cannot change a word's column max.
+    allowed = sb.candidates[:, :, None] & sb.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool)
+    masked = word_attention.masked_fill(~allowed[:, None], float("-inf"))  # [batch, head, query, key]
     gold = sb.gold[:, None, :]  # [batch, 1, unit]
     relation = sb.relation.reshape(b * n, -1)  # [batch * unit, relation]
     out = []
     # dep->head: the key row i attends to most; head->dep: the query attending most to column i
-    for maps in (word_attention, word_attention.transpose(-1, -2).contiguous()):
-        predicted = maps.masked_fill(excluded[:, None], float("-inf")).argmax(-1)  # [batch, head, unit]
+    for maps in (masked, masked.transpose(-1, -2).contiguous()):
+        predicted = maps.argmax(-1)  # [batch, head, unit]
         hit = ((predicted == gold) & (gold >= 0)).to(torch.float64)
         out.append(hit.transpose(0, 1).reshape(h, b * n) @ relation)  # [head, relation]
     return torch.stack(out)
