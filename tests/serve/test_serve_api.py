@@ -48,6 +48,7 @@ def test_trace_returns_every_stage_by_its_saved_name(http: httpx.Client, local: 
     assert data["check"]["ok"] is True and data["check"]["max_error"] <= TOL
     assert set(data["arrays"]) == set(stages)
     local.rollout()
+    local.norms()
     for name in stages:
         got = data["arrays"][name]
         assert got["axes"] == list(ARRAY_AXES[name])
@@ -92,11 +93,10 @@ def test_neuron_block_matches_the_trace(http: httpx.Client, local: attnscope.Tra
 
 def test_payload_is_the_views_payload_with_the_sources_asked_for(http: httpx.Client) -> None:
     plain = post(http, "/api/trace", {"text": TEXT, "stages": [], "payload": True}).json()
-    asked = {"text": TEXT, "stages": [], "payload": True, "sources": ["rollout", "flow"]}
-    more = post(http, "/api/trace", asked).json()
-    names = [s["name"] for s in plain["payload"]["sources"]]
-    assert names[0] == "weights" and "rollout" not in names and "flow" not in names
-    assert {s["name"] for s in more["payload"]["sources"]} == {*names, "rollout", "flow"}
+    every = ["norm_head", "norm_layer", "rollout", "flow"]
+    more = post(http, "/api/trace", {"text": TEXT, "stages": [], "payload": True, "sources": every}).json()
+    assert [s["name"] for s in plain["payload"]["sources"]] == ["weights"]
+    assert {s["name"] for s in more["payload"]["sources"]} == {"weights", *every}
     assert plain["payload"]["tokens"] == [t["text"] for t in plain["tokens"]]
     assert plain["arrays"] == {}
 
@@ -148,7 +148,7 @@ BAD_BODIES: list[tuple[str, Any, str]] = [
     ("/api/trace", {"text": "a", "model": "gpt2"}, "field 'model' must be one of"),
     ("/api/trace", {"text": "a", "encoding": "hex"}, "field 'encoding' must be one of"),
     ("/api/trace", {"text": "a" * (MAX_CHARS + 1)}, f"over the limit of {MAX_CHARS}"),
-    ("/api/trace", {"text": "a", "sources": ["weights"]}, "the choices are rollout, flow"),
+    ("/api/trace", {"text": "a", "sources": ["weights"]}, "the choices are norm_head, norm_layer, rollout, flow"),
     ("/api/explain", {"text": "a", "layer": 6}, "must be from 0 to 5"),
     ("/api/explain", {"text": "a", "head": -1}, "must be from 0 to 11"),
     ("/api/explain", {"text": "two words", "token": 9}, "token 9 is out of range: this text has 4 tokens"),

@@ -11,7 +11,6 @@ import pytest
 import attnscope
 from attnscope.serve.cache import Entry, TraceCache
 from attnscope.serve.pool import InferencePool, PoolBusy, PoolTimeout
-from attnscope.serve.service import keep_check_only
 
 
 def test_pool_queues_then_refuses_and_frees_slots_when_jobs_end() -> None:
@@ -56,7 +55,7 @@ def test_pool_deadline_covers_waiting_and_keeps_the_slot_until_the_job_ends() ->
 
 def entry(text: str, model: attnscope.Model) -> Entry:
     tr = attnscope.trace(text, model=model, max_length=16)
-    return Entry(tr, keep_check_only(tr))
+    return Entry(tr, tr.check().to_dict())
 
 
 def test_cache_evicts_least_recently_used_by_count_and_bytes(minilm: attnscope.Model) -> None:
@@ -73,12 +72,3 @@ def test_cache_evicts_least_recently_used_by_count_and_bytes(minilm: attnscope.M
     small.put(key(c), c)
     assert small.get(key(a)) is None and small.get(key(c)) is c
     assert small.stats()["bytes"] == c.nbytes
-
-
-def test_cached_trace_keeps_its_verification(minilm: attnscope.Model) -> None:
-    tr = attnscope.trace("time flies like an arrow", model=minilm)
-    full = tr.check()
-    kept = keep_check_only(tr)
-    again = tr.check()
-    assert again.ok == full.ok == kept["ok"] and again.max_error == full.max_error
-    assert again.head_error(3, 4) == full.head_error(3, 4)

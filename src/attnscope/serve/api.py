@@ -68,11 +68,11 @@ def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
               "array's `axes`).", default=("weights",), enum=STAGES, max_length=len(STAGES)),
         Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "
               "or nested JSON lists.", default="base64", enum=ENCODINGS),
-        Field("payload", "boolean", "Also return the views' JSON payload (what the page renders), with "
-              "raw weights and norm-based attention as sources.", default=False),
-        Field("sources", "array", "More sources for the payload: attention rollout, and attention flow "
-              "(slow: seconds beyond 50 tokens, refused beyond 64).", default=(), enum=OPTIONAL_SOURCES,
-              max_length=len(OPTIONAL_SOURCES)),
+        Field("payload", "boolean", "Also return the views' JSON payload (what the page renders), with the "
+              "raw weights as its source.", default=False),
+        Field("sources", "array", "More sources for the payload: norm-based attention per head and per layer, "
+              "attention rollout, attention flow (slow: seconds beyond 50 tokens, refused beyond 64).",
+              default=(), enum=OPTIONAL_SOURCES, max_length=len(OPTIONAL_SOURCES)),
     ]
 
 

@@ -47,6 +47,7 @@ def _form(max_chars: int) -> str:
 <div class="sv-options">
 <label for="sv-model">Model<select id="sv-model" name="model"></select></label>
 <label for="sv-view">View<select id="sv-view" name="view">{views}</select></label>
+<label class="sv-check"><input type="checkbox" id="sv-norms" checked> norm-based</label>
 <label class="sv-check"><input type="checkbox" id="sv-rollout" checked> attention rollout</label>
 <label class="sv-check" title="slow beyond ~50 tokens, refused beyond 64"><input type="checkbox" id="sv-flow">
   attention flow (short texts)</label>

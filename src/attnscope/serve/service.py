@@ -70,7 +70,7 @@ class Service:
             return m, hit
         with self._locks[id(m)]:
             tr = trace(text, pair, model=m, max_length=n, truncate=truncate)
-        e = Entry(tr, keep_check_only(tr))
+        e = Entry(tr, tr.check().to_dict())  # a trace keeps only its errors, so the check is cheap to keep
         self.cache.put(key, e)
         return m, e
 
@@ -107,17 +107,6 @@ def load_models(specs: tuple[str, ...]) -> dict[str, Model]:
     return out
 
 
-def keep_check_only(tr: Trace) -> dict[str, Any]:
-    """Verify the trace once, keep the report, and drop the second and third copies of the numbers.
-
-    A Trace with a saved check and no recompute answers `check()` from the saved report,
-    as a loaded trace does; the cache then holds one copy of each array.
-    """
-    report = tr.check().to_dict()
-    tr.saved_check = report
-    return report
-
-
 def stage_array(tr: Trace, stage: str) -> np.ndarray:
     """A stage's array; rollout, flow and norms are computed on request where installed."""
     if stage in tr.arrays:
@@ -144,7 +133,7 @@ def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[st
 
 
 def views_payload(e: Entry, optional: tuple[str, ...]) -> dict[str, Any]:
-    """The views' payload (attnscope.views.payload) with the always-traced sources and `optional` ones.
+    """The views' payload (attnscope.views.payload): raw weights plus the `optional` sources, computed here.
 
     Built once per entry and choice, so switching views, layers and heads costs no recompute.
     """

@@ -52,7 +52,8 @@
   }
 
   function sources() {
-    return ["rollout", "flow"].filter((s) => $(`sv-${s}`).checked);
+    const out = $("sv-norms").checked ? ["norm_head", "norm_layer"] : [];
+    return out.concat(["rollout", "flow"].filter((s) => $(`sv-${s}`).checked));
   }
 
   async function traceText(event) {
