@@ -148,3 +148,23 @@ def test_truncation_is_counted_or_refused(minilm: attnscope.Model) -> None:
         process_documents(minilm, docs, Settings(max_length=16, truncate=False))
     with pytest.raises(AttnscopeError, match="exceeds what"):
         process_documents(minilm, docs, Settings(max_length=100_000))
+
+
+def test_a_metric_with_its_own_input_plugs_in(minilm: attnscope.Model) -> None:
+    """A new per-batch input and a metric reading it run without touching the engine."""
+    from attnscope.stats import INPUTS, METRICS, Metric, register_input, register_metric
+    from attnscope.stats.metrics import attention_to
+
+    register_input("doubled", lambda view: 2 * view.call.weights)
+    register_metric(Metric("cls_doubled", attention_to("cls"), "twice the attention to [CLS]", "doubled"))
+    register_metric(Metric("orphan", attention_to("cls"), "reads a map nobody provides", "missing"))
+    try:
+        with pytest.raises(AttnscopeError, match="'orphan' reads the map 'missing'"):
+            process_documents(minilm, [Document(TEXTS[1], "t")], Settings())
+        del METRICS["orphan"]
+        state = process_documents(minilm, [Document(TEXTS[1], "t")], Settings())
+        assert np.abs(state.mean("cls_doubled") - 2 * state.mean("cls")).max() <= 1e-9
+    finally:
+        METRICS.pop("orphan", None)
+        METRICS.pop("cls_doubled", None)
+        INPUTS.pop("doubled", None)

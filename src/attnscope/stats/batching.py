@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from attnscope.errors import AttnscopeError
 from attnscope.stats.metrics import Units
 from attnscope.stats.sources import Document
 
@@ -83,6 +84,9 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, docs: Sequence[Document], max_l
     """Tokenize like attnscope.trace (special tokens added, truncated to max_length)."""
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.is_fast:
+        raise AttnscopeError(f"{type(tokenizer).__name__} is a slow tokenizer: the statistics need a fast one "
+                             "(character offsets); load the model's fast tokenizer")
     texts = [d.text for d in docs]
     kwargs = {"return_offsets_mapping": True, "return_special_tokens_mask": True, "verbose": False}
     full = tokenizer(texts, truncation=False, **kwargs)

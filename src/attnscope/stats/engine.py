@@ -128,6 +128,10 @@ class _BatchRecorder:
 
 def new_state(model: Model, settings: Settings, with_syntax: bool) -> StatsState:
     causal = is_causal(model.model)
+    for metric in metrics_for(causal):
+        if metric.source not in INPUTS:
+            raise AttnscopeError(f"metric {metric.name!r} reads the map {metric.source!r}, which no input provides: "
+                                 "register one with attnscope.stats.register_input")
     names = tuple(m.name for m in metrics_for(causal))
     identity = {"model": model.name, "max_length": settings.max_length, "word_level": settings.word_level,
                 "causal": causal}
