@@ -37,9 +37,8 @@ from typing import Any
 from attnscope.errors import AttnscopeError
 from attnscope.tracing import Trace
 from attnscope.views.page import bundle, css, js, page
-from attnscope.views.payload import NeuronChoice, neuron_block, payload
+from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
 
-VIEWS = ("head", "model", "neuron", "matrix", "all")
 REPR_VIEW = "all"
 
 __all__ = [

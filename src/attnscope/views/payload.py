@@ -21,6 +21,7 @@ from attnscope.errors import AttnscopeError, check_index
 from attnscope.tracing import ARRAY_AXES, Trace
 
 FORMAT = "attnscope.views/1"
+VIEWS = ("head", "model", "neuron", "matrix", "all")
 # Raw weights first; other [query, key] arrays follow in this order, then any new ones by name.
 SOURCE_ORDER = ("weights", "norm_head", "rollout", "norm_layer", "flow")
 SOURCE_LABELS = {
@@ -237,10 +238,13 @@ def initial_state(trace: Trace, sel: Selection, given: dict[str, Any]) -> dict[s
     query = given.get("query")
     if query is not None:
         trace.validate(token=int(query))
+    view = given.get("view") or "all"
+    if view not in VIEWS:
+        raise AttnscopeError(f"unknown view {view!r}: choose one of {', '.join(VIEWS)}")
     theme = given.get("theme") or "auto"
     if theme not in ("auto", "light", "dark"):
         raise AttnscopeError(f"theme {theme!r} is not known: use auto, light or dark")
-    return {"view": given.get("view", "all"), "layer": layer, "head": head, "heads": shown_heads,
+    return {"view": view, "layer": layer, "head": head, "heads": shown_heads,
             "query": None if query is None else int(query), "source": given.get("source"), "theme": theme}
 
 
