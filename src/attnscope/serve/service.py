@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import logging
 import threading
 from typing import Any
 
@@ -24,8 +23,6 @@ from attnscope.serve.fields import OPTIONAL_SOURCES
 from attnscope.serve.settings import Settings
 from attnscope.tracing import ARRAY_AXES, Trace, trace
 from attnscope.views import neuron_block, payload
-
-log = logging.getLogger(__name__)
 
 
 class Service:
