@@ -9,13 +9,13 @@ from typing import Any
 from attnscope.cli.common import add_text_args
 from attnscope.cli.core import traced
 from attnscope.errors import AttnscopeError
-from attnscope.views import VIEWS, to_html
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("view", help="write interactive attention views as one self-contained HTML file (or PNG)")
     add_text_args(p)
-    p.add_argument("--view", choices=VIEWS, default="all", help="which view (default all: every view as tabs)")
+    p.add_argument("--view", choices=("head", "model", "neuron", "matrix", "all"), default="all",
+                   help="which view (default all: every view as tabs)")
     p.add_argument("--layers", nargs="+", metavar="L",
                    help="layers to include, 0-indexed (e.g. 0 1 or 0,1; default all)")
     p.add_argument("--heads", nargs="+", metavar="H", help="heads to include, 0-indexed (default all)")
@@ -58,6 +58,8 @@ def run_view(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     layers, heads = indices(args.layers, "layers"), indices(args.heads, "heads")
     tr = traced(args)
+    from attnscope.views import to_html  # heavy: after the input checks
+
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
                    theme=args.theme, neuron=args.neuron)
     out = Path(args.output)
