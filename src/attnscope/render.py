@@ -137,11 +137,20 @@ def walkthrough_json(w: Walkthrough) -> dict[str, Any]:
         "model": w.model, "layer": w.layer, "head": w.head, "token": w.token, "tokens": w.tokens,
         "steps": [
             {"stage": s.stage, "title": s.title, "text": s.text, "shape": s.shape,
-             "arrays": {k: np.asarray(v).tolist() for k, v in s.arrays.items()}}
+             "row_labels": s.row_labels, "col_labels": s.col_labels,
+             "arrays": {k: _json_array(v) for k, v in s.arrays.items()}}
             for s in w.steps
         ],
         "check": w.check,
     }
+
+
+def _json_array(arr: np.ndarray) -> Any:
+    """Nested lists; float32 values in their shortest exact form (0.1, not 0.10000000149011612)."""
+    a = np.asarray(arr)
+    if a.dtype == np.float32:
+        return a.astype(str).astype(np.float64).tolist()  # each string parses back to the same float32
+    return a.tolist()
 
 
 def check_table(report: CheckReport, n_layers: int) -> Table:
