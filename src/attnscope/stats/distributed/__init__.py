@@ -1,0 +1,77 @@
+"""Corpus statistics on a Ray cluster: `attnscope stats SOURCE --engine ray`.
+
+Ray is optional (`pip install 'attnscope[ray]'`) and imported only when a Ray run starts.
+`run` connects to a cluster (or starts a local one), runs the local engine's batches on
+worker actors and returns the same `RunResult`, with the same numbers, as `attnscope.stats.run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+from attnscope.errors import AttnscopeError
+from attnscope.models import Model
+from attnscope.stats.engine import Progress, RunResult, Settings
+from attnscope.stats.sources import Source
+
+INSTALL = "pip install 'attnscope[ray]'"
+
+
+def require_ray() -> ModuleType:
+    """The ray module, or a one-line error saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise AttnscopeError(f"--engine ray needs Ray, which is not installed: {INSTALL}") from exc
+    return ray
+
+
+@contextmanager
+def connect(address: str | None = None) -> Iterator[None]:
+    """Use the Ray runtime this process already has, else join `address` (auto, ray://host:10001),
+    else start a local one; a runtime started here is shut down on exit."""
+    ray = require_ray()
+    if ray.is_initialized():
+        yield
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    kwargs: dict[str, object] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if address is None:
+        kwargs["include_dashboard"] = False  # a local runtime: nothing to browse, nothing to serve
+    try:
+        ray.init(address=address, **kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        where = address or "a local runtime"
+        raise AttnscopeError(f"could not start or join Ray at {where}: {str(exc).splitlines()[0]}") from exc
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathLike[str], resume: bool = False,
+        progress: Callable[[Progress], None] | None = None, total: int | None = None, *,
+        address: str | None = None, workers: int | None = None, threads: int | None = None,
+        worker_model: str | Model | None = None) -> RunResult:
+    """The corpus statistics on Ray: the arguments and result of `attnscope.stats.run`, plus where to run.
+
+    address: a Ray cluster ("auto", "ray://host:10001"); None starts a local runtime (or uses
+    the one this process has). workers: how many actors (default: one per node); threads: torch
+    threads per worker (default: the CPUs Ray gives it).
+    worker_model: what each worker loads, a name or path every node has (default: `model`,
+    shipped from this process).
+    """
+    require_ray()
+    with connect(address):
+        from attnscope.stats.distributed import engine
+
+        return engine.run(source, model, settings, Path(outdir), resume, progress, total,
+                          workers=workers, threads=threads, worker_model=worker_model)
+
+
+__all__ = ["INSTALL", "connect", "require_ray", "run"]

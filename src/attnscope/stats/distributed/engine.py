@@ -1,0 +1,157 @@
+"""The Ray run: the driver cuts the local engine's batches, workers compute them, the driver merges.
+
+Batches are the local engine's, numbered (chunk, batch) in its order, so every document is
+padded and bucketed with the same neighbours and every per-document number is bit-for-bit
+the local one. States are exact integer sums, so the merge does not depend on which worker
+finishes first. The checkpoint is the local engine's: the merged state of the longest done
+prefix of batches and the position after it, so a run started on one engine resumes on the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from attnscope.errors import AttnscopeError
+from attnscope.models import Model
+from attnscope.stats import engine as local
+from attnscope.stats.batching import Batch
+from attnscope.stats.distributed import reading
+from attnscope.stats.distributed.workers import Pool, shape
+from attnscope.stats.sources import Document, Source
+from attnscope.stats.state import StatsState
+from attnscope.stats.syntax import SyntaxCounts
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, int]  # (chunk, batch)
+
+
+class Prefix:
+    """The merged state of the batches done so far in the local order, and those done out of order."""
+
+    def __init__(self, state: StatsState, position: Key):
+        self.state, self.position = state, position
+        self.order: deque[Key] = deque()  # keys sent and not yet merged, in the local order
+        self.early: dict[Key, StatsState] = {}  # done, waiting for an earlier batch
+
+    def expect(self, key: Key) -> None:
+        self.order.append(key)
+
+    def done(self, key: Key, part: StatsState) -> int:
+        """Record a finished batch; returns how many batches joined the merged prefix."""
+        self.early[key] = part
+        merged = 0
+        while self.order and self.order[0] in self.early:
+            first = self.order.popleft()
+            self.state = self.state.merge(self.early.pop(first))
+            self.position = (first[0], first[1] + 1)
+            merged += 1
+        return merged
+
+    @property
+    def documents(self) -> int:
+        return self.state.documents + sum(s.documents for s in self.early.values())
+
+    @property
+    def tokens(self) -> int:
+        return self.state.tokens + sum(s.tokens for s in self.early.values())
+
+
+def numbered_batches(model: Model, docs: Iterator[Document], settings: local.Settings,
+                     start: Key) -> Iterator[tuple[Key, Batch]]:
+    """The local engine's batches from `start` on, each with its (chunk, batch) number."""
+    for c, chunk in enumerate(reading.chunks(docs, settings.limit, settings.chunk_documents)):
+        if c < start[0]:
+            continue
+        skip = start[1] if c == start[0] else 0
+        for j, batch in enumerate(local._batches(model, chunk, settings, skip=skip)):
+            yield (c, skip + j), batch
+
+
+def run(source: Source, model: Model, settings: local.Settings, outdir: str | Path, resume: bool = False,
+        progress: Callable[[local.Progress], None] | None = None, total: int | None = None, *,
+        workers: int | None = None, threads: int | None = None,
+        worker_model: str | Model | None = None) -> local.RunResult:
+    """`attnscope.stats.run` on the Ray runtime this process is connected to (see `connect`).
+
+    Workers load `worker_model` (a name or path each node can load; default: `model` itself,
+    shipped through Ray's object store). Results equal the local engine's exactly.
+    """
+    local.check_settings(model, settings)
+    out = Path(outdir)
+    identity = {"model": model.name, "source": source.describe(), "settings": asdict(settings)}
+    state, chunk0, batch0 = local._start(out, identity, resume)
+    if state is None:
+        state = local.new_state(model, settings, with_syntax=source.has_trees)
+    before, tokens_before = state.documents, state.tokens
+    prefix = Prefix(state, (chunk0, batch0))
+    pool = Pool(model if worker_model is None else worker_model, model, shape(workers, threads),
+                f"attnscope-stats-{uuid.uuid4().hex[:8]}")
+    log.info("Ray workers: %s", pool.infos)
+    started = time.perf_counter()
+    checkpoints = Checkpoints(out, identity, settings.checkpoint_every)
+
+    def report() -> None:
+        if progress is not None:
+            progress(local.Progress(prefix.documents, prefix.tokens, time.perf_counter() - started, total))
+
+    try:
+        batches = numbered_batches(model, reading.documents(source), settings, (chunk0, batch0))
+        _drive(pool, prefix, batches, ray.put(_empty(state)), checkpoints, report)
+    except KeyboardInterrupt:
+        local._save(out, identity, prefix.state, prefix.position, complete=False)
+        raise
+    finally:
+        pool.close()
+    local._save(out, identity, prefix.state, prefix.position, complete=True)
+    if prefix.state.documents == 0:
+        raise AttnscopeError(f"{source.spec} has no documents to read")
+    return local.RunResult(prefix.state, time.perf_counter() - started, before, tokens_before, source.malformed)
+
+
+def _drive(pool: Pool, prefix: Prefix, batches: Iterator[tuple[Key, Batch]], empty: Any,
+           checkpoints: Checkpoints, report: Callable[[], None]) -> None:
+    """Keep every worker busy until the batches run out, folding results in as they come."""
+    pending = True
+    while pending or pool.jobs:
+        while pending and pool.room:
+            nxt = next(batches, None)
+            if nxt is None:
+                pending = False
+                break
+            prefix.expect(nxt[0])
+            pool.submit(nxt[0], nxt[1], empty)
+        if not pool.jobs:
+            break
+        for key, part in pool.next_done(empty):
+            checkpoints.after(prefix, prefix.done(key, part))
+            report()
+
+
+class Checkpoints:
+    """Save the merged prefix every `every` batches merged in this process, as the local engine does."""
+
+    def __init__(self, out: Path, identity: dict[str, Any], every: int):
+        self.out, self.identity, self.every, self.merged = out, identity, every, 0
+
+    def after(self, prefix: Prefix, merged: int) -> None:
+        before, self.merged = self.merged, self.merged + merged
+        if self.merged // self.every > before // self.every:
+            local._save(self.out, self.identity, prefix.state, prefix.position, complete=False)
+
+
+def _empty(state: StatsState) -> StatsState:
+    """A state with nothing in it, of the same model, metrics and settings (what a worker folds a batch into)."""
+    empty = StatsState(state.layers, state.heads, state.metrics, dict(state.settings))
+    if state.syntax is not None:
+        empty.syntax = SyntaxCounts(state.layers, state.heads)
+    return empty

@@ -1,0 +1,158 @@
+"""Ray actors that load the model once and turn batches into partial statistics, and the pool that feeds them.
+
+A worker returns the exact mergeable state of one batch, nothing else, so the driver can
+merge results in any order. Ray restarts a dead worker (reloading the model) and retries
+its batches; a worker that is gone for good has its batches sent to the others.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayTaskError
+
+from attnscope.errors import AttnscopeError
+from attnscope.models import Model, load_model
+from attnscope.stats.batching import Batch
+from attnscope.stats.engine import run_batch
+from attnscope.stats.state import StatsState
+
+RESTARTS = 3  # times Ray restarts a dead worker
+TASK_RETRIES = 3  # times Ray resends a batch whose worker died
+RESUBMITS = 3  # times the pool sends a batch to another worker once its own is gone for good
+IN_FLIGHT = 2  # batches queued per worker: one running, one waiting, so a worker never idles
+
+
+class StatsWorker:
+    """One model per process; each call runs one batch and returns its statistics alone."""
+
+    def __init__(self, model: str | Model | None, threads: int):
+        torch.set_num_threads(threads)
+        self.model = load_model(model)
+
+    def describe(self) -> dict[str, Any]:
+        m = self.model
+        return {"name": m.name, "layers": m.n_layers, "heads": m.n_heads, "pid": os.getpid(),
+                "host": socket.gethostname(), "threads": torch.get_num_threads()}
+
+    def run(self, batch: Batch, empty: StatsState) -> StatsState:
+        return run_batch(self.model, batch, empty)
+
+
+RemoteWorker = ray.remote(max_restarts=RESTARTS, max_task_retries=TASK_RETRIES)(StatsWorker)
+
+
+@dataclass
+class Job:
+    key: tuple[int, int]  # (chunk, batch): the batch's place in the local engine's order
+    batch: Any  # ObjectRef of the Batch, kept for resubmission
+    worker: int
+    tries: int = 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many workers, and the CPUs each asks Ray for and uses."""
+
+    workers: int
+    cpus: float  # logical CPUs reserved per worker (placement)
+    threads: int  # torch threads per worker
+
+
+def shape(workers: int | None, threads: int | None = None) -> Shape:
+    """Split the cluster's CPUs over the workers (default: one per node, each with its node's CPUs)."""
+    total = float(ray.cluster_resources().get("CPU", 1.0))  # type: ignore[no-untyped-call]
+    nodes = [float(n["Resources"].get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]
+    largest = max(nodes, default=total)
+    n = workers if workers is not None else max(1, len(nodes))
+    if n < 1:
+        raise AttnscopeError(f"--workers {n} must be at least 1")
+    if threads is not None and threads < 1:
+        raise AttnscopeError(f"threads={threads} must be at least 1")
+    each = threads or max(1, int(min(largest, total // n)))
+    return Shape(n, min(float(each), largest, total / n), each)
+
+
+class Pool:
+    """Workers plus the batches in flight on them; results come back as (key, state) in completion order."""
+
+    def __init__(self, model: str | Model | None, expected: Model, plan: Shape, name: str):
+        spec: Any = ray.put(model) if isinstance(model, Model) else model
+        self.plan = plan
+        self.workers: list[Any] = [
+            RemoteWorker.options(num_cpus=plan.cpus, name=f"{name}-{i}").remote(spec, plan.threads)
+            for i in range(plan.workers)
+        ]
+        self.alive = set(range(plan.workers))
+        self.jobs: dict[Any, Job] = {}
+        self.infos = self._check(expected)
+
+    def _check(self, expected: Model) -> list[dict[str, Any]]:
+        """Wait for every worker's model and make sure it is the driver's."""
+        try:
+            infos: list[dict[str, Any]] = ray.get([w.describe.remote() for w in self.workers])
+        except RayTaskError as exc:
+            raise _reason(exc) from exc
+        want = (expected.name, expected.n_layers, expected.n_heads)
+        for info in infos:
+            if (info["name"], info["layers"], info["heads"]) != want:
+                raise AttnscopeError(f"a Ray worker on {info['host']} loaded {info['name']} "
+                                     f"({info['layers']}x{info['heads']}), not {want[0]}: "
+                                     "install the same model on every node, or pass a loaded Model")
+        return infos
+
+    @property
+    def room(self) -> bool:
+        return len(self.jobs) < IN_FLIGHT * len(self.alive)
+
+    def submit(self, key: tuple[int, int], batch: Batch, empty: Any) -> None:
+        self._send(Job(key, ray.put(batch), -1, 0), empty)
+
+    def _send(self, job: Job, empty: Any) -> None:
+        if not self.alive:
+            raise AttnscopeError("every Ray worker has died: see the Ray logs (e.g. out of memory), "
+                                 "then run again with --resume")
+        load = {i: 0 for i in self.alive}
+        for j in self.jobs.values():
+            if j.worker in load:
+                load[j.worker] += 1
+        job.worker = min(load, key=lambda i: (load[i], i))
+        job.tries += 1
+        self.jobs[self.workers[job.worker].run.remote(job.batch, empty)] = job
+
+    def next_done(self, empty: Any) -> list[tuple[tuple[int, int], StatsState]]:
+        """Block until at least one batch is done; resend the batches of workers that are gone."""
+        ready, _ = ray.wait(list(self.jobs), num_returns=1)
+        done = []
+        for ref in ready:
+            job = self.jobs.pop(ref)
+            try:
+                done.append((job.key, ray.get(ref)))
+            except RayActorError as exc:
+                self.alive.discard(job.worker)  # Ray's restarts are used up: this worker is gone
+                if job.tries > RESUBMITS:
+                    raise AttnscopeError(f"batch {job.key} was lost with {job.tries} workers "
+                                         f"({type(exc).__name__}): see the Ray logs, then run again with --resume"
+                                         ) from exc
+                self._send(job, empty)
+            except RayTaskError as exc:
+                raise _reason(exc) from exc
+        return done
+
+    def close(self) -> None:
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+
+
+def _reason(exc: RayTaskError) -> AttnscopeError:
+    """The worker's own AttnscopeError, or a one-line account of what failed there."""
+    cause = exc.cause
+    if isinstance(cause, AttnscopeError):
+        return cause
+    first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+    return AttnscopeError(f"a Ray worker failed: {type(cause).__name__}: {first}")
