@@ -22,11 +22,11 @@ from pathlib import Path
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-import torch  # noqa: E402
-from transformers import AutoModel  # noqa: E402
+import torch
+from transformers import AutoModel
 
-import attnscope  # noqa: E402
-from attnscope.models import bundled_model_path  # noqa: E402
+import attnscope
+from attnscope.models import bundled_model_path
 
 UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
 
