@@ -96,7 +96,8 @@ def run(source: Source, model: Model, settings: local.Settings, outdir: str | Pa
     prefix = Prefix(state, (chunk0, batch0))
     pool = Pool(model if worker_model is None else worker_model, model, shape(workers, threads),
                 f"attnscope-stats-{uuid.uuid4().hex[:8]}")
-    log.info("Ray workers: %s", pool.infos)
+    for i, info in enumerate(pool.infos):
+        log.info("Ray worker %d: pid %d on %s, %d threads", i, info["pid"], info["host"], info["threads"])
     started = time.perf_counter()
     checkpoints = Checkpoints(out, identity, settings.checkpoint_every)
 

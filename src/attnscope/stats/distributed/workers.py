@@ -31,9 +31,10 @@ IN_FLIGHT = 2  # batches queued per worker: one running, one waiting, so a worke
 class StatsWorker:
     """One model per process; each call runs one batch and returns its statistics alone."""
 
-    def __init__(self, model: str | Model | None, threads: int):
+    def __init__(self, model: str | list[Any] | None, threads: int):
         torch.set_num_threads(threads)
-        self.model = load_model(model)
+        # a shipped Model comes as [ObjectRef]: fetched here, so a restarted worker fetches it again
+        self.model = load_model(ray.get(model[0]) if isinstance(model, list) else model)
 
     def describe(self) -> dict[str, Any]:
         m = self.model
@@ -82,7 +83,9 @@ class Pool:
     """Workers plus the batches in flight on them; results come back as (key, state) in completion order."""
 
     def __init__(self, model: str | Model | None, expected: Model, plan: Shape, name: str):
-        spec: Any = ray.put(model) if isinstance(model, Model) else model
+        # the driver holds the shipped model for the pool's life: a restarted worker needs it again
+        self.shipped = [ray.put(model)] if isinstance(model, Model) else None
+        spec = self.shipped if self.shipped is not None else model
         self.plan = plan
         self.workers: list[Any] = [
             RemoteWorker.options(num_cpus=plan.cpus, name=f"{name}-{i}").remote(spec, plan.threads)

@@ -1,0 +1,54 @@
+"""One local Ray runtime for the module's tests (start-up is slow), and the local engine's numbers to match."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnscope
+from attnscope.stats import RunResult, Settings, Source, run
+
+UD_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+
+# 80 sentences in 3 chunks of at most 32 (4 batches of 8): several chunks, buckets and a short last batch
+SETTINGS = Settings(batch_size=8, limit=80, chunk_batches=4, checkpoint_every=2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The driver's own forward passes (the local baselines) on one thread, like each worker here:
+    two busy torch threads per process on a shared 2-core machine slow everything down many times."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def ray_runtime() -> Iterator[object]:
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20, log_to_driver=False,
+             logging_level=logging.WARNING)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def ud_dev() -> Path:
+    if not UD_DEV.is_file():
+        pytest.fail(f"the UD English EWT dev set is missing: expected it at {UD_DEV}")
+    return UD_DEV
+
+
+@pytest.fixture(scope="session")
+def local_result(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
+    """The local engine on the same slice and settings: what every Ray run must equal."""
+    return run(Source(str(ud_dev)), minilm, SETTINGS, tmp_path_factory.mktemp("local") / "out")
