@@ -148,7 +148,7 @@ def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
         part.syntax = syn.SyntaxCounts(state.layers, state.heads)
     metrics = [m for m in metrics_for(bool(state.settings["causal"])) if m.name in state.metrics]
     rec = _BatchRecorder(model, batch, metrics, part.syntax)
-    with torch.no_grad(), recording(model.model, rec):
+    with torch.inference_mode(), recording(model.model, rec):
         model.model(**batch.inputs)
     if rec.layer != state.layers:
         raise AttnscopeError(f"saw {rec.layer} attention calls for a model of {state.layers} layers")

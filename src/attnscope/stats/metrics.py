@@ -55,8 +55,8 @@ class Metric:
 
 
 def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
-    """Maps with padding keys zeroed: [batch, head, query, key]."""
-    return maps.masked_fill(~units.valid[:, None, None, :], 0.0)
+    """Maps with padding keys zeroed: [batch, head, query, key] (a product: NaN stays NaN)."""
+    return maps * units.valid[:, None, None, :].to(maps.dtype)
 
 
 def row_mean(per_row: torch.Tensor, units: Units) -> Values:
