@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray.data
 from ray.data.datasource import FileBasedDatasource
+from ray.exceptions import RayTaskError
 
 from attnscope.errors import AttnscopeError
 from attnscope.stats.sources import Document, Source
@@ -87,13 +88,25 @@ def documents(source: Source) -> Iterator[Document]:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # the local engine's chunks need the file's order
     context.enable_progress_bars = False  # the library never prints: the CLI shows its own progress
-    dataset = ray.data.read_datasource(CorpusFile(f"local://{path.resolve()}", source.kind, column), num_cpus=0)
-    for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+    for block in _blocks(path, source.kind, column):
         for number, value, is_string in zip(block.column("number").to_pylist(), block.column("value").to_pylist(),
                                             block.column("is_string").to_pylist(), strict=True):
             doc = _document(source, path, column, int(number), value if is_string else None)
             if doc is not None:
                 yield doc
+
+
+def _blocks(path: Path, kind: str, column: str | None) -> Iterator[pa.Table]:
+    """The file's rows in order; read tasks run on this node (local://), needing no CPU of the workers'."""
+    dataset = ray.data.read_datasource(CorpusFile(f"local://{path.resolve()}", kind, column), num_cpus=0)
+    try:
+        yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+    except RayTaskError as exc:  # a read task failed: say why in one line, without Ray's traceback
+        cause = exc.cause
+        first = (str(cause).strip().splitlines() or [""])[0]  # Ray appends its retry advice on later lines
+        if isinstance(cause, AttnscopeError):
+            raise AttnscopeError(first) from None
+        raise AttnscopeError(f"Ray Data could not read {path}: {type(cause).__name__}: {first}") from None
 
 
 def _document(source: Source, path: Path, column: str | None, number: int, value: str | None) -> Document | None:
