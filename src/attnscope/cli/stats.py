@@ -9,7 +9,8 @@ from typing import Any
 
 from attnscope.cli.common import add_model_args, print_json
 from attnscope.models import load_model
-from attnscope.stats.engine import Progress, Settings, run
+from attnscope.stats.distributed import cli_runner
+from attnscope.stats.engine import Progress, Settings
 from attnscope.stats.outputs import write_outputs
 from attnscope.stats.sources import Source
 
@@ -33,6 +34,12 @@ def register(sub: Any) -> None:
                    help="write a checkpoint every N batches (default 20)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="run the batches here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
+    p.add_argument("--address", metavar="ADDR",
+                   help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="--engine ray: worker processes, each loading the model once (default: one per node)")
     p.set_defaults(func=run_stats)
 
 
@@ -45,6 +52,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
 def run_stats(args: argparse.Namespace) -> int:
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
     settings = settings_of(args)
+    run = cli_runner(args.engine, args.address, args.workers, args.model)
     model = load_model(args.model)
     bar = None if args.no_progress else _progress_bar(source, settings.limit)
     try:
@@ -57,7 +65,7 @@ def run_stats(args: argparse.Namespace) -> int:
     run_info = {"settings": asdict(settings), "seconds": round(result.seconds, 3),
                 "tokens_per_second": (state.tokens - result.resumed_tokens) / result.seconds
                 if result.seconds > 0 else float("nan"),
-                "resumed_from_documents": result.resumed_from}
+                "resumed_from_documents": result.resumed_from, "engine": args.engine}
     written = write_outputs(state, model, args.output, {**source.describe(), "malformed": result.malformed},
                             run_info)
     if args.format == "json":
