@@ -1,0 +1,99 @@
+"""Corpus statistics on Ray: tokens/s of the local engine and of Ray with 1 and 2 workers.
+
+On the first 1,000 sentences of the UD English EWT dev set, with the bundled MiniLM, the same
+Settings everywhere. Each model process (the local engine, each Ray worker) gets the same torch
+threads (--threads, default 1: on a shared 2-core machine two busy torch threads per process
+slow a run down many times, which would swamp what is measured here).
+
+  local   attnscope.stats.run in this process
+  ray:N   attnscope.stats.distributed.run with N workers on a local Ray runtime (started once)
+
+tokens/s is the run's own clock (result.seconds: reading, tokenizing, batching, the forward
+passes, merging and checkpoints; for Ray from the moment its workers have loaded the model).
+The Ray runtime start and the workers' start (a process and a model load each) are reported
+apart, once per run. The machine is shared, so the engines take turns, --repeats times, and
+the best of each is kept. Every Ray result is checked equal to the local one.
+Target: Ray at 1 worker within 15% of local (overhead = 1 - ray:1 / local).
+
+Usage: .venv/bin/python benchmarks/bench_ray.py [--documents 1000] [--repeats 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import attnscope
+from attnscope.stats import RunResult, Settings, Source, run
+from attnscope.stats.distributed import run as run_ray
+
+UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+
+
+def timed_local(model: attnscope.Model, settings: Settings, out: Path) -> tuple[RunResult, float]:
+    start = time.perf_counter()
+    result = run(Source(str(UD_DEV)), model, settings, out)
+    return result, time.perf_counter() - start
+
+
+def timed_ray(model: attnscope.Model, settings: Settings, out: Path, workers: int,
+              threads: int) -> tuple[RunResult, float]:
+    start = time.perf_counter()
+    result = run_ray(Source(str(UD_DEV)), model, settings, out, workers=workers, threads=threads,
+                     worker_model=attnscope.models.DEFAULT_MODEL)
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    import ray
+
+    torch.set_num_threads(args.threads)
+    model = attnscope.load_model()
+    settings = Settings(limit=args.documents)
+    began = time.perf_counter()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             logging_level=logging.WARNING)
+    ray_start = time.perf_counter() - began
+    best: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    tokens = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            reference, seconds = timed_local(model, settings, Path(tmp) / f"local{r}")
+            tokens = reference.state.tokens
+            best["local"] = max(best.get("local", 0.0), tokens / reference.seconds)
+            wall["local"] = min(wall.get("local", float("inf")), seconds)
+            for workers in (1, 2):
+                name = f"ray:{workers}"
+                result, seconds = timed_ray(model, settings, Path(tmp) / f"{name}-{r}", workers, args.threads)
+                if result.state.to_dict() != reference.state.to_dict():
+                    raise SystemExit(f"{name} differs from the local engine")
+                best[name] = max(best.get(name, 0.0), tokens / result.seconds)
+                wall[name] = min(wall.get(name, float("inf")), seconds)
+    ray.shutdown()
+    report = {
+        "documents": args.documents, "tokens": tokens, "threads_per_model_process": args.threads,
+        "cpus": os.cpu_count(), "load_average": os.getloadavg(), "ray_runtime_start_s": round(ray_start, 2),
+        "tokens_per_s": {k: round(v) for k, v in best.items()},
+        "wall_s_including_worker_start": {k: round(v, 2) for k, v in wall.items()},
+        "ray1_overhead": round(1 - best["ray:1"] / best["local"], 3),
+        "ray2_speedup_over_local": round(best["ray:2"] / best["local"], 2),
+        "results_identical": True,
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
