@@ -1,10 +1,11 @@
 """Documents for a Ray run: text, .jsonl and .parquet files are read by Ray Data tasks; the rest by attnscope.
 
-Ray Data streams the file's rows (in order) to the driver, which turns them into Documents
-with the same rules, messages and line numbers as `attnscope.stats.sources.Source`, and cuts
-them into the local engine's chunks, so both engines bucket the same documents into the same
-batches. Lines are split as Python's universal newlines do (not str.splitlines, which Ray's
-own read_text uses and which also splits at form feeds and U+2028), so no document changes.
+Ray Data streams the file's rows, in order and read on the driver's node (where the file is),
+to the driver, which turns them into Documents with the same rules, messages and line numbers
+as `attnscope.stats.sources.Source`, and cuts them into the local engine's chunks, so both
+engines bucket the same documents into the same batches. Lines are split as Python's universal
+newlines do (not str.splitlines, which Ray's own read_text uses and which also splits at form
+feeds and U+2028), so no document changes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import ray.data
+import ray.util.client
 from ray.data.datasource import FileBasedDatasource
 from ray.exceptions import RayTaskError
 
@@ -74,7 +77,9 @@ def _block(numbers: list[int], values: list[Any]) -> pa.Table:
 
 
 def uses_ray_data(source: Source) -> bool:
-    return source.kind in RAY_DATA_KINDS
+    """Ray Data reads the file on this node; through Ray Client (ray://) this node is not in the
+    cluster, so attnscope's reader reads it here and the batches travel to the workers."""
+    return source.kind in RAY_DATA_KINDS and not ray.util.client.ray.is_connected()  # type: ignore[no-untyped-call]
 
 
 def documents(source: Source) -> Iterator[Document]:
@@ -97,8 +102,12 @@ def documents(source: Source) -> Iterator[Document]:
 
 
 def _blocks(path: Path, kind: str, column: str | None) -> Iterator[pa.Table]:
-    """The file's rows in order; read tasks run on this node (local://), needing no CPU of the workers'."""
-    dataset = ray.data.read_datasource(CorpusFile(f"local://{path.resolve()}", kind, column), num_cpus=0)
+    """The file's rows in order; read tasks run on this node (where the file is), needing no CPU of the workers'."""
+    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    dataset = ray.data.read_datasource(CorpusFile(str(path.resolve()), kind, column), num_cpus=0, label_selector=here)
+    ray_data_log = logging.getLogger("ray.data")
+    level = ray_data_log.level
+    ray_data_log.setLevel(logging.ERROR)  # its plan and progress notes would go to stderr: a library never prints
     try:
         yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow")
     except RayTaskError as exc:  # a read task failed: say why in one line, without Ray's traceback
@@ -107,6 +116,8 @@ def _blocks(path: Path, kind: str, column: str | None) -> Iterator[pa.Table]:
         if isinstance(cause, AttnscopeError):
             raise AttnscopeError(first) from None
         raise AttnscopeError(f"Ray Data could not read {path}: {type(cause).__name__}: {first}") from None
+    finally:
+        ray_data_log.setLevel(level)
 
 
 def _document(source: Source, path: Path, column: str | None, number: int, value: str | None) -> Document | None:
