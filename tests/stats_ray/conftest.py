@@ -33,7 +33,7 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def ray_runtime() -> Iterator[object]:
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20, log_to_driver=False,
              logging_level=logging.WARNING)
     try:
         yield ray

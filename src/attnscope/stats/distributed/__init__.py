@@ -34,20 +34,22 @@ def require_ray() -> ModuleType:
 
 @contextmanager
 def connect(address: str | None = None) -> Iterator[None]:
-    """Use the Ray runtime this process already has, else join `address` (auto, ray://host:10001),
-    else start a local one; a runtime started here is shut down on exit."""
+    """Use the Ray runtime this process already has, else join `address` (auto, ray://host:10001) or
+    $RAY_ADDRESS, else start a local one; the connection made here is shut down on exit."""
     ray = require_ray()
     if ray.is_initialized():
         yield
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, object] = {"log_to_driver": False, "logging_level": logging.WARNING}
-    if address is None:
+    # no address: RAY_ADDRESS if set, else a new local runtime (not whatever `ray start` left on this machine)
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    if address == "local":
         kwargs["include_dashboard"] = False  # a local runtime: nothing to browse, nothing to serve
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        where = address or "a local runtime"
+        where = "a local runtime" if address == "local" else address
         raise AttnscopeError(f"could not start or join Ray at {where}: {str(exc).splitlines()[0]}") from exc
     try:
         yield
