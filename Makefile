@@ -7,13 +7,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnscope-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
-EXTRAS := views,serve,stats,dev
+EXTRAS := views,serve,stats,ray,dev
 
 .PHONY: demo test venv lint typecheck bench chromium clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt torch==2.13.0
 	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
