@@ -48,12 +48,14 @@ class Settings:
     truncate: bool = True  # False: an over-long document is an error
     limit: int | None = None
     checkpoint_every: int = 20  # batches
-    chunk_batches: int = 32  # documents are bucketed by length within chunks of chunk_batches * batch_size
-    cell_budget: int = 0  # max documents x longest^2 per batch; 0 = batch_size * 64^2
+    chunk_batches: int = 8  # documents are bucketed by length within chunks of chunk_batches * batch_size
+    cell_budget: int = 0  # max documents x longest^2 per batch; 0 = batch_size * 24^2
 
     @property
     def budget(self) -> int:
-        return self.cell_budget or self.batch_size * 64 * 64
+        # Small enough that ordinary sentences already reach it: the memory peak is then the same
+        # for a small corpus and a large one; long documents simply come in smaller batches.
+        return self.cell_budget or self.batch_size * 24 * 24
 
     @property
     def chunk_documents(self) -> int:
@@ -201,7 +203,7 @@ def _batches(model: Model, docs: list[Document], settings: Settings, skip: int =
         if len({prepared[i].doc.heads is None for i in idx}) > 1:
             raise AttnscopeError("a corpus mixes documents with and without dependency trees")
         yield make_batch([prepared[i] for i in idx], pad, settings.word_level, causal,
-                         tok.cls_token_id, tok.sep_token_id)
+                         tok.cls_token_id, tok.sep_token_id, settings.max_length)
 
 
 @dataclass

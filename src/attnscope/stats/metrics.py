@@ -101,7 +101,8 @@ def row_entropy(maps: torch.Tensor) -> torch.Tensor:
     float changes the sum by less than 1e-35); NaN stays NaN.
     """
     tiny = torch.finfo(maps.dtype).tiny
-    return -(maps * torch.log(maps.clamp_min(tiny))).sum(-1)
+    terms = maps.clamp_min(tiny).log_().mul_(maps)  # one temporary, filled in place
+    return -terms.sum(-1)
 
 
 def entropy(maps: torch.Tensor, units: Units) -> Values:
