@@ -39,6 +39,11 @@ class Model:
     def architecture(self) -> str:
         return type(self.model).__name__
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as class, config, weights and tokenizer: a used model carries hooks that do not pickle."""
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        return (_rebuild, (self.name, type(self.model), self.model.config, state, self.tokenizer))
+
     @property
     def n_layers(self) -> int:
         cfg = self.model.config
@@ -53,6 +58,14 @@ class Model:
     def max_positions(self) -> int:
         cfg = self.model.config
         return int(getattr(cfg, "max_position_embeddings", getattr(cfg, "n_positions", 512)))
+
+
+def _rebuild(name: str, cls: type[PreTrainedModel], config: Any, state: dict[str, torch.Tensor],
+             tokenizer: PreTrainedTokenizerBase) -> Model:
+    model = cls(config)
+    model.load_state_dict(state)
+    model.eval()  # type: ignore[no-untyped-call]
+    return Model(name=name, model=model, tokenizer=tokenizer)
 
 
 ModelLike = str | os.PathLike[str] | Model | PreTrainedModel | None
