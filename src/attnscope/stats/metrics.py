@@ -10,6 +10,7 @@ See docs/stats.md for the definitions in words.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,10 +32,22 @@ class Units:
     kinds: dict[str, torch.Tensor]  # bool per kind: "cls", "sep", "punct", "sink"
     causal: bool
 
-    @property
+    @functools.cached_property
     def n_rows(self) -> torch.Tensor:
-        """[batch] float64: rows that count per document."""
+        """[batch] float64: rows that count per document (computed once per batch)."""
         return self.rows.sum(-1).to(torch.float64)
+
+    @functools.cached_property
+    def row_weights(self) -> torch.Tensor:
+        """[batch, 1, query] float64: 1 / (rows that count) on each row that counts, else 0."""
+        return (self.rows.to(torch.float64) / torch.clamp(self.n_rows, min=1.0)[:, None])[:, None, :]
+
+    def selector(self, kind: str, dtype: torch.dtype) -> torch.Tensor:
+        """[batch, 1, 1, key] indicator of a kind, cached per batch and dtype."""
+        cache: dict[tuple[str, torch.dtype], torch.Tensor] = self.__dict__.setdefault("_selectors", {})
+        if (kind, dtype) not in cache:
+            cache[(kind, dtype)] = self.kinds[kind].to(dtype)[:, None, None, :]
+        return cache[(kind, dtype)]
 
 
 MetricFn = Callable[[torch.Tensor, Units], Values]
@@ -61,19 +74,15 @@ def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
 
 def row_mean(per_row: torch.Tensor, units: Units) -> Values:
     """Mean (in float64) over the rows that count: [batch, head, query] -> [batch, head]."""
-    per_row = per_row.to(torch.float64)
-    kept = torch.where(units.rows[:, None, :], per_row, torch.zeros((), dtype=per_row.dtype))
-    n = units.n_rows
-    ok = n > 0
-    return kept.sum(-1) / torch.clamp(n, min=1.0)[:, None], ok
+    kept = torch.where(units.rows[:, None, :], per_row.to(torch.float64), 0.0)  # NaN in a counted row stays
+    return (kept * units.row_weights).sum(-1), units.n_rows > 0
 
 
 def attention_to(kind: str) -> MetricFn:
     """(1/n) sum_i sum_{j of this kind} A[i, j]."""
 
     def fn(maps: torch.Tensor, units: Units) -> Values:
-        selector = units.kinds[kind].to(maps.dtype)[:, None, None, :]  # [batch, 1, 1, key]
-        per_row = (maps * selector).sum(-1)  # [batch, head, query]
+        per_row = (maps * units.selector(kind, maps.dtype)).sum(-1)  # [batch, head, query]
         return row_mean(per_row, units)
 
     return fn
