@@ -6,7 +6,7 @@ On 8 texts x 256 tokens with the bundled model, in one process:
 Prints the median time of each, the ratios to (a) and (b), and the peak RSS.
 Targets: (c) <= 1.1x (b); (d) <= 1.5x (b).
 
-    .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--texts 8] [--tokens 256]
+    .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--texts 8] [--tokens 256] [--threads 1]
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--texts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
 
     m = attnscope.load_model()
     sdpa = AutoModel.from_pretrained(str(bundled_model_path()), attn_implementation="sdpa").eval()

@@ -85,6 +85,7 @@ class ErrorTable:
 
     def __init__(self, keep: torch.Tensor, n_layers: int, n_heads: int) -> None:
         self.keep = keep.bool()  # [batch, token]: False on padding
+        self.padded = not bool(self.keep.all())
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
 
@@ -106,8 +107,8 @@ class ErrorTable:
         diff = (captured.float() - other.float()).abs_()
         if scale is not None:
             diff.div_(scale.clamp(min=1.0))
-        # where() rather than a product: padding drops out, a NaN in real positions stays and fails
-        diff = torch.where(self._valid(stage, diff.shape), diff, torch.zeros((), dtype=diff.dtype))
+        if self.padded:  # where() rather than a product: padding drops out, a NaN in real positions stays
+            diff = torch.where(self._valid(stage, diff.shape), diff, torch.zeros((), dtype=diff.dtype))
         reduced = diff.flatten(2).amax(2) if per_head else diff.flatten(1).amax(1, keepdim=True)
         table[:, layer] = reduced.numpy()
 
@@ -123,12 +124,13 @@ def score_bound(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return bound
 
 
-def verify_batch(batch: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
+def verify_batch(batch: dict[str, torch.Tensor], reference: dict[str, list[torch.Tensor]],
                  params: list[AttentionParams] | None, causal: bool, keep: torch.Tensor,
                  ) -> ErrorTable:
     """Recompute each layer of a padded batch from its captured input and compare, one layer at a time.
 
-    batch and reference hold [layer, batch, ...] tensors by stage; keep is the [batch, token] 0/1 mask.
+    batch holds [layer, batch, ...] tensors by stage, reference one [batch, ...] tensor per layer;
+    keep is the [batch, token] 0/1 mask.
     """
     n_layers, n_heads = int(batch["weights"].shape[0]), int(batch["weights"].shape[2])
     table = ErrorTable(keep, n_layers, n_heads)

@@ -287,15 +287,15 @@ def _expand_kv(call: AttentionCall) -> AttentionCall:
     return dataclasses.replace(call, k=k, v=v)
 
 
-def _stack_reference(m: Model, out: Any, n_layers: int) -> dict[str, torch.Tensor]:
-    """The model's own outputs: output_attentions, and the attention input its hidden states imply."""
-    ref: dict[str, torch.Tensor] = {}
+def _stack_reference(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
+    """The model's own outputs per layer: output_attentions, and the attention input its hidden states imply."""
+    ref: dict[str, list[torch.Tensor]] = {}
     if getattr(out, "attentions", None):
-        ref["weights"] = torch.stack(out.attentions)  # [layer, batch, head, query, key]
+        ref["weights"] = list(out.attentions)  # [batch, head, query, key] per layer
     hidden = getattr(out, "hidden_states", None)
     fam = family_of(m.model)
     if hidden and fam is not None and len(hidden) > n_layers:
-        ref["x"] = torch.stack([_x_from_hidden(m, fam.pre_attention, i, h) for i, h in enumerate(hidden[:n_layers])])
+        ref["x"] = [_x_from_hidden(m, fam.pre_attention, i, h) for i, h in enumerate(hidden[:n_layers])]
     return ref
 
 
