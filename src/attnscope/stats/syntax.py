@@ -144,7 +144,7 @@ def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor
     out = []
     # dep->head: the key row i attends to most; head->dep: the query attending most to column i
     for maps in (masked, masked.transpose(-1, -2).contiguous()):
-        predicted = maps.argmax(-1)  # [batch, head, unit]
+        predicted = maps.max(-1).indices  # [batch, head, unit]; ties: the first (leftmost) index
         hit = ((predicted == gold) & (gold >= 0)).to(torch.float64)
         out.append(hit.transpose(0, 1).reshape(h, b * n) @ relation)  # [head, relation]
     return torch.stack(out)
