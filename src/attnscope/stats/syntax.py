@@ -10,6 +10,7 @@ as queries). Root words have no head word and are not scored.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +94,21 @@ class SyntaxBatch:
     candidates: torch.Tensor  # bool [batch, unit]: word units (not special tokens, not padding)
     names: list[str]
 
+    @functools.cached_property
+    def penalty(self) -> torch.Tensor:
+        """[batch, 1, query, key] float32: 0 where a word may be predicted, -2 elsewhere (weights are in
+        [0, 1], so adding it keeps itself, special tokens and padding out of every max). Only words
+        compete, so one mask over both axes serves both directions: masking rows that are not words
+        cannot change a word's column max."""
+        n = self.candidates.shape[-1]
+        allowed = self.candidates[:, :, None] & self.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool)
+        return ((~allowed).to(torch.float32) * -2.0)[:, None]
+
+    @functools.cached_property
+    def scored(self) -> torch.Tensor:
+        """[batch, 1, unit] bool: dependents that are scored."""
+        return (self.gold >= 0)[:, None, :]
+
 
 def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts) -> SyntaxBatch:
     """Gold heads in unit positions; folds the batch's totals, offset baseline and unscored words."""
@@ -133,19 +149,14 @@ def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor
     word_attention: [batch, head, unit, unit] word-level maps.
     """
     b, h, n, _ = word_attention.shape
-    # Only words compete (never itself, [CLS], [SEP] or padding). Scored dependents are words, so one
-    # mask over both axes serves both directions: masking non-word rows cannot change a word's column max.
-    allowed = sb.candidates[:, :, None] & sb.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool)
-    # weights are in [0, 1]: adding -2 where not allowed keeps those out of every argmax (cheaper than a fill)
-    penalty = (~allowed).to(word_attention.dtype)[:, None] * -2.0  # [batch, 1, query, key]
-    masked = word_attention + penalty  # [batch, head, query, key]
+    masked = word_attention + sb.penalty.to(word_attention.dtype)  # [batch, head, query, key]
     gold = sb.gold[:, None, :]  # [batch, 1, unit]
     relation = sb.relation.reshape(b * n, -1)  # [batch * unit, relation]
     out = []
     # dep->head: the key row i attends to most; head->dep: the query attending most to column i
     for maps in (masked, masked.transpose(-1, -2).contiguous()):
         predicted = maps.max(-1).indices  # [batch, head, unit]; ties: the first (leftmost) index
-        hit = ((predicted == gold) & (gold >= 0)).to(torch.float64)
+        hit = ((predicted == gold) & sb.scored).to(torch.float64)
         out.append(hit.transpose(0, 1).reshape(h, b * n) @ relation)  # [head, relation]
     return torch.stack(out)
 
