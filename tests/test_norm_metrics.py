@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -125,3 +127,20 @@ def test_corpus_run_gives_the_norm_shares_of_each_trace(minilm: attnscope.Model)
     assert np.abs(values_of(state)["norm_cls"]["mean"] - expected).max() <= TOL
     weights_cls = values_of(state)["cls"]["mean"]
     assert np.abs(weights_cls - expected).max() > 0.01  # the norms tell another story than the weights
+
+
+def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path) -> None:
+    import csv
+    import subprocess
+    import sys
+
+    ud = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "attnscope.cli.main", "stats", str(ud), "--limit", "12", "--norms",
+                           "--no-progress", "-o", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    with (out / "heads.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 72 and all(0.0 <= float(r["norm_cls_mean"]) <= 1.0 for r in rows)
+    shares = [float(r[f"norm_{k}_mean"]) for r in rows[:1] for k in ("cls", "sep", "punct", "other")]
+    assert abs(sum(shares) - 1.0) <= 1e-5  # the four categories split each row's norms

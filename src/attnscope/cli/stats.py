@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_model_args, print_json
-from attnscope.models import load_model
-from attnscope.stats.distributed import cli_runner
-from attnscope.stats.engine import Progress, Settings
-from attnscope.stats.outputs import write_outputs
-from attnscope.stats.sources import Source
+
+if TYPE_CHECKING:
+    from attnscope.stats.engine import Progress, Settings
+    from attnscope.stats.sources import Source
+
+# torch, transformers and the engine are imported when the command runs, so --help stays instant.
 
 
 def register(sub: Any) -> None:
@@ -40,16 +41,29 @@ def register(sub: Any) -> None:
                    help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
     p.add_argument("--workers", type=int, metavar="N",
                    help="--engine ray: worker processes, each loading the model once (default: one per node)")
+    p.add_argument("--norms", action="store_true",
+                   help="also the norm-weighted [CLS]/[SEP]/punctuation/other averages (Kobayashi et al. 2020)")
     p.set_defaults(func=run_stats)
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
+    from attnscope.stats.engine import Settings
+
     return Settings(max_length=args.max_length, batch_size=args.batch_size, word_level=args.word_level,
                     truncate=not args.no_truncate, limit=args.limit,
                     checkpoint_every=max(1, args.checkpoint_every))
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from attnscope.models import load_model
+    from attnscope.stats.distributed import cli_runner
+    from attnscope.stats.outputs import write_outputs
+    from attnscope.stats.sources import Source
+
+    if args.norms:
+        from attnscope.stats.norm_metrics import register
+
+        register()
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
     settings = settings_of(args)
     run = cli_runner(args.engine, args.address, args.workers, args.model)
@@ -65,7 +79,8 @@ def run_stats(args: argparse.Namespace) -> int:
     run_info = {"settings": asdict(settings), "seconds": round(result.seconds, 3),
                 "tokens_per_second": (state.tokens - result.resumed_tokens) / result.seconds
                 if result.seconds > 0 else float("nan"),
-                "resumed_from_documents": result.resumed_from, "engine": args.engine}
+                "resumed_from_documents": result.resumed_from, "engine": args.engine,
+                "norms": args.norms}
     written = write_outputs(state, model, args.output, {**source.describe(), "malformed": result.malformed},
                             run_info)
     if args.format == "json":
