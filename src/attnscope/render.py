@@ -154,20 +154,22 @@ def _json_array(arr: np.ndarray) -> Any:
 
 
 def check_table(report: CheckReport, n_layers: int) -> Table:
-    """Rows: layers (0-indexed); columns: each comparison's max error over heads."""
-    t = Table(title="max error per layer: captured vs recompute (r) and vs the model's own outputs (m)",
+    """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads."""
+    t = Table(title="max error per layer (over heads): captured vs recompute and vs the model's own outputs",
               title_justify="left")
-    t.add_column("layer", justify="right")
-    for c in report.comparisons:
-        t.add_column(f"{c.stage} ({c.source[0]}){' rel' if c.relative else ''}", justify="right")
+    t.add_column("stage", no_wrap=True)
+    t.add_column("vs", no_wrap=True)
     for layer in range(n_layers):
-        t.add_row(str(layer), *(_err(float(c.errors[layer].max()), report.tolerance) for c in report.comparisons))
+        t.add_column(f"L{layer}", justify="right", no_wrap=True)
+    for c in report.comparisons:
+        name = f"{c.stage} (rel)" if c.relative else c.stage
+        t.add_row(name, c.source, *(_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers)))
     return t
 
 
 def _err(e: float, tol: float) -> str:
     style = "green" if e <= tol else "bold red"
-    return f"[{style}]{e:.1e}[/{style}]"
+    return f"[{style}]{e:.0e}[/{style}]"
 
 
 def check_summary(report: CheckReport) -> str:
