@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnscope.maths import AttentionParams, multi_head_attention
-from attnscope.recompute import RECOMPUTED_STAGES, layer_mask
+from attnscope.maths import AttentionParams
+from attnscope.recompute import RECOMPUTED_STAGES, recompute_layers
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
 
@@ -135,9 +135,7 @@ def verify_batch(batch: dict[str, torch.Tensor], reference: dict[str, list[torch
     n_layers, n_heads = int(batch["weights"].shape[0]), int(batch["weights"].shape[2])
     table = ErrorTable(keep, n_layers, n_heads)
     if params is not None and "x" in batch:
-        mask = layer_mask(int(batch["x"].shape[-2]), causal, keep)
-        for layer, p in enumerate(params):
-            rec = multi_head_attention(batch["x"][layer], p, mask)  # [batch, ...] every stage
+        for layer, rec in enumerate(recompute_layers(batch["x"], params, causal, keep)):  # [batch, ...] stages
             bound = score_bound(batch["q"][layer], batch["k"][layer])
             for stage in RECOMPUTED_STAGES:
                 scale = bound if stage in RELATIVE else None

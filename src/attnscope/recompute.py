@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import nn
 
@@ -34,15 +36,14 @@ def layer_mask(n_tokens: int, causal: bool, keep: torch.Tensor | None = None) ->
 
 
 @torch.no_grad()
-def recompute(
+def recompute_layers(
     x: torch.Tensor, params: list[maths.AttentionParams], causal: bool, keep: torch.Tensor | None = None
-) -> dict[str, torch.Tensor]:
-    """x: [layer, (batch,) token, d_model] captured inputs -> each stage stacked over layers.
+) -> Iterator[dict[str, torch.Tensor]]:
+    """x: [layer, (batch,) token, d_model] captured inputs -> every stage of each layer, one layer at a time.
 
-    keep: [batch, token], 1 for real tokens and 0 for padding. Returns q, k, v, context
-    [layer, (batch,) head, token, d_head]; scores, weights [layer, (batch,) head, query, key];
-    output [layer, (batch,) token, d_model].
+    keep: [batch, token], 1 for real tokens and 0 for padding. Yielding per layer keeps only one
+    layer's intermediates alive (see attnscope.maths.multi_head_attention for their axes).
     """
     mask = layer_mask(int(x.shape[-2]), causal, keep)
-    per_layer = [maths.multi_head_attention(x[i], p, mask) for i, p in enumerate(params)]
-    return {s: torch.stack([st[s] for st in per_layer]) for s in RECOMPUTED_STAGES}
+    for i, p in enumerate(params):
+        yield maths.multi_head_attention(x[i], p, mask)

@@ -224,7 +224,7 @@ def trace(
     params = layer_params(m.model) if recompute else None
     table = None
     if recompute:
-        reference = _stack_reference(m, out, len(cap.calls))
+        reference = _model_outputs(m, out, len(cap.calls))
         table = checking.verify_batch(batch, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
@@ -287,7 +287,7 @@ def _expand_kv(call: AttentionCall) -> AttentionCall:
     return dataclasses.replace(call, k=k, v=v)
 
 
-def _stack_reference(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
+def _model_outputs(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
     """The model's own outputs per layer: output_attentions, and the attention input its hidden states imply."""
     ref: dict[str, list[torch.Tensor]] = {}
     if getattr(out, "attentions", None):
