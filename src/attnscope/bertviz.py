@@ -105,6 +105,14 @@ def _finish(trace: Trace, html: str, view: str, html_action: str) -> HTMLPage | 
     raise AttnscopeError(f"html_action {html_action!r} is not known: use 'view' or 'return'")
 
 
+def _trace_of(attention: Any, tokens: Sequence[str] | None, sentence_b_start: int | None, prettify: bool,
+              *alternatives: Any) -> Trace:
+    """bertviz's arguments -> a weights-only Trace (the part head_view and model_view share)."""
+    att, toks = _choose(attention, tokens, *alternatives)
+    weights = stack_attention(att, toks)
+    return trace_from_attention(weights, _prettify(toks) if prettify else list(toks), sentence_b_start)
+
+
 def head_view(
     attention: Any = None,
     tokens: Sequence[str] | None = None,
@@ -121,10 +129,8 @@ def head_view(
     html_action: str = "view",
 ) -> HTMLPage | None:
     """bertviz.head_view: layer is the first layer shown, heads the heads first selected (0-indexed)."""
-    att, toks = _choose(attention, tokens, encoder_attention, decoder_attention, cross_attention,
-                        encoder_tokens, decoder_tokens)
-    weights = stack_attention(att, toks)
-    tr = trace_from_attention(weights, _prettify(toks) if prettify_tokens else list(toks), sentence_b_start)
+    tr = _trace_of(attention, tokens, sentence_b_start, prettify_tokens, encoder_attention, decoder_attention,
+                   cross_attention, encoder_tokens, decoder_tokens)
     html = to_html(tr, "head", layers=include_layers, layer=layer, show_heads=heads, title="attnscope head view")
     return _finish(tr, html, "head", html_action)
 
@@ -145,10 +151,8 @@ def model_view(
     html_action: str = "view",
 ) -> HTMLPage | None:
     """bertviz.model_view: every included layer x head; display_mode is "dark" or "light"."""
-    att, toks = _choose(attention, tokens, encoder_attention, decoder_attention, cross_attention,
-                        encoder_tokens, decoder_tokens)
-    weights = stack_attention(att, toks)
-    tr = trace_from_attention(weights, _prettify(toks) if prettify_tokens else list(toks), sentence_b_start)
+    tr = _trace_of(attention, tokens, sentence_b_start, prettify_tokens, encoder_attention, decoder_attention,
+                   cross_attention, encoder_tokens, decoder_tokens)
     html = to_html(tr, "model", layers=include_layers, heads=include_heads, theme=display_mode,
                    title="attnscope model view")
     return _finish(tr, html, "model", html_action)
