@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,13 +235,18 @@ def _open(path: Path) -> Any:
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line) of a UTF-8 file; a non-UTF-8 file is one clear error."""
     with _open(path) as handle:
-        number = 0
-        try:
-            for line in handle:
-                number += 1
-                yield number, line
-        except UnicodeDecodeError as exc:
-            raise AttnscopeError(f"{path}:{number + 1}: not UTF-8 text (re-save the file as UTF-8)") from exc
+        yield from numbered_lines(handle, str(path))
+
+
+def numbered_lines(handle: Iterable[str], name: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) of an open UTF-8 text handle; decoding errors name the file and line."""
+    number = 0
+    try:
+        for line in handle:
+            number += 1
+            yield number, line
+    except UnicodeDecodeError as exc:
+        raise AttnscopeError(f"{name}:{number + 1}: not UTF-8 text (re-save the file as UTF-8)") from exc
 
 
 def _column_index(path: Path, names: list[str], wanted: str | None) -> int:

@@ -26,7 +26,7 @@ from ray.data.datasource import FileBasedDatasource
 from ray.exceptions import RayTaskError
 
 from attnscope.errors import AttnscopeError
-from attnscope.stats.sources import Document, Source
+from attnscope.stats.sources import Document, Source, numbered_lines
 
 RAY_DATA_KINDS = ("text", "jsonl", "parquet")
 _ROWS_PER_BLOCK = 8192
@@ -53,14 +53,7 @@ class CorpusFile(FileBasedDatasource):  # type: ignore[misc]
             yield _block(numbers, values)
 
     def _lines(self, f: Any, path: str) -> Iterator[tuple[int, str]]:
-        number = 0
-        text = io.TextIOWrapper(f, encoding="utf-8", newline="")
-        try:
-            for line in text:
-                number += 1
-                yield number, line
-        except UnicodeDecodeError as exc:
-            raise AttnscopeError(f"{path}:{number + 1}: not UTF-8 text (re-save the file as UTF-8)") from exc
+        return numbered_lines(io.TextIOWrapper(f, encoding="utf-8", newline=""), path)
 
     def _parquet(self, path: str) -> Iterator[tuple[int, Any]]:
         number = 0
