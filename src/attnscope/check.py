@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnscope.maths import AttentionParams
+from attnscope.maths import ARRAY_AXES, TOKEN_AXES, AttentionParams
 from attnscope.recompute import RECOMPUTED_STAGES, recompute_layers
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
@@ -89,14 +89,16 @@ class ErrorTable:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
 
-    def _valid(self, stage: str, shape: torch.Size) -> torch.Tensor:
-        """Where a [batch, ...] array of this stage holds real (unpadded) positions."""
-        k = self.keep
-        if stage in ("x", "output"):
-            return k[:, :, None]  # [batch, token, 1]
-        if stage in ("scores", "weights"):
-            return (k[:, :, None] & k[:, None, :])[:, None]  # [batch, 1, query, key]
-        return k[:, None, :, None]  # [batch, 1, token, 1]
+    def _valid(self, stage: str) -> torch.Tensor:
+        """Where a [batch, ...] array of this stage holds real (unpadded) positions: keep on each token axis."""
+        axes = ARRAY_AXES[stage][1:]  # after the layer axis; the batch axis comes first here
+        valid = torch.ones((), dtype=torch.bool)
+        for i, axis in enumerate(axes):
+            if axis in TOKEN_AXES:
+                shape = [-1] + [1] * len(axes)
+                shape[i + 1] = self.keep.shape[1]
+                valid = valid & self.keep.view(shape)
+        return valid
 
     def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor,
             scale: torch.Tensor | None = None) -> None:
@@ -108,7 +110,7 @@ class ErrorTable:
         if scale is not None:
             diff.div_(scale.clamp(min=1.0))
         if self.padded:  # where() rather than a product: padding drops out, a NaN in real positions stays
-            diff = torch.where(self._valid(stage, diff.shape), diff, torch.zeros((), dtype=diff.dtype))
+            diff = torch.where(self._valid(stage), diff, torch.zeros((), dtype=diff.dtype))
         reduced = diff.flatten(2).amax(2) if per_head else diff.flatten(1).amax(1, keepdim=True)
         table[:, layer] = reduced.numpy()
 

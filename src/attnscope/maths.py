@@ -31,6 +31,24 @@ STAGES: tuple[str, ...] = (
     "output",
 )
 
+# Every array of a trace and its axes: the project's stage and axis vocabulary (saved traces, JSON, views).
+ARRAY_AXES: dict[str, tuple[str, ...]] = {
+    "x": ("layer", "token", "d_model"),
+    "q": ("layer", "head", "token", "d_head"),
+    "k": ("layer", "head", "token", "d_head"),
+    "v": ("layer", "head", "token", "d_head"),
+    "scores": ("layer", "head", "query", "key"),
+    "weights": ("layer", "head", "query", "key"),
+    "context": ("layer", "head", "token", "d_head"),
+    "output": ("layer", "token", "d_model"),
+    # derived views of the weights, saved when computed (attnscope.rollout, attnscope.norms)
+    "rollout": ("layer", "query", "key"),
+    "flow": ("query", "key"),
+    "norm_head": ("layer", "head", "query", "key"),
+    "norm_layer": ("layer", "query", "key"),
+}
+TOKEN_AXES = ("token", "query", "key")  # axes that run over a text's tokens (cut to its length when unpadding)
+
 
 @dataclass(frozen=True)
 class AttentionParams:

@@ -1,7 +1,7 @@
 """Save and load traces: `.safetensors` (metadata as JSON) or `.npz` (metadata as a JSON string array).
 
 Arrays are named by stage (x, q, k, v, scores, weights, context, output) with the axes
-of `attnscope.tracing.ARRAY_AXES`, plus `input_ids` [token]; `.npz` also holds `tokens`.
+of `attnscope.maths.ARRAY_AXES`, plus `input_ids` [token]; `.npz` also holds `tokens`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
+from attnscope.maths import ARRAY_AXES
 from attnscope.tokens import Token
-from attnscope.tracing import ARRAY_AXES, Trace
+from attnscope.tracing import Trace
 
 FORMAT_VERSION = 1
 _META_KEY = "attnscope"

@@ -16,27 +16,10 @@ from attnscope import check as checking
 from attnscope.capture import AttentionCall, LayerCapture, capturing
 from attnscope.errors import AttnscopeError, check_index
 from attnscope.families import family_of, is_causal
-from attnscope.maths import AttentionParams
+from attnscope.maths import ARRAY_AXES, TOKEN_AXES, AttentionParams
 from attnscope.models import Model, ModelLike, describe, load_model
 from attnscope.recompute import layer_params
 from attnscope.tokens import Token, encode
-
-# Saved arrays and their axes (see docs): the project's stage vocabulary.
-ARRAY_AXES: dict[str, tuple[str, ...]] = {
-    "x": ("layer", "token", "d_model"),
-    "q": ("layer", "head", "token", "d_head"),
-    "k": ("layer", "head", "token", "d_head"),
-    "v": ("layer", "head", "token", "d_head"),
-    "scores": ("layer", "head", "query", "key"),
-    "weights": ("layer", "head", "query", "key"),
-    "context": ("layer", "head", "token", "d_head"),
-    "output": ("layer", "token", "d_model"),
-    # derived views of the weights, saved when computed (attnscope.rollout, attnscope.norms)
-    "rollout": ("layer", "query", "key"),
-    "flow": ("query", "key"),
-    "norm_head": ("layer", "head", "query", "key"),
-    "norm_layer": ("layer", "query", "key"),
-}
 
 
 @dataclass
@@ -228,12 +211,12 @@ def trace(
         table = checking.verify_batch(batch, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
-    traces = []
-    for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True)):
-        tr = Trace(info, t, p, enc.tokens[row], _unpad(batch, row, lengths[row]), scaling, enc.truncated[row],
-                   comparisons=table.comparisons(row) if table else [], output_projection=w_o)
-        tr.unsupported = _why_unverified(m, recompute, params, batch)
-        traces.append(tr)
+    unsupported = _why_unverified(m, recompute, params, batch)
+    traces = [
+        Trace(info, t, p, enc.tokens[row], _unpad(batch, row, lengths[row]), scaling, enc.truncated[row],
+              comparisons=table.comparisons(row) if table else [], unsupported=unsupported, output_projection=w_o)
+        for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))
+    ]
     return traces[0] if single else traces
 
 
@@ -273,7 +256,7 @@ def _unpad(batch: dict[str, torch.Tensor], row: int, n: int) -> dict[str, np.nda
     arrays = {}
     for stage, t in batch.items():
         axes = ARRAY_AXES[stage]
-        index = tuple(slice(0, n) if a in ("token", "query", "key") else slice(None) for a in axes[1:])
+        index = tuple(slice(0, n) if a in TOKEN_AXES else slice(None) for a in axes[1:])
         arrays[stage] = t[:, row][(slice(None), *index)].numpy()
     return arrays
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 STAGES = ("x", "q", "k", "v", "scores", "weights", "context", "output",
-          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.tracing.ARRAY_AXES, in stage order
+          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.maths.ARRAY_AXES, in stage order
 # [query, key] stages computed on request; a views payload offers them as sources only when asked
 OPTIONAL_SOURCES = ("norm_head", "norm_layer", "rollout", "flow")
 ENCODINGS = ("base64", "list")

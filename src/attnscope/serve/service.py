@@ -15,13 +15,14 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
+from attnscope.maths import ARRAY_AXES
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.fields import OPTIONAL_SOURCES
 from attnscope.serve.settings import Settings
-from attnscope.tracing import ARRAY_AXES, Trace, trace
+from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
 
 

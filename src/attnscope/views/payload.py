@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError, check_index
-from attnscope.tracing import ARRAY_AXES, Trace
+from attnscope.maths import ARRAY_AXES
+from attnscope.tracing import Trace
 
 FORMAT = "attnscope.views/1"
 VIEWS = ("head", "model", "neuron", "matrix", "all")
