@@ -88,6 +88,7 @@ class ErrorTable:
         self.padded = not bool(self.keep.all())
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
+        self._scratch: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
 
     def _valid(self, stage: str) -> torch.Tensor:
         """Where a [batch, ...] array of this stage holds real (unpadded) positions: keep on each token axis."""
@@ -102,17 +103,36 @@ class ErrorTable:
 
     def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor,
             scale: torch.Tensor | None = None) -> None:
-        """captured, other (and scale): one layer of the batch, [batch, ...] with the stage's axes."""
+        """captured, other (and scale, >= 1): one layer of the batch, [batch, ...] with the stage's axes."""
         per_head = stage in PER_HEAD
         table = self.errors.setdefault(
             (stage, source), np.zeros((self.keep.shape[0], self.n_layers, self.n_heads if per_head else 1)))
-        diff = (captured.float() - other.float()).abs_()
+        if captured is other:  # the model returned the very tensor the capture saw
+            table[:, layer] = self._same(stage, captured)
+            return
+        diff = torch.sub(captured.float(), other.float(), out=self.scratch("diff", captured.shape)).abs_()
         if scale is not None:
-            diff.div_(scale.clamp(min=1.0))
-        if self.padded:  # where() rather than a product: padding drops out, a NaN in real positions stays
-            diff = torch.where(self._valid(stage), diff, torch.zeros((), dtype=diff.dtype))
+            diff.div_(scale)
+        if self.padded:  # a fill rather than a product: padding drops out, a NaN in real positions stays
+            diff.masked_fill_(~self._valid(stage), 0.0)
         reduced = diff.flatten(2).amax(2) if per_head else diff.flatten(1).amax(1, keepdim=True)
         table[:, layer] = reduced.numpy()
+
+    def _same(self, stage: str, t: torch.Tensor) -> np.ndarray:
+        """|a - a| without the subtraction: 0, or NaN where a real position holds NaN or infinity."""
+        if self.padded:
+            t = torch.where(self._valid(stage), t, torch.zeros((), dtype=t.dtype))
+        flat = t.flatten(2) if stage in PER_HEAD else t.flatten(1).unsqueeze(1)
+        # NaN propagates through amin and amax, and an infinity shows at one end (torch.aminmax is 10x slower)
+        ends = flat.amin(2).isfinite() & flat.amax(2).isfinite()
+        return np.where(ends.numpy(), 0.0, np.nan)
+
+    def scratch(self, name: str, shape: torch.Size) -> torch.Tensor:
+        """A float32 buffer reused from layer to layer (fresh big tensors cost a page fault every 4 KiB)."""
+        key = (name, tuple(shape))
+        if key not in self._scratch:
+            self._scratch[key] = torch.empty(shape, dtype=torch.float32)
+        return self._scratch[key]
 
     def comparisons(self, row: int) -> list[Comparison]:
         order = [*PER_LAYER[:1], *PER_HEAD, *PER_LAYER[1:]]
@@ -120,32 +140,40 @@ class ErrorTable:
         return [Comparison(st, src, self.errors[(st, src)][row], st in RELATIVE) for st, src in keys]
 
 
-def score_bound(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """|q_i| |k_j| for every score: [..., query, 1] x [..., 1, key] -> [..., query, key]."""
-    bound: torch.Tensor = q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]
-    return bound
+def score_bound(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """max(1, |q_i| |k_j|) for every score: [..., query, 1] x [..., 1, key] -> [..., query, key]."""
+    bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=out)
+    return bound.clamp_(min=1.0)
 
 
-def verify_batch(batch: dict[str, torch.Tensor], reference: dict[str, list[torch.Tensor]],
+def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
                  params: list[AttentionParams] | None, causal: bool, keep: torch.Tensor,
                  ) -> ErrorTable:
     """Recompute each layer of a padded batch from its captured input and compare, one layer at a time.
 
-    batch holds [layer, batch, ...] tensors by stage, reference one [batch, ...] tensor per layer;
-    keep is the [batch, token] 0/1 mask.
+    captured and reference hold, by stage, one [batch, ...] tensor per layer; keep is the
+    [batch, token] 0/1 mask.
     """
-    n_layers, n_heads = int(batch["weights"].shape[0]), int(batch["weights"].shape[2])
+    n_layers, n_heads = len(captured["weights"]), int(captured["weights"][0].shape[1])
     table = ErrorTable(keep, n_layers, n_heads)
-    if params is not None and "x" in batch:
-        for layer, rec in enumerate(recompute_layers(batch["x"], params, causal, keep)):  # [batch, ...] stages
-            bound = score_bound(batch["q"][layer], batch["k"][layer])
+    if params is not None and "x" in captured:
+        for layer, rec in enumerate(recompute_layers(captured["x"], params, causal, keep)):  # [batch, ...] stages
             for stage in RECOMPUTED_STAGES:
-                scale = bound if stage in RELATIVE else None
-                table.add(stage, "recompute", layer, batch[stage][layer], rec[stage], scale)
+                if stage in RELATIVE:
+                    _add_scores(table, layer, captured["q"][layer], captured["k"][layer], rec[stage])
+                else:
+                    table.add(stage, "recompute", layer, captured[stage][layer], rec[stage])
     for stage, ref in reference.items():
         for layer in range(n_layers):
-            table.add(stage, "model", layer, batch[stage][layer], ref[layer])
+            table.add(stage, "model", layer, captured[stage][layer], ref[layer])
     return table
+
+
+def _add_scores(table: ErrorTable, layer: int, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
+    """The trace's scores, q k^T of the captured q and k, against the recompute's, relative to |q| |k|."""
+    shape = recomputed.shape  # [batch, head, query, key]
+    scores = torch.matmul(q, k.transpose(-1, -2), out=table.scratch("scores", shape))
+    table.add("scores", "recompute", layer, scores, recomputed, score_bound(q, k, table.scratch("bound", shape)))
 
 
 def report_from_dict(data: dict[str, Any]) -> CheckReport:

@@ -73,7 +73,7 @@ class AttentionParams:
 def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """x @ W + b.  [..., token, d_in] x [d_in, d_out] -> [..., token, d_out]"""
     y = x @ w
-    return y if b is None else y + b
+    return y if b is None else y.add_(b)  # in place on the fresh product: same sum
 
 
 def split_heads(t: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -130,9 +130,13 @@ def apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return scaled if mask is None else scaled + mask
 
 
-def softmax(masked: torch.Tensor) -> torch.Tensor:
-    """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1."""
-    e = (masked - masked.amax(dim=-1, keepdim=True)).exp_()  # in place on a fresh tensor: same maths
+def softmax(masked: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+    """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1.
+
+    in_place=True overwrites `masked` (for a caller that owns it and needs it no longer); same numbers.
+    """
+    row_max = masked.amax(dim=-1, keepdim=True)
+    e = (masked.sub_(row_max) if in_place else masked - row_max).exp_()
     return e.div_(e.sum(dim=-1, keepdim=True))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -13,10 +13,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from attnscope import check as checking
+from attnscope.arrays import row_arrays
 from attnscope.capture import AttentionCall, LayerCapture, capturing
 from attnscope.errors import AttnscopeError, check_index
 from attnscope.families import family_of, is_causal
-from attnscope.maths import ARRAY_AXES, TOKEN_AXES, AttentionParams
+from attnscope.maths import AttentionParams
 from attnscope.models import Model, ModelLike, describe, load_model
 from attnscope.recompute import layer_params
 from attnscope.tokens import Token, encode
@@ -35,7 +36,7 @@ class Trace:
     text: str
     pair: str | None
     tokens: list[Token]
-    arrays: dict[str, np.ndarray]
+    arrays: MutableMapping[str, np.ndarray]  # a TraceArrays when traced: copied out of the batch on first use
     scaling: list[float]  # per layer: the factor applied to scores (1 / sqrt(d_head) usually)
     truncated: bool = False
     comparisons: list[checking.Comparison] = field(default_factory=list)
@@ -202,18 +203,18 @@ def trace(
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
         out = m.model(**enc.inputs, output_attentions=recompute, output_hidden_states=recompute)
-    batch = _stack_batch(cap)  # stage -> [layer, batch, ...]
+    layers = _per_layer(cap)  # stage -> [batch, ...] per layer
     lengths = [len(t) for t in enc.tokens]
     params = layer_params(m.model) if recompute else None
     table = None
     if recompute:
         reference = _model_outputs(m, out, len(cap.calls))
-        table = checking.verify_batch(batch, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
+        table = checking.verify_batch(layers, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
-    unsupported = _why_unverified(m, recompute, params, batch)
+    unsupported = _why_unverified(m, recompute, params, layers)
     traces = [
-        Trace(info, t, p, enc.tokens[row], _unpad(batch, row, lengths[row]), scaling, enc.truncated[row],
+        Trace(info, t, p, enc.tokens[row], row_arrays(layers, row, lengths[row]), scaling, enc.truncated[row],
               comparisons=table.comparisons(row) if table else [], unsupported=unsupported, output_projection=w_o)
         for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))
     ]
@@ -232,33 +233,25 @@ def _usable_max_length(m: Model, max_length: int) -> int:
 
 
 def _why_unverified(m: Model, requested: bool, params: list[AttentionParams] | None,
-                    batch: dict[str, torch.Tensor]) -> str | None:
+                    layers: dict[str, list[torch.Tensor]]) -> str | None:
     if not requested:
         return "not verified: traced with recompute=False"
-    if params is None or "x" not in batch:
+    if params is None or "x" not in layers:
         return f"independent recompute not supported for {m.architecture}"
     return None
 
 
-def _stack_batch(cap: LayerCapture) -> dict[str, torch.Tensor]:
-    """Captured stages of the padded batch, stacked over layers: [layer, batch, ...]."""
+def _per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
+    """Captured stages of the padded batch: stage -> one [batch, ...] tensor per layer (no copies).
+
+    scores (q k^T) are not here: the trace and the check each compute them from q and k when needed.
+    """
     calls = [_expand_kv(c) for c in cap.calls]
-    out = {s: torch.stack([getattr(c, s) for c in calls]) for s in ("q", "k", "v", "weights", "context")}
-    out["scores"] = out["q"] @ out["k"].transpose(-1, -2)  # q k^T: [layer, batch, head, query, key]
+    out = {s: [getattr(c, s) for c in calls] for s in ("q", "k", "v", "weights", "context")}
     for stage, ts in (("x", cap.x), ("output", cap.output)):
         if ts and len(ts) == len(calls):
-            out[stage] = torch.stack(ts)  # [layer, batch, token, d_model]
+            out[stage] = ts  # [batch, token, d_model] per layer
     return out
-
-
-def _unpad(batch: dict[str, torch.Tensor], row: int, n: int) -> dict[str, np.ndarray]:
-    """One row of the batch with its first n positions on every token axis (views, no copies)."""
-    arrays = {}
-    for stage, t in batch.items():
-        axes = ARRAY_AXES[stage]
-        index = tuple(slice(0, n) if a in TOKEN_AXES else slice(None) for a in axes[1:])
-        arrays[stage] = t[:, row][(slice(None), *index)].numpy()
-    return arrays
 
 
 def _expand_kv(call: AttentionCall) -> AttentionCall:
