@@ -6,6 +6,13 @@ On 8 texts x 256 tokens with the bundled model, in one process:
 Prints the median time of each, the ratios to (a) and (b), and the peak RSS.
 Targets: (c) <= 1.1x (b); (d) <= 1.5x (b).
 
+A trace's arrays are laid out [layer, ...] per text when first read (check() reads none), so
+two more lines show what (c) leaves for later and what bounds (d) from below:
+  (c+) (c), then every array of every trace read once
+  (e)  (b) plus the time its own attention sublayers took (the self-attention modules and the
+       output projections, timed with hooks inside (b)): a recompute as fast as the model's own
+       code, with no comparison at all, would cost this much
+
     .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--texts 8] [--tokens 256] [--threads 1]
 """
 
@@ -17,6 +24,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -45,14 +53,36 @@ def long_texts(n_texts: int, tokens: int, tokenizer: object) -> list[str]:
     return texts
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def sublayer_seconds(m: attnscope.Model, forward: Callable[[], object]) -> float:
+    """Seconds the forward spends in its self-attention modules and attention output projections."""
+    spent = [0.0]
+    started: list[float] = []
+    hooks = []
+    for layer in m.model.encoder.layer:
+        for mod in (layer.attention.self, layer.attention.output.dense):
+            hooks.append(mod.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())))
+            hooks.append(mod.register_forward_hook(
+                lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - started.pop())))
+    try:
+        forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    return spent[0]
+
+
+def median_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median seconds of each case, run round-robin so that a noisy machine weighs on all alike.
+    A case that returns a float reports that many seconds itself."""
+    for fn in cases.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        for name, fn in cases.items():
+            t = time.perf_counter()
+            out = fn()
+            times[name].append(out if isinstance(out, float) else time.perf_counter() - t)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def main() -> None:
@@ -82,6 +112,10 @@ def main() -> None:
     def capture_only() -> object:
         return attnscope.trace(texts, model=m, max_length=args.tokens, recompute=False)
 
+    def capture_and_read() -> object:
+        traces = attnscope.trace(texts, model=m, max_length=args.tokens, recompute=False)
+        return [[t.arrays[s] for s in t.arrays] for t in traces]
+
     def recompute_and_check() -> object:
         traces = attnscope.trace(texts, model=m, max_length=args.tokens)
         reports = [t.check() for t in traces]
@@ -89,9 +123,12 @@ def main() -> None:
         return reports
 
     cases = {"(a) SDPA forward": plain_sdpa, "(b) eager + output_attentions": eager_attentions,
-             "(c) trace, capture only": capture_only, "(d) trace + recompute + check": recompute_and_check}
-    times = {name: median_time(fn, args.repeats) for name, fn in cases.items()}
+             "(c) trace, capture only": capture_only, "(c+) (c), every array read": capture_and_read,
+             "(d) trace + recompute + check": recompute_and_check,
+             "sublayers": partial(sublayer_seconds, m, eager_attentions)}
+    times = median_times(cases, args.repeats)
     a, b = times["(a) SDPA forward"], times["(b) eager + output_attentions"]
+    times["(e) (b) + its attention sublayers"] = b + times.pop("sublayers")
     print(f"bench_trace: {args.texts} texts x {args.tokens} tokens, {m.name}, "
           f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
     for name, t in times.items():

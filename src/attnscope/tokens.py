@@ -56,7 +56,8 @@ def encode(
             require_text(pair, "second text (--pair)")
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
-    truncated = [_too_long(tokenizer, t, p, max_length, truncate) for t, p in zip(texts, pairs, strict=True)]
+    lengths = _untruncated_lengths(tokenizer, texts, pairs)
+    truncated = [_too_long(n, max_length, truncate) for n in lengths]
     batch = tokenizer(
         list(texts),
         *([list(pairs)] if any(p is not None for p in pairs) else []),
@@ -72,8 +73,21 @@ def encode(
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
 
 
-def _too_long(tok: PreTrainedTokenizerBase, text: str, pair: str | None, max_length: int, truncate: bool) -> bool:
-    n = len(tok(text, pair, truncation=False, verbose=False)["input_ids"])
+def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pairs: list[str | None]) -> list[int]:
+    """Each text's token count with special tokens, before any truncation (one batched call)."""
+    with_pairs = [i for i, p in enumerate(pairs) if p is not None]
+    alone = [i for i, p in enumerate(pairs) if p is None]
+    lengths = [0] * len(texts)
+    for rows, args in ((alone, ([texts[i] for i in alone],)),
+                       (with_pairs, ([texts[i] for i in with_pairs], [pairs[i] for i in with_pairs]))):
+        if rows:
+            ids = tok(*args, truncation=False, verbose=False)["input_ids"]
+            for i, row_ids in zip(rows, ids, strict=True):
+                lengths[i] = len(row_ids)
+    return lengths
+
+
+def _too_long(n: int, max_length: int, truncate: bool) -> bool:
     if n <= max_length:
         return False
     if not truncate:
