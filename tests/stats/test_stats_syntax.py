@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
-from attnscope.stats.syntax import OFFSETS, SyntaxBatch, SyntaxCounts, best_heads, fold_layers, layer_correct
+import attnscope
+from attnscope.capture import AttentionCall, recording
+from attnscope.stats.batching import make_batch, tokenize
+from attnscope.stats.sources import Source
+from attnscope.stats.syntax import (
+    OFFSETS,
+    SyntaxBatch,
+    SyntaxCounts,
+    best_heads,
+    fold_layers,
+    layer_correct,
+    syntax_batch,
+)
 
 
 def test_predictions_in_both_directions() -> None:
@@ -51,3 +67,54 @@ def test_counts_merge_by_relation() -> None:
     assert merged.total == {"det": 3, "nsubj": 1}
     assert merged.to_dict() == b.merge(a).to_dict()
     assert SyntaxCounts.from_dict(merged.to_dict()).to_dict() == merged.to_dict()
+
+
+def first_argmax_counts(word: torch.Tensor, sb: SyntaxBatch) -> np.ndarray:
+    """layer_correct written out plainly: per scored dependent, head and direction, the first word
+    (not itself, not a special token) with the largest value, compared with the gold head."""
+    w = word.numpy()
+    counts = np.zeros((2, w.shape[1], len(sb.names)), dtype=np.int64)
+    for b, i in zip(*np.nonzero(sb.gold.numpy() >= 0), strict=True):
+        allowed = [j for j in range(w.shape[-1]) if bool(sb.candidates[b, j]) and j != i]
+        relation = int(np.argmax(sb.relation[b, i].numpy()))
+        for head in range(w.shape[1]):
+            for direction, values in enumerate((w[b, head, i, :], w[b, head, :, i])):
+                best = max(values[j] for j in allowed)
+                predicted = next(j for j in allowed if values[j] == best)
+                counts[direction, head, relation] += predicted == int(sb.gold[b, i])
+    return counts
+
+
+@pytest.fixture(scope="module")
+def ud_word_maps(minilm: attnscope.Model, ud_dev: Path) -> tuple[list[torch.Tensor], SyntaxBatch]:
+    """Every layer's word-level maps of 16 real UD sentences in one padded batch, and their gold trees."""
+    tok = minilm.tokenizer
+    docs = list(itertools.islice(Source(str(ud_dev)), 16))
+    batch = make_batch(tokenize(tok, docs, 256), int(tok.pad_token_id), False, False,
+                       tok.cls_token_id, tok.sep_token_id, 256)
+    assert batch.word_maps is not None
+    captured = []
+
+    class Keep:
+        def on_attention(self, call: AttentionCall) -> None:
+            captured.append(batch.word_maps.apply(call.weights))  # type: ignore[union-attr]
+
+    with torch.inference_mode(), recording(minilm.model, Keep()):
+        minilm.model(**batch.inputs)
+    return captured, syntax_batch(batch.docs, batch.word_maps, SyntaxCounts(minilm.n_layers, minilm.n_heads))
+
+
+def test_layer_correct_is_the_first_argmax_on_real_maps(ud_word_maps: tuple[list[torch.Tensor], SyntaxBatch]) -> None:
+    layers, sb = ud_word_maps
+    for word in layers:
+        assert np.array_equal(layer_correct(word, sb).numpy(), first_argmax_counts(word, sb))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_layer_correct_breaks_ties_like_the_first_argmax(ud_word_maps: tuple[list[torch.Tensor], SyntaxBatch],
+                                                          dtype: torch.dtype) -> None:
+    _, sb = ud_word_maps
+    b, n = sb.gold.shape
+    torch.manual_seed(0)
+    word = (torch.rand(b, 3, n, n) * 4).floor().to(dtype) / 4  # 5 distinct values: ties everywhere, zeros too
+    assert np.array_equal(layer_correct(word, sb).numpy(), first_argmax_counts(word, sb))

@@ -10,7 +10,6 @@ as queries). Root words have no head word and are not scored.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,20 +93,23 @@ class SyntaxBatch:
     candidates: torch.Tensor  # bool [batch, unit]: word units (not special tokens, not padding)
     names: list[str]
 
-    @functools.cached_property
-    def penalty(self) -> torch.Tensor:
-        """[batch, 1, query, key] float32: 0 where a word may be predicted, -2 elsewhere (weights are in
-        [0, 1], so adding it keeps itself, special tokens and padding out of every max). Only words
-        compete, so one mask over both axes serves both directions: masking rows that are not words
-        cannot change a word's column max."""
-        n = self.candidates.shape[-1]
-        allowed = self.candidates[:, :, None] & self.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool)
-        return ((~allowed).to(torch.float32) * -2.0)[:, None]
+    def offsets(self, bits: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """What layer_correct adds to the bit patterns of a [batch, query, head, key] map, for the rows
+        ([batch, dependent, 1, key]) and for the columns ([batch, query, 1, dependent]); cached per dtype.
 
-    @functools.cached_property
-    def scored(self) -> torch.Tensor:
-        """[batch, 1, unit] bool: dependents that are scored."""
-        return (self.gold >= 0)[:, None, :]
+        For dependent i and unit j: the smallest integer where j may not be predicted (i itself, special
+        tokens, padding), +1 where j is a word before i's gold head g (a tie there would be the first
+        arg-max: with +1 it beats g, since W[g] > W[j] is W[g] >= W[j] + 1 on integers), else 0.
+        """
+        cache: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = self.__dict__.setdefault("_offsets", {})
+        if bits not in cache:
+            n = self.candidates.shape[-1]
+            allowed = self.candidates[:, None, :] & ~torch.eye(n, dtype=torch.bool)  # [batch, dependent, unit]
+            before = torch.arange(n) < self.gold[:, :, None]  # [batch, dependent, unit]
+            lowest = torch.iinfo(bits).min
+            offset = torch.where(allowed, before.to(bits), torch.full((), lowest, dtype=bits))
+            cache[bits] = offset[:, :, None, :], offset.transpose(1, 2)[:, :, None, :].contiguous()
+        return cache[bits]
 
 
 def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts) -> SyntaxBatch:
@@ -143,22 +145,29 @@ def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts
     return SyntaxBatch(gold, onehot, candidates, list(names))
 
 
+# Same-size integers of each float dtype: bit patterns of non-negative floats order like their values.
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+         torch.bfloat16: torch.int16}
+
+
 def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
     """Correct predictions of one layer per direction, head and relation: float64 [direction, head, relation].
 
-    word_attention: [batch, head, unit, unit] word-level maps.
+    word_attention: [batch, head, unit, unit] word-level maps (non-negative). The prediction is the first
+    arg-max over the allowed words; it is the gold head g exactly when g's value, as an integer bit
+    pattern, equals the max after SyntaxBatch.offsets. Integer maxima are vectorized where float arg-maxes
+    are not, and the key axis is reduced in place for the rows, the query axis for the columns.
     """
     b, h, n, _ = word_attention.shape
-    masked = word_attention + sb.penalty.to(word_attention.dtype)  # [batch, head, query, key]
-    gold = sb.gold[:, None, :]  # [batch, 1, unit]
-    relation = sb.relation.reshape(b * n, -1)  # [batch * unit, relation]
-    out = []
-    # dep->head: the key row i attends to most; head->dep: the query attending most to column i
-    for maps in (masked, masked.transpose(-1, -2).contiguous()):
-        predicted = maps.max(-1).indices  # [batch, head, unit]; ties: the first (leftmost) index
-        hit = ((predicted == gold) & sb.scored).to(torch.float64)
-        out.append(hit.transpose(0, 1).reshape(h, b * n) @ relation)  # [head, relation]
-    return torch.stack(out)
+    bits = word_attention.transpose(1, 2).contiguous().view(_BITS[word_attention.dtype])  # [batch, query, head, key]
+    to_rows, to_columns = sb.offsets(bits.dtype)
+    gold = sb.gold.clamp(min=0)  # [batch, unit]; a dependent that is not scored has a zero relation row
+    best_rows = (bits + to_rows).amax(-1)  # dep->head: [batch, dependent, head]
+    gold_rows = bits.gather(3, gold[:, :, None, None].expand(b, n, h, 1))[..., 0]
+    best_columns = (bits + to_columns).amax(1)  # head->dep: [batch, head, dependent]
+    gold_columns = bits.gather(1, gold[:, None, None, :].expand(b, 1, h, n))[:, 0]
+    hits = torch.stack(((best_rows == gold_rows).permute(2, 0, 1), (best_columns == gold_columns).transpose(0, 1)))
+    return hits.to(torch.float64).reshape(2, h, b * n) @ sb.relation.reshape(b * n, -1)  # [direction, head, relation]
 
 
 def fold_layers(counts: SyntaxCounts, per_layer: list[torch.Tensor], sb: SyntaxBatch) -> None:
