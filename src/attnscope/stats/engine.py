@@ -28,7 +28,7 @@ from attnscope.families import is_causal
 from attnscope.models import Model
 from attnscope.stats import syntax as syn
 from attnscope.stats.batching import Batch, make_batch, plan, tokenize
-from attnscope.stats.metrics import Metric, clean, metrics_for
+from attnscope.stats.metrics import Metric, clean, metrics_for, row_mean
 from attnscope.stats.sources import Document, Source
 from attnscope.stats.state import StatsState
 
@@ -97,6 +97,7 @@ class _BatchRecorder:
 
     def __init__(self, model: Model, batch: Batch, metrics: list[Metric], counts: syn.SyntaxCounts | None):
         self.model, self.batch, self.metrics = model, batch, metrics
+        self.row_metrics = [m for m in metrics if m.per_row is not None]
         self.values: dict[str, list[torch.Tensor]] = {m.name: [] for m in metrics}  # per layer [batch, head]
         self.ok: dict[str, torch.Tensor] = {}
         self.syntax = syn.syntax_batch(batch.docs, batch.word_maps, counts) if (
@@ -106,13 +107,20 @@ class _BatchRecorder:
 
     def on_attention(self, call: AttentionCall) -> None:
         view = LayerView(call, self.layer, self.batch, self.model)
+        units = self.batch.units
         maps: dict[str, torch.Tensor] = {}
+        rows: list[torch.Tensor] = []  # per-row values of the mean-over-rows metrics: [batch, head, query]
         for metric in self.metrics:
             if metric.source not in maps:
                 maps[metric.source] = self._units(INPUTS[metric.source](view))
-            values, ok = metric.fn(maps[metric.source], self.batch.units)
-            self.values[metric.name].append(values)
-            self.ok[metric.name] = ok
+            if metric.per_row is not None:
+                rows.append(metric.per_row(maps[metric.source], units))
+            else:
+                self._keep(metric, *metric.fn(maps[metric.source], units))
+        if rows:
+            means, ok = row_mean(torch.stack(rows), units)  # [metric, batch, head]: their fn, all at once
+            for metric, values in zip(self.row_metrics, means, strict=True):
+                self._keep(metric, values, ok)
         if self.syntax is not None:
             word = maps["weights"] if self.batch.unit_maps is self.batch.word_maps and "weights" in maps else None
             if word is None:
@@ -120,6 +128,10 @@ class _BatchRecorder:
                 word = self.batch.word_maps.apply(call.weights.detach())
             self.syntax_layers.append(syn.layer_correct(word, self.syntax))
         self.layer += 1
+
+    def _keep(self, metric: Metric, values: torch.Tensor, ok: torch.Tensor) -> None:
+        self.values[metric.name].append(values)
+        self.ok[metric.name] = ok
 
     def _units(self, token_maps: torch.Tensor) -> torch.Tensor:
         maps = token_maps.detach()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from attnscope.errors import AttnscopeError
 
@@ -43,62 +44,87 @@ class Units:
         return (self.rows.to(torch.float64) / torch.clamp(self.n_rows, min=1.0)[:, None])[:, None, :]
 
     def selector(self, kind: str, dtype: torch.dtype) -> torch.Tensor:
-        """[batch, 1, 1, key] indicator of a kind, cached per batch and dtype."""
+        """[batch, 1, 1, key] indicator of a kind ("valid": real units), cached per batch and dtype."""
         cache: dict[tuple[str, torch.dtype], torch.Tensor] = self.__dict__.setdefault("_selectors", {})
         if (kind, dtype) not in cache:
-            cache[(kind, dtype)] = self.kinds[kind].to(dtype)[:, None, None, :]
+            cache[(kind, dtype)] = (self.valid if kind == "valid" else self.kinds[kind]).to(dtype)[:, None, None, :]
         return cache[(kind, dtype)]
+
+    @functools.cached_property
+    def uniform_entropy(self) -> torch.Tensor:
+        """[batch, 1] float64: the mean over counted rows of ln(keys the row can see)."""
+        n = self.valid.shape[-1]
+        visible = self.valid[:, None, :].expand(-1, n, -1)  # [batch, query, key]
+        if self.causal:
+            visible = visible & torch.ones(n, n, dtype=torch.bool).tril()
+        log_count = torch.log(torch.clamp(visible.sum(-1).to(torch.float64), min=1.0))  # [batch, query]
+        return row_mean(log_count[:, None, :], self)[0]
 
 
 MetricFn = Callable[[torch.Tensor, Units], Values]
+RowFn = Callable[[torch.Tensor, Units], torch.Tensor]  # maps -> one value per row [batch, head, query]
 
 
 @dataclass(frozen=True)
 class Metric:
-    """A named per-head statistic. `source` names the map it reads (engine inputs: "weights")."""
+    """A named per-head statistic. `source` names the map it reads (engine inputs: "weights").
+
+    A mean over rows (made with `row_metric`) also keeps its `per_row` function: the engine then
+    averages all such metrics of a layer in one step, which gives the same numbers as `fn`.
+    """
 
     name: str
     fn: MetricFn
     description: str
     source: str = "weights"
     models: str = "all"  # "all", "bidirectional" or "causal"
+    per_row: RowFn | None = None
 
     def applies(self, causal: bool) -> bool:
         return self.models == "all" or self.models == ("causal" if causal else "bidirectional")
 
 
+def row_metric(name: str, per_row: RowFn, description: str, source: str = "weights", models: str = "all") -> Metric:
+    """The metric (1/n) sum_i per_row(A)[i] over the rows that count."""
+    return Metric(name, functools.partial(_mean_of_rows, per_row), description, source, models, per_row)
+
+
+def _mean_of_rows(per_row: RowFn, maps: torch.Tensor, units: Units) -> Values:
+    return row_mean(per_row(maps, units), units)
+
+
 def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
     """Maps with padding keys zeroed: [batch, head, query, key] (a product: NaN stays NaN)."""
-    return maps * units.valid[:, None, None, :].to(maps.dtype)
+    return maps * units.selector("valid", maps.dtype)
 
 
 def row_mean(per_row: torch.Tensor, units: Units) -> Values:
-    """Mean (in float64) over the rows that count: [batch, head, query] -> [batch, head]."""
+    """Mean (in float64) over the rows that count: [..., batch, head, query] -> [..., batch, head]."""
     kept = torch.where(units.rows[:, None, :], per_row.to(torch.float64), 0.0)  # NaN in a counted row stays
     return (kept * units.row_weights).sum(-1), units.n_rows > 0
 
 
-def attention_to(kind: str) -> MetricFn:
-    """(1/n) sum_i sum_{j of this kind} A[i, j]."""
+def row_attention_to(kind: str) -> RowFn:
+    """sum_{j of this kind} A[i, j] for each row i."""
 
-    def fn(maps: torch.Tensor, units: Units) -> Values:
-        per_row = (maps * units.selector(kind, maps.dtype)).sum(-1)  # [batch, head, query]
-        return row_mean(per_row, units)
+    def fn(maps: torch.Tensor, units: Units) -> torch.Tensor:
+        return (maps * units.selector(kind, maps.dtype)).sum(-1)  # [batch, head, query]
 
     return fn
 
 
-def attention_at_offset(offset: int) -> MetricFn:
-    """(1/n) sum_i A[i, i + offset]: 0 is the token itself, -1 the previous, +1 the next."""
+def attention_to(kind: str) -> MetricFn:
+    """(1/n) sum_i sum_{j of this kind} A[i, j]."""
+    return functools.partial(_mean_of_rows, row_attention_to(kind))
 
-    def fn(maps: torch.Tensor, units: Units) -> Values:
+
+def attention_at_offset(offset: int) -> RowFn:
+    """A[i, i + offset] for each row i (0 where i + offset is outside): 0 is the token itself, -1 the
+    previous, +1 the next."""
+
+    def fn(maps: torch.Tensor, units: Units) -> torch.Tensor:
         diagonal = torch.diagonal(maps, offset=offset, dim1=-2, dim2=-1)  # [batch, head, n - |offset|]
-        per_row = torch.zeros(maps.shape[:-1], dtype=maps.dtype)  # [batch, head, query]
-        if offset >= 0:
-            per_row[..., : diagonal.shape[-1]] = diagonal
-        else:
-            per_row[..., -offset:] = diagonal
-        return row_mean(per_row, units)
+        return F.pad(diagonal, (0, offset) if offset >= 0 else (-offset, 0))  # [batch, head, query]
 
     return fn
 
@@ -114,18 +140,14 @@ def row_entropy(maps: torch.Tensor) -> torch.Tensor:
     return -terms.sum(-1)
 
 
-def entropy(maps: torch.Tensor, units: Units) -> Values:
-    return row_mean(row_entropy(maps), units)
+def entropy(maps: torch.Tensor, units: Units) -> torch.Tensor:
+    """The entropy of each row (nats)."""
+    return row_entropy(maps)
 
 
 def uniform_entropy(maps: torch.Tensor, units: Units) -> Values:
     """The entropy of uniform attention over the keys a row can see: ln n, or ln(i+1) when causal."""
-    n = units.valid.shape[-1]
-    visible = units.valid[:, None, :].expand(-1, n, -1)  # [batch, query, key]
-    if units.causal:
-        visible = visible & torch.ones(n, n, dtype=torch.bool).tril()
-    log_count = torch.log(torch.clamp(visible.sum(-1).to(torch.float64), min=1.0))  # [batch, query]
-    return row_mean(log_count[:, None, :].expand(-1, maps.shape[1], -1), units)
+    return units.uniform_entropy.expand(-1, maps.shape[1]), units.n_rows > 0
 
 
 def cls_entropy(maps: torch.Tensor, units: Units) -> Values:
@@ -139,17 +161,17 @@ def cls_entropy(maps: torch.Tensor, units: Units) -> Values:
     return torch.where(ok[:, None], picked, torch.zeros((), dtype=picked.dtype)), ok
 
 
-def distance(maps: torch.Tensor, units: Units) -> Values:
-    """(1/n) sum_i sum_j A[i,j] |i - j|, in units (tokens or words)."""
+def distance(maps: torch.Tensor, units: Units) -> torch.Tensor:
+    """sum_j A[i,j] |i - j| for each row i, in units (tokens or words)."""
     n = maps.shape[-1]
     pos = torch.arange(n, dtype=maps.dtype)
     gap = (pos[:, None] - pos[None, :]).abs()  # [query, key]
-    return row_mean((maps * gap).sum(-1), units)
+    return (maps * gap).sum(-1)
 
 
-def concentration(maps: torch.Tensor, units: Units) -> Values:
-    """(1/n) sum_i max_j A[i,j]."""
-    return row_mean(maps.max(-1).values, units)
+def concentration(maps: torch.Tensor, units: Units) -> torch.Tensor:
+    """max_j A[i,j] for each row i."""
+    return maps.amax(-1)
 
 
 METRICS: dict[str, Metric] = {}
@@ -164,18 +186,18 @@ def register_metric(metric: Metric) -> Metric:
 
 
 for _m in (
-    Metric("cls", attention_to("cls"), "attention to [CLS]", models="bidirectional"),
-    Metric("sep", attention_to("sep"), "attention to [SEP]", models="bidirectional"),
-    Metric("sink", attention_to("sink"), "attention to the first token (the sink)", models="causal"),
-    Metric("punct", attention_to("punct"), 'attention to "." and ","'),
-    Metric("self", attention_at_offset(0), "attention to the token itself"),
-    Metric("prev", attention_at_offset(-1), "attention to the previous token (j = i - 1)"),
-    Metric("next", attention_at_offset(1), "attention to the next token (j = i + 1)"),
-    Metric("entropy", entropy, "attention entropy (nats)"),
+    row_metric("cls", row_attention_to("cls"), "attention to [CLS]", models="bidirectional"),
+    row_metric("sep", row_attention_to("sep"), "attention to [SEP]", models="bidirectional"),
+    row_metric("sink", row_attention_to("sink"), "attention to the first token (the sink)", models="causal"),
+    row_metric("punct", row_attention_to("punct"), 'attention to "." and ","'),
+    row_metric("self", attention_at_offset(0), "attention to the token itself"),
+    row_metric("prev", attention_at_offset(-1), "attention to the previous token (j = i - 1)"),
+    row_metric("next", attention_at_offset(1), "attention to the next token (j = i + 1)"),
+    row_metric("entropy", entropy, "attention entropy (nats)"),
     Metric("entropy_uniform", uniform_entropy, "entropy of uniform attention (nats): the baseline"),
     Metric("entropy_cls", cls_entropy, "entropy of the [CLS] row (nats)", models="bidirectional"),
-    Metric("distance", distance, "mean attention distance (tokens)"),
-    Metric("concentration", concentration, "mean of the largest weight of each row"),
+    row_metric("distance", distance, "mean attention distance (tokens)"),
+    row_metric("concentration", concentration, "mean of the largest weight of each row"),
 ):
     register_metric(_m)
 
