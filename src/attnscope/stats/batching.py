@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -170,23 +171,21 @@ def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool
     # Pad to a multiple of 8 (never past max(longest, limit)): few distinct shapes keep the kernels'
     # caches and the allocator's peak flat over a long run. Padding never changes a number.
     t = min(-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, max(longest, limit))
-    ids = torch.full((len(docs), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(docs), t), dtype=torch.long)
-    types = torch.zeros((len(docs), t), dtype=torch.long)
-    for row, d in enumerate(docs):
-        ids[row, : d.n_tokens] = torch.tensor(d.ids)
-        mask[row, : d.n_tokens] = 1
-        if d.type_ids is not None:
-            types[row, : d.n_tokens] = torch.tensor(d.type_ids)
-    inputs = {"input_ids": ids, "attention_mask": mask}
+    ids = _padded([d.ids for d in docs], t, pad_id, np.int64)  # [batch, token]
+    inputs = {"input_ids": ids, "attention_mask": _padded([[1] * d.n_tokens for d in docs], t, 0, np.int64)}
     if docs[0].type_ids is not None:
-        inputs["token_type_ids"] = types
+        inputs["token_type_ids"] = _padded([d.type_ids or [] for d in docs], t, 0, np.int64)
     kinds = _Kinds(cls_id, sep_id, causal)
-    unit_maps = unit_maps_for(docs, t, kinds) if word_level else None
-    units = unit_maps.units if unit_maps is not None else _token_units(docs, t, kinds)
+    unit_maps = unit_maps_for(docs, t, kinds, ids) if word_level else None
+    units = unit_maps.units if unit_maps is not None else _token_units(docs, t, kinds, ids)
     has_trees = docs[0].doc.heads is not None
-    word_maps = (unit_maps or unit_maps_for(docs, t, kinds)) if has_trees else None
+    word_maps = (unit_maps or unit_maps_for(docs, t, kinds, ids)) if has_trees else None
     return Batch(docs, inputs, units, unit_maps, word_maps)
+
+
+def _padded(rows: Sequence[Sequence[object]], width: int, fill: object, dtype: type) -> torch.Tensor:
+    """[document, width]: each document's row, filled up to width (numpy builds it from lists faster)."""
+    return torch.from_numpy(np.array([[*row, *[fill] * (width - len(row))] for row in rows], dtype=dtype))
 
 
 KINDS = ("cls", "sep", "punct", "sink")
@@ -198,52 +197,61 @@ class _Kinds:
     sep_id: int | None
     causal: bool
 
-    def of(self, d: Prepared, tokens: list[int], text: str) -> tuple[bool, bool, bool, bool]:
-        """(cls, sep, punct, sink) flags of one unit, in the order of KINDS."""
-        first = tokens[0]
-        special = len(tokens) == 1 and d.special[first]
-        tid = d.ids[first]
-        return (
-            special and not self.causal and tid == self.cls_id,
-            special and not self.causal and tid == self.sep_id,
-            not special and text.strip() in PUNCTUATION,
-            self.causal and first == 0,
-        )
+    def units(self, ids: torch.Tensor, first: list[list[int]], special: list[list[bool]], text: list[list[str]],
+              width: int) -> Units:
+        """Units of a batch from, per document and unit: its first token, whether it is one special token,
+        its text. ids: the batch's input_ids [batch, token]. Padded to width units."""
+        valid = _padded([[True] * len(f) for f in first], width, False, np.bool_)  # [batch, unit]
+        first_token = _padded(first, width, 0, np.int64)
+        one_special = _padded(special, width, False, np.bool_)
+        punct = _padded([[not s and t.strip() in PUNCTUATION for s, t in zip(ss, ts, strict=True)]
+                         for ss, ts in zip(special, text, strict=True)], width, False, np.bool_)
+        token_id = ids.gather(1, first_token)  # [batch, unit]
+        none = torch.zeros_like(valid)
+        flags = {
+            "cls": one_special & (token_id == self.cls_id) if self.cls_id is not None and not self.causal else none,
+            "sep": one_special & (token_id == self.sep_id) if self.sep_id is not None and not self.causal else none,
+            "punct": punct,
+            "sink": valid & (first_token == 0) if self.causal else none,
+        }
+        rows = valid.clone()
+        if self.causal:
+            rows[:, 0] = False  # row 0 can only attend to itself
+        return Units(valid, rows, {k: flags[k] for k in KINDS}, self.causal)
 
 
-def _units(rows: list[list[tuple[bool, bool, bool, bool]]], width: int, causal: bool) -> Units:
-    """Units from per-document lists of unit kinds, padded to width (built as lists, one tensor each)."""
-    pad = (False, False, False, False)
-    flags = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.bool)  # [b, u, kind]
-    valid = torch.tensor([[True] * len(row) + [False] * (width - len(row)) for row in rows], dtype=torch.bool)
-    rows_that_count = valid.clone()
-    if causal:
-        rows_that_count[:, 0] = False  # row 0 can only attend to itself
-    return Units(valid, rows_that_count, {k: flags[..., i] for i, k in enumerate(KINDS)}, causal)
+def _token_units(docs: list[Prepared], width: int, kinds: _Kinds, ids: torch.Tensor) -> Units:
+    first = [list(range(d.n_tokens)) for d in docs]
+    return kinds.units(ids, first, [d.special for d in docs], [d.pieces for d in docs], width)
 
 
-def _token_units(docs: list[Prepared], width: int, kinds: _Kinds) -> Units:
-    rows = [[kinds.of(d, [i], d.pieces[i]) for i in range(d.n_tokens)] for d in docs]
-    return _units(rows, width, kinds.causal)
-
-
-def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds) -> UnitMaps:
+def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds, ids: torch.Tensor) -> UnitMaps:
     groups = [d.units(word_level=True) for d in docs]
     n_units = max(len(g) for g in groups)
-    index: list[tuple[int, int, int]] = []  # (document, unit, token)
-    share: list[float] = []
-    rows = []
+    doc_of: list[int] = []  # per token of the batch: its document, its unit and the pieces of that unit
+    unit_of: list[int] = []
+    pieces_of: list[int] = []
     for b, (d, doc_groups) in enumerate(zip(docs, groups, strict=True)):
-        row = []
+        owner = [0] * d.n_tokens
         for u, tokens in enumerate(doc_groups):
-            index += [(b, u, t) for t in tokens]
-            share += [1.0 / len(tokens)] * len(tokens)
-            word = d.words[tokens[0]]
-            row.append(kinds.of(d, tokens, d.word_text[word] if word is not None else ""))
-        rows.append(row)
-    b_, u_, t_ = torch.tensor(index, dtype=torch.long).unbind(-1)
+            for t in tokens:
+                owner[t] = u
+        doc_of += [b] * d.n_tokens
+        unit_of += owner
+        pieces_of += [len(doc_groups[u]) for u in owner]
+    token_of = [t for d in docs for t in range(d.n_tokens)]
+    b_, u_, t_ = (torch.from_numpy(np.array(x, dtype=np.int64)) for x in (doc_of, unit_of, token_of))
     mean_from = torch.zeros((len(docs), n_units, width), dtype=torch.float32)
-    mean_from[b_, u_, t_] = torch.tensor(share, dtype=torch.float32)
+    mean_from[b_, u_, t_] = torch.from_numpy((1.0 / np.array(pieces_of, dtype=np.float64)).astype(np.float32))
     sum_to = torch.zeros((len(docs), width, n_units), dtype=torch.float32)
     sum_to[b_, t_, u_] = 1.0
-    return UnitMaps(mean_from, sum_to, _units(rows, n_units, kinds.causal), groups)
+    first = [[g[0] for g in doc_groups] for doc_groups in groups]
+    pairs = list(zip(docs, groups, strict=True))
+    special = [[len(g) == 1 and d.special[g[0]] for g in doc_groups] for d, doc_groups in pairs]
+    text = [[_word_text(d, g[0]) for g in doc_groups] for d, doc_groups in pairs]
+    return UnitMaps(mean_from, sum_to, kinds.units(ids, first, special, text, n_units), groups)
+
+
+def _word_text(d: Prepared, token: int) -> str:
+    word = d.words[token]
+    return d.word_text[word] if word is not None else ""
