@@ -63,3 +63,21 @@ def test_nan_is_an_error_and_mismatched_states_do_not_merge() -> None:
         s.add("entropy", np.array([[[np.nan]]]), np.array([True]))
     with pytest.raises(AttnscopeError, match="cannot merge"):
         s.merge(StatsState(1, 1, ("entropy",), {"model": "other"}))
+
+
+def test_sums_equal_python_integer_sums() -> None:
+    """The int64 limb sums give exactly the sums of Python integers, up to the largest allowed values."""
+    from attnscope.stats.state import SCALE
+
+    rng = np.random.default_rng(3)
+    for magnitude in (1.0, 300.0, 2.0**29):
+        values = rng.uniform(-magnitude, magnitude, size=(64, 2, 3))
+        values[0, 0, 0] = np.nextafter(2.0**30, 0)  # the extremes the fixed point allows
+        values[1, 0, 0] = -np.nextafter(2.0**30, 0)
+        s = filled(values)
+        q = [[[int(round(v * SCALE)) for v in row] for row in doc] for doc in values.tolist()]
+        for layer in range(2):
+            for head in range(3):
+                column = [doc[layer][head] for doc in q]
+                assert s.total["entropy"][layer, head] == sum(column)
+                assert s.squares["entropy"][layer, head] == sum(x * x for x in column)

@@ -54,10 +54,12 @@ class StatsState:
                                  "check the model's weights and inputs")
         if np.abs(values).max() >= _LIMIT:
             raise AttnscopeError(f"{name} reached {np.abs(values).max():.3g}, beyond the exact range of the sums")
-        q = np.rint(values * SCALE).astype(np.int64).astype(object)  # exact Python ints
+        q = np.rint(values * SCALE).astype(np.int64)  # [document, layer, head], |q| < 2^62
         self.count[name] += values.shape[0]
-        self.total[name] = self.total[name] + q.sum(axis=0)
-        self.squares[name] = self.squares[name] + (q * q).sum(axis=0)
+        for start in range(0, q.shape[0], _CHUNK):
+            total, squares = _exact_sums(q[start:start + _CHUNK])
+            self.total[name] = self.total[name] + total
+            self.squares[name] = self.squares[name] + squares
 
     def merge(self, other: StatsState) -> StatsState:
         """A new state holding both; exact, associative and commutative."""
@@ -123,6 +125,23 @@ class StatsState:
         if data.get("syntax") is not None:
             state.syntax = SyntaxCounts.from_dict(data["syntax"])
         return state
+
+
+_BITS = 21  # q = a 2^42 + b 2^21 + c, |a| < 2^20, 0 <= b, c < 2^21: a product of two limbs is below 2^43
+_CHUNK = 2**19  # documents summed at once in int64: 2^19 products below 2^43 stay below 2^62
+
+
+def _exact_sums(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of q, sum of q^2) over the documents of q [document, layer, head] int64, as Python ints [layer, head].
+
+    Summed in int64 limb by limb (exact, and much faster than summing Python ints), then put together."""
+    mask = (1 << _BITS) - 1
+    a, b, c = q >> 2 * _BITS, (q >> _BITS) & mask, q & mask
+    limbs = np.stack([a, b, c, a * a, a * b, 2 * a * c + b * b, b * c, c * c]).sum(axis=1).astype(object)
+    sa, sb, sc, aa, ab, ac_bb, bc, cc = limbs
+    total = (sa << 2 * _BITS) + (sb << _BITS) + sc
+    squares = (aa << 4 * _BITS) + (ab << 3 * _BITS + 1) + (ac_bb << 2 * _BITS) + (bc << _BITS + 1) + cc
+    return total, squares
 
 
 def _ints(shape: tuple[int, int]) -> np.ndarray:
