@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from attnscope.maths import ARRAY_AXES, TOKEN_AXES, AttentionParams
-from attnscope.recompute import RECOMPUTED_STAGES, recompute_layers
+from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, recompute_layers, row_chunks
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
 
@@ -101,22 +101,39 @@ class ErrorTable:
                 valid = valid & self.keep.view(shape)
         return valid
 
-    def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor,
-            scale: torch.Tensor | None = None) -> None:
-        """captured, other (and scale, >= 1): one layer of the batch, [batch, ...] with the stage's axes."""
-        per_head = stage in PER_HEAD
-        table = self.errors.setdefault(
-            (stage, source), np.zeros((self.keep.shape[0], self.n_layers, self.n_heads if per_head else 1)))
+    def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor) -> None:
+        """captured, other: one layer of the batch, [batch, ...] with the stage's axes."""
         if captured is other:  # the model returned the very tensor the capture saw
-            table[:, layer] = self._same(stage, captured)
+            self._table(stage, source)[:, layer] = self._same(stage, captured)
             return
-        diff = torch.sub(captured.float(), other.float(), out=self.scratch("diff", captured.shape)).abs_()
-        if scale is not None:
-            diff.div_(scale)
+        for rows in row_chunks(captured[0].numel(), int(captured.shape[0])):
+            self.add_rows(stage, source, layer, rows, captured[rows], other[rows])
+
+    def add_rows(self, stage: str, source: str, layer: int, rows: slice, captured: torch.Tensor,
+                 other: torch.Tensor) -> None:
+        """captured, other: some rows of one layer of the batch, [rows, ...]."""
+        a, b = captured.float(), other.float()
+        diff = torch.sub(a, b, out=self.scratch("diff", a.shape)).abs_()
+        self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
+
+    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
+        """The trace's scores, q k^T of the captured q and k [rows, head, token, d_head], against the
+        recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|)."""
+        shape = recomputed.shape
+        diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
+        bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
+        self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
+
+    def _table(self, stage: str, source: str) -> np.ndarray:
+        width = self.n_heads if stage in PER_HEAD else 1
+        return self.errors.setdefault((stage, source), np.zeros((self.keep.shape[0], self.n_layers, width)))
+
+    def _reduce(self, stage: str, diff: torch.Tensor, rows: slice) -> np.ndarray:
+        """Max of |difference| per row and head ([rows, head] or [rows, 1]), over real positions only."""
         if self.padded:  # a fill rather than a product: padding drops out, a NaN in real positions stays
-            diff.masked_fill_(~self._valid(stage), 0.0)
-        reduced = diff.flatten(2).amax(2) if per_head else diff.flatten(1).amax(1, keepdim=True)
-        table[:, layer] = reduced.numpy()
+            diff.masked_fill_(~self._valid(stage)[rows], 0.0)
+        reduced = diff.flatten(2).amax(2) if stage in PER_HEAD else diff.flatten(1).amax(1, keepdim=True)
+        return reduced.numpy()
 
     def _same(self, stage: str, t: torch.Tensor) -> np.ndarray:
         """|a - a| without the subtraction: 0, or NaN where a real position holds NaN or infinity."""
@@ -128,7 +145,8 @@ class ErrorTable:
         return np.where(ends.numpy(), 0.0, np.nan)
 
     def scratch(self, name: str, shape: torch.Size) -> torch.Tensor:
-        """A float32 buffer reused from layer to layer (fresh big tensors cost a page fault every 4 KiB)."""
+        """A float32 buffer reused from chunk to chunk and layer to layer (a fresh big tensor costs a page
+        fault every 4 KiB)."""
         key = (name, tuple(shape))
         if key not in self._scratch:
             self._scratch[key] = torch.empty(shape, dtype=torch.float32)
@@ -138,12 +156,6 @@ class ErrorTable:
         order = [*PER_LAYER[:1], *PER_HEAD, *PER_LAYER[1:]]
         keys = sorted(self.errors, key=lambda k: (k[1] != "recompute", order.index(k[0])))
         return [Comparison(st, src, self.errors[(st, src)][row], st in RELATIVE) for st, src in keys]
-
-
-def score_bound(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """max(1, |q_i| |k_j|) for every score: [..., query, 1] x [..., 1, key] -> [..., query, key]."""
-    bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=out)
-    return bound.clamp_(min=1.0)
 
 
 def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
@@ -157,23 +169,17 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     n_layers, n_heads = len(captured["weights"]), int(captured["weights"][0].shape[1])
     table = ErrorTable(keep, n_layers, n_heads)
     if params is not None and "x" in captured:
-        for layer, rec in enumerate(recompute_layers(captured["x"], params, causal, keep)):  # [batch, ...] stages
+        # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
+        for layer, rows, rec in recompute_layers(captured["x"], params, causal, keep, CHUNK_BYTES):
             for stage in RECOMPUTED_STAGES:
                 if stage in RELATIVE:
-                    _add_scores(table, layer, captured["q"][layer], captured["k"][layer], rec[stage])
+                    table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
                 else:
-                    table.add(stage, "recompute", layer, captured[stage][layer], rec[stage])
+                    table.add_rows(stage, "recompute", layer, rows, captured[stage][layer][rows], rec[stage])
     for stage, ref in reference.items():
         for layer in range(n_layers):
             table.add(stage, "model", layer, captured[stage][layer], ref[layer])
     return table
-
-
-def _add_scores(table: ErrorTable, layer: int, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
-    """The trace's scores, q k^T of the captured q and k, against the recompute's, relative to |q| |k|."""
-    shape = recomputed.shape  # [batch, head, query, key]
-    scores = torch.matmul(q, k.transpose(-1, -2), out=table.scratch("scores", shape))
-    table.add("scores", "recompute", layer, scores, recomputed, score_bound(q, k, table.scratch("bound", shape)))
 
 
 def report_from_dict(data: dict[str, Any]) -> CheckReport:

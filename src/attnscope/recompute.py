@@ -12,6 +12,7 @@ from attnscope.capture import attention_modules
 from attnscope.families import family_of
 
 RECOMPUTED_STAGES = ("q", "k", "v", "scores", "weights", "context", "output")
+CHUNK_BYTES = 4 * 2**20  # a chunk of a few MiB of attention maps stays in the CPU's cache
 
 
 def layer_params(model: nn.Module) -> list[maths.AttentionParams] | None:
@@ -38,16 +39,28 @@ def layer_mask(n_tokens: int, causal: bool, keep: torch.Tensor | None = None) ->
 @torch.no_grad()
 def recompute_layers(
     x: torch.Tensor | Sequence[torch.Tensor], params: list[maths.AttentionParams], causal: bool,
-    keep: torch.Tensor | None = None,
-) -> Iterator[dict[str, torch.Tensor]]:
-    """x: the captured inputs, [(batch,) token, d_model] per layer -> every stage of each layer, one at a time.
+    keep: torch.Tensor | None = None, chunk_bytes: int | None = None,
+) -> Iterator[tuple[int, slice, dict[str, torch.Tensor]]]:
+    """The compared stages of each layer from its captured input: yields (layer, rows, stages).
 
-    keep: [batch, token], 1 for real tokens and 0 for padding. Yielding per layer keeps only one
-    layer's intermediates alive (see attnscope.maths.multi_head_attention for their axes).
+    x: [batch, token, d_model] per layer; keep: [batch, token], 1 for real tokens and 0 for padding.
+    chunk_bytes: recompute that many bytes of [rows, head, query, key] at a time (default: all rows
+    at once). Only one chunk's intermediates are alive at a time.
     """
-    mask = layer_mask(int(x[0].shape[-2]), causal, keep)
-    for i, p in enumerate(params):
-        yield compared_stages(x[i], p, mask)
+    n_rows, n_tokens = int(x[0].shape[0]), int(x[0].shape[1])
+    mask = layer_mask(n_tokens, causal, keep)  # [batch, 1, query, key], [query, key] or None
+    n_heads = params[0].n_heads if params else 1
+    chunks = row_chunks(n_heads * n_tokens * n_tokens, n_rows, chunk_bytes)
+    for layer, p in enumerate(params):
+        for rows in chunks:
+            rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
+            yield layer, rows, compared_stages(x[layer][rows], p, rows_mask)
+
+
+def row_chunks(row_items: int, n_rows: int, chunk_bytes: int | None = CHUNK_BYTES) -> list[slice]:
+    """Slices of batch rows holding about chunk_bytes of float32 each (rows of row_items numbers)."""
+    step = n_rows if chunk_bytes is None else max(1, chunk_bytes // max(1, 4 * row_items))
+    return [slice(i, i + step) for i in range(0, n_rows, step)]
 
 
 def compared_stages(x: torch.Tensor, p: maths.AttentionParams, mask: torch.Tensor | None) -> dict[str, torch.Tensor]:
