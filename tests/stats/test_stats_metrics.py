@@ -130,3 +130,37 @@ def test_head_classes_follow_the_documented_thresholds() -> None:
         "punct": grid([0.0, 0.0, 0.0, 0.7]),
     }
     assert head_classes(means) == [[["broad"], ["previous-token"], ["[CLS]"], ["punctuation"]]]
+
+
+def random_weights(batch: int = 3, heads: int = 2, n: int = 7, seed: int = 0) -> torch.Tensor:
+    """Softmax rows in float32 [batch, head, query, key], some weights tiny, the last key padding (zero)."""
+    torch.manual_seed(seed)
+    maps = torch.softmax(torch.randn(batch, heads, n, n) * 6, -1)
+    maps[..., -1] = 0.0
+    return maps
+
+
+def test_concentration_is_the_row_max_and_keeps_nan() -> None:
+    u = units(width=7, n=6)
+    maps = random_weights()
+    concentration = METRICS["concentration"].per_row
+    assert concentration is not None
+    assert torch.equal(concentration(maps, u), maps.max(-1).values)
+    for nan in (float("nan"), -float("nan"), (torch.zeros(()) / 0.0).item()):  # either sign bit
+        broken = maps.clone()
+        broken[0, 1, 2, 3] = nan
+        assert math.isnan(float(concentration(broken, u)[0, 1, 2]))
+
+
+def test_row_metrics_averaged_together_equal_each_metric() -> None:
+    """The engine averages every mean-over-rows metric of a layer in one step: the same numbers as each fn."""
+    from attnscope.stats.metrics import row_mean
+
+    for causal in (False, True):
+        u = units(causal=causal, width=7, n=6)
+        maps = clean(random_weights(seed=int(causal)), u)
+        row_metrics = [m for m in METRICS.values() if m.per_row is not None]
+        together, ok = row_mean(torch.stack([m.per_row(maps, u) for m in row_metrics]), u)
+        for metric, values in zip(row_metrics, together, strict=True):
+            alone, alone_ok = metric.fn(maps, u)
+            assert torch.equal(values, alone) and torch.equal(ok, alone_ok), metric.name

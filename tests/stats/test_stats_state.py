@@ -75,7 +75,7 @@ def test_sums_equal_python_integer_sums() -> None:
         values[0, 0, 0] = np.nextafter(2.0**30, 0)  # the extremes the fixed point allows
         values[1, 0, 0] = -np.nextafter(2.0**30, 0)
         s = filled(values)
-        q = [[[int(round(v * SCALE)) for v in row] for row in doc] for doc in values.tolist()]
+        q = [[[round(v * SCALE) for v in row] for row in doc] for doc in values.tolist()]
         for layer in range(2):
             for head in range(3):
                 column = [doc[layer][head] for doc in q]

@@ -171,10 +171,10 @@ def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool
     # Pad to a multiple of 8 (never past max(longest, limit)): few distinct shapes keep the kernels'
     # caches and the allocator's peak flat over a long run. Padding never changes a number.
     t = min(-(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, max(longest, limit))
-    ids = _padded([d.ids for d in docs], t, pad_id, np.int64)  # [batch, token]
-    inputs = {"input_ids": ids, "attention_mask": _padded([[1] * d.n_tokens for d in docs], t, 0, np.int64)}
+    ids = padded([d.ids for d in docs], t, pad_id, np.int64)  # [batch, token]
+    inputs = {"input_ids": ids, "attention_mask": padded([[1] * d.n_tokens for d in docs], t, 0, np.int64)}
     if docs[0].type_ids is not None:
-        inputs["token_type_ids"] = _padded([d.type_ids or [] for d in docs], t, 0, np.int64)
+        inputs["token_type_ids"] = padded([d.type_ids or [] for d in docs], t, 0, np.int64)
     kinds = _Kinds(cls_id, sep_id, causal)
     unit_maps = unit_maps_for(docs, t, kinds, ids) if word_level else None
     units = unit_maps.units if unit_maps is not None else _token_units(docs, t, kinds, ids)
@@ -183,7 +183,7 @@ def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool
     return Batch(docs, inputs, units, unit_maps, word_maps)
 
 
-def _padded(rows: Sequence[Sequence[object]], width: int, fill: object, dtype: type) -> torch.Tensor:
+def padded(rows: Sequence[Sequence[object]], width: int, fill: object, dtype: type) -> torch.Tensor:
     """[document, width]: each document's row, filled up to width (numpy builds it from lists faster)."""
     return torch.from_numpy(np.array([[*row, *[fill] * (width - len(row))] for row in rows], dtype=dtype))
 
@@ -201,10 +201,10 @@ class _Kinds:
               width: int) -> Units:
         """Units of a batch from, per document and unit: its first token, whether it is one special token,
         its text. ids: the batch's input_ids [batch, token]. Padded to width units."""
-        valid = _padded([[True] * len(f) for f in first], width, False, np.bool_)  # [batch, unit]
-        first_token = _padded(first, width, 0, np.int64)
-        one_special = _padded(special, width, False, np.bool_)
-        punct = _padded([[not s and t.strip() in PUNCTUATION for s, t in zip(ss, ts, strict=True)]
+        valid = padded([[True] * len(f) for f in first], width, False, np.bool_)  # [batch, unit]
+        first_token = padded(first, width, 0, np.int64)
+        one_special = padded(special, width, False, np.bool_)
+        punct = padded([[not s and t.strip() in PUNCTUATION for s, t in zip(ss, ts, strict=True)]
                          for ss, ts in zip(special, text, strict=True)], width, False, np.bool_)
         token_id = ids.gather(1, first_token)  # [batch, unit]
         none = torch.zeros_like(valid)

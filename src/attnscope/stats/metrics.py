@@ -23,6 +23,10 @@ from attnscope.errors import AttnscopeError
 
 Values = tuple[torch.Tensor, torch.Tensor]  # ([batch, head] float64, [batch] bool: defined)
 
+# The integer type of each float type's size: viewed as one, non-negative floats order like their values.
+SAME_SIZE_INT = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+                 torch.bfloat16: torch.int16}
+
 
 @dataclass(frozen=True)
 class Units:
@@ -170,8 +174,13 @@ def distance(maps: torch.Tensor, units: Units) -> torch.Tensor:
 
 
 def concentration(maps: torch.Tensor, units: Units) -> torch.Tensor:
-    """max_j A[i,j] for each row i."""
-    return maps.amax(-1)
+    """max_j A[i,j] for each row i.
+
+    Taken on the bit patterns as integers, which order like the values for non-negative floats (weights
+    are) and reduce several times faster than floats over a short row. The sign bit is cleared first,
+    so a NaN of either sign still comes out as the max."""
+    bits = maps.view(SAME_SIZE_INT[maps.dtype])
+    return (bits & torch.iinfo(bits.dtype).max).amax(-1).view(maps.dtype)
 
 
 METRICS: dict[str, Metric] = {}

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 from attnscope.errors import AttnscopeError
-from attnscope.stats.batching import Prepared, UnitMaps
+from attnscope.stats.batching import Prepared, UnitMaps, padded
+from attnscope.stats.metrics import SAME_SIZE_INT
 
 DIRECTIONS = ("dep->head", "head->dep")
 OFFSETS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
@@ -134,20 +135,15 @@ def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts
             offset = head - 1 - w
             if offset in OFFSETS:
                 counts.offset_correct[rel][OFFSETS.index(offset)] += 1
-    gold = torch.tensor(gold_rows, dtype=torch.long)
-    rel_ids = torch.tensor(rel_rows, dtype=torch.long)
+    gold = padded(gold_rows, n_units, -1, np.int64)
+    rel_ids = padded(rel_rows, n_units, -1, np.int64)
     onehot = torch.zeros((len(docs), n_units, max(len(names), 1)), dtype=torch.float64)
     scored = rel_ids >= 0
     onehot[scored, rel_ids[scored]] = 1.0
     # candidates: word units; special tokens ([CLS], [SEP], ...) and padding are never predicted
-    candidates = torch.tensor([[d.words[g[0]] is not None for g in groups] + [False] * (n_units - len(groups))
-                               for d, groups in zip(docs, word_maps.groups, strict=True)], dtype=torch.bool)
+    words = [[d.words[g[0]] is not None for g in groups] for d, groups in zip(docs, word_maps.groups, strict=True)]
+    candidates = padded(words, n_units, False, np.bool_)
     return SyntaxBatch(gold, onehot, candidates, list(names))
-
-
-# Same-size integers of each float dtype: bit patterns of non-negative floats order like their values.
-_BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
-         torch.bfloat16: torch.int16}
 
 
 def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
@@ -159,7 +155,8 @@ def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor
     are not, and the key axis is reduced in place for the rows, the query axis for the columns.
     """
     b, h, n, _ = word_attention.shape
-    bits = word_attention.transpose(1, 2).contiguous().view(_BITS[word_attention.dtype])  # [batch, query, head, key]
+    # [batch, query, head, key]: the layout UnitMaps.apply computes, so usually no copy
+    bits = word_attention.transpose(1, 2).contiguous().view(SAME_SIZE_INT[word_attention.dtype])
     to_rows, to_columns = sb.offsets(bits.dtype)
     gold = sb.gold.clamp(min=0)  # [batch, unit]; a dependent that is not scored has a zero relation row
     best_rows = (bits + to_rows).amax(-1)  # dep->head: [batch, dependent, head]
