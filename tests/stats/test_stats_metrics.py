@@ -164,3 +164,19 @@ def test_row_metrics_averaged_together_equal_each_metric() -> None:
         for metric, values in zip(row_metrics, together, strict=True):
             alone, alone_ok = metric.fn(maps, u)
             assert torch.equal(values, alone) and torch.equal(ok, alone_ok), metric.name
+
+
+def test_attention_to_a_kind_of_few_keys_equals_the_full_row_sum() -> None:
+    from attnscope.stats.metrics import row_attention_to
+
+    maps = random_weights(batch=4, heads=3, n=9)
+    valid = torch.ones(4, 9, dtype=torch.bool)
+    flags = torch.zeros(4, 9, dtype=torch.bool)
+    flags[1, 4] = True  # documents with 0, 1 and 2 keys of the kind
+    flags[2, [0, 8]] = True
+    flags[3, [5, 6]] = True
+    u = Units(valid, valid, {"few": flags, "many": flags | (torch.arange(9) < 3)}, False)
+    assert u.few_keys("few") is not None and u.few_keys("many") is None
+    for kind in ("few", "many"):
+        full = (maps * u.kinds[kind].to(maps.dtype)[:, None, None, :]).sum(-1)
+        assert torch.equal(row_attention_to(kind)(maps, u), full), kind

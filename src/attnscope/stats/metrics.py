@@ -54,6 +54,19 @@ class Units:
             cache[(kind, dtype)] = (self.valid if kind == "valid" else self.kinds[kind]).to(dtype)[:, None, None, :]
         return cache[(kind, dtype)]
 
+    def few_keys(self, kind: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The keys of a kind when no document has more than two: (index, present), both [batch, <= 2],
+        else None; cached per batch."""
+        cache: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = self.__dict__.setdefault("_few_keys", {})
+        if kind not in cache:
+            flags = self.kinds[kind]
+            if int(flags.sum(-1).max()) > 2:
+                cache[kind] = None
+            else:  # a stable sort brings a document's keys of the kind first, in order
+                index = torch.sort(flags.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :2]
+                cache[kind] = index, flags.gather(1, index)
+        return cache[kind]
+
     @functools.cached_property
     def uniform_entropy(self) -> torch.Tensor:
         """[batch, 1] float64: the mean over counted rows of ln(keys the row can see)."""
@@ -109,10 +122,20 @@ def row_mean(per_row: torch.Tensor, units: Units) -> Values:
 
 
 def row_attention_to(kind: str) -> RowFn:
-    """sum_{j of this kind} A[i, j] for each row i."""
+    """sum_{j of this kind} A[i, j] for each row i.
+
+    When no document has more than two keys of the kind ([CLS], [SEP], the sink), only those are read:
+    a sum of at most two non-zero terms rounds the same in any order, so it equals the sum over the row.
+    """
 
     def fn(maps: torch.Tensor, units: Units) -> torch.Tensor:
-        return (maps * units.selector(kind, maps.dtype)).sum(-1)  # [batch, head, query]
+        few = units.few_keys(kind)
+        if few is None:
+            return (maps * units.selector(kind, maps.dtype)).sum(-1)  # [batch, head, query]
+        index, present = few
+        b, h, q, _ = maps.shape
+        picked = maps.gather(3, index[:, None, None, :].expand(b, h, q, -1))  # [batch, head, query, <= 2]
+        return (picked * present[:, None, None, :].to(maps.dtype)).sum(-1)
 
     return fn
 
