@@ -159,7 +159,7 @@ def test_row_metrics_averaged_together_equal_each_metric() -> None:
     for causal in (False, True):
         u = units(causal=causal, width=7, n=6)
         maps = clean(random_weights(seed=int(causal)), u)
-        row_metrics = [m for m in METRICS.values() if m.per_row is not None]
+        row_metrics = [m for m in METRICS.values() if m.per_row is not None and m.reduce is row_mean]
         together, ok = row_mean(torch.stack([m.per_row(maps, u) for m in row_metrics]), u)
         for metric, values in zip(row_metrics, together, strict=True):
             alone, alone_ok = metric.fn(maps, u)
@@ -171,12 +171,16 @@ def test_attention_to_a_kind_of_few_keys_equals_the_full_row_sum() -> None:
 
     maps = random_weights(batch=4, heads=3, n=9)
     valid = torch.ones(4, 9, dtype=torch.bool)
-    flags = torch.zeros(4, 9, dtype=torch.bool)
-    flags[1, 4] = True  # documents with 0, 1 and 2 keys of the kind
-    flags[2, [0, 8]] = True
-    flags[3, [5, 6]] = True
-    u = Units(valid, valid, {"few": flags, "many": flags | (torch.arange(9) < 3)}, False)
-    assert u.few_keys("few") is not None and u.few_keys("many") is None
-    for kind in ("few", "many"):
+    mixed = torch.zeros(4, 9, dtype=torch.bool)
+    mixed[1, 4] = True  # documents with 0, 1 and 2 keys of the kind
+    mixed[2, [0, 8]] = True
+    mixed[3, [5, 6]] = True
+    one_each = torch.zeros(4, 9, dtype=torch.bool)
+    one_each[torch.arange(4), torch.tensor([0, 3, 8, 0])] = True
+    kinds = {"mixed": mixed, "one_each": one_each, "none": torch.zeros(4, 9, dtype=torch.bool),
+             "many": mixed | (torch.arange(9) < 3)}
+    u = Units(valid, valid, kinds, False)
+    assert u.few_keys("many") is None and all(u.few_keys(k) is not None for k in ("mixed", "one_each", "none"))
+    for kind in kinds:
         full = (maps * u.kinds[kind].to(maps.dtype)[:, None, None, :]).sum(-1)
         assert torch.equal(row_attention_to(kind)(maps, u), full), kind

@@ -28,7 +28,7 @@ from attnscope.families import is_causal
 from attnscope.models import Model
 from attnscope.stats import syntax as syn
 from attnscope.stats.batching import Batch, make_batch, plan, tokenize
-from attnscope.stats.metrics import Metric, clean, metrics_for, row_mean
+from attnscope.stats.metrics import Metric, RowFn, clean, metrics_for, row_mean
 from attnscope.stats.sources import Document, Source
 from attnscope.stats.state import StatsState
 
@@ -97,7 +97,6 @@ class _BatchRecorder:
 
     def __init__(self, model: Model, batch: Batch, metrics: list[Metric], counts: syn.SyntaxCounts | None):
         self.model, self.batch, self.metrics = model, batch, metrics
-        self.row_metrics = [m for m in metrics if m.per_row is not None]
         self.values: dict[str, list[torch.Tensor]] = {m.name: [] for m in metrics}  # per layer [batch, head]
         self.ok: dict[str, torch.Tensor] = {}
         self.syntax = syn.syntax_batch(batch.docs, batch.word_maps, counts) if (
@@ -109,18 +108,25 @@ class _BatchRecorder:
         view = LayerView(call, self.layer, self.batch, self.model)
         units = self.batch.units
         maps: dict[str, torch.Tensor] = {}
-        rows: list[torch.Tensor] = []  # per-row values of the mean-over-rows metrics: [batch, head, query]
+        per_row: dict[tuple[RowFn, str], torch.Tensor] = {}  # each per-row function once: [batch, head, query]
+        means: list[tuple[Metric, torch.Tensor]] = []  # the means over rows, taken together below
         for metric in self.metrics:
             if metric.source not in maps:
                 maps[metric.source] = self._units(INPUTS[metric.source](view))
-            if metric.per_row is not None:
-                rows.append(metric.per_row(maps[metric.source], units))
-            else:
+            if metric.per_row is None or metric.reduce is None:
                 self._keep(metric, *metric.fn(maps[metric.source], units))
-        if rows:
-            means, ok = row_mean(torch.stack(rows), units)  # [metric, batch, head]: their fn, all at once
-            for metric, values in zip(self.row_metrics, means, strict=True):
-                self._keep(metric, values, ok)
+                continue
+            key = (metric.per_row, metric.source)
+            if key not in per_row:
+                per_row[key] = metric.per_row(maps[metric.source], units)
+            if metric.reduce is row_mean:
+                means.append((metric, per_row[key]))
+            else:
+                self._keep(metric, *metric.reduce(per_row[key], units))
+        if means:
+            values, ok = row_mean(torch.stack([rows for _, rows in means]), units)  # [metric, batch, head]
+            for (metric, _), one in zip(means, values, strict=True):
+                self._keep(metric, one, ok)
         if self.syntax is not None:
             word = maps["weights"] if self.batch.unit_maps is self.batch.word_maps and "weights" in maps else None
             if word is None:

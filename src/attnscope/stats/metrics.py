@@ -54,17 +54,19 @@ class Units:
             cache[(kind, dtype)] = (self.valid if kind == "valid" else self.kinds[kind]).to(dtype)[:, None, None, :]
         return cache[(kind, dtype)]
 
-    def few_keys(self, kind: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The keys of a kind when no document has more than two: (index, present), both [batch, <= 2],
-        else None; cached per batch."""
-        cache: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = self.__dict__.setdefault("_few_keys", {})
+    def few_keys(self, kind: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The keys of a kind when no document has more than two: (index [batch, most], present [batch, most]
+        or None when every document has the most), where most is the largest count; else None. Cached."""
+        cache: dict[str, tuple[torch.Tensor, torch.Tensor | None] | None] = self.__dict__.setdefault("_few_keys", {})
         if kind not in cache:
             flags = self.kinds[kind]
-            if int(flags.sum(-1).max()) > 2:
+            counts = flags.sum(-1)
+            most = int(counts.max())
+            if most > 2:
                 cache[kind] = None
             else:  # a stable sort brings a document's keys of the kind first, in order
-                index = torch.sort(flags.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :2]
-                cache[kind] = index, flags.gather(1, index)
+                index = torch.sort(flags.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :most]
+                cache[kind] = index, None if bool((counts == most).all()) else flags.gather(1, index)
         return cache[kind]
 
     @functools.cached_property
@@ -80,14 +82,16 @@ class Units:
 
 MetricFn = Callable[[torch.Tensor, Units], Values]
 RowFn = Callable[[torch.Tensor, Units], torch.Tensor]  # maps -> one value per row [batch, head, query]
+Reduce = Callable[[torch.Tensor, Units], Values]  # values per row [..., batch, head, query] -> per document
 
 
 @dataclass(frozen=True)
 class Metric:
     """A named per-head statistic. `source` names the map it reads (engine inputs: "weights").
 
-    A mean over rows (made with `row_metric`) also keeps its `per_row` function: the engine then
-    averages all such metrics of a layer in one step, which gives the same numbers as `fn`.
+    Most metrics are a value per row reduced over the rows (made with `row_metric`): they keep `per_row`
+    and `reduce`, so the engine computes each per-row function once per layer, however many metrics
+    reduce it, and takes all the means over rows in one step. That gives the same numbers as `fn`.
     """
 
     name: str
@@ -96,18 +100,21 @@ class Metric:
     source: str = "weights"
     models: str = "all"  # "all", "bidirectional" or "causal"
     per_row: RowFn | None = None
+    reduce: Reduce | None = None  # with per_row: fn(maps, units) = reduce(per_row(maps, units), units)
 
     def applies(self, causal: bool) -> bool:
         return self.models == "all" or self.models == ("causal" if causal else "bidirectional")
 
 
-def row_metric(name: str, per_row: RowFn, description: str, source: str = "weights", models: str = "all") -> Metric:
-    """The metric (1/n) sum_i per_row(A)[i] over the rows that count."""
-    return Metric(name, functools.partial(_mean_of_rows, per_row), description, source, models, per_row)
+def row_metric(name: str, per_row: RowFn, description: str, source: str = "weights", models: str = "all",
+               reduce: Reduce | None = None) -> Metric:
+    """The metric reduce(per_row(A)); by default the mean (1/n) sum_i per_row(A)[i] over the rows that count."""
+    reduce = reduce or row_mean
+    return Metric(name, functools.partial(_reduced, per_row, reduce), description, source, models, per_row, reduce)
 
 
-def _mean_of_rows(per_row: RowFn, maps: torch.Tensor, units: Units) -> Values:
-    return row_mean(per_row(maps, units), units)
+def _reduced(per_row: RowFn, reduce: Reduce, maps: torch.Tensor, units: Units) -> Values:
+    return reduce(per_row(maps, units), units)
 
 
 def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
@@ -117,8 +124,8 @@ def clean(maps: torch.Tensor, units: Units) -> torch.Tensor:
 
 def row_mean(per_row: torch.Tensor, units: Units) -> Values:
     """Mean (in float64) over the rows that count: [..., batch, head, query] -> [..., batch, head]."""
-    kept = torch.where(units.rows[:, None, :], per_row.to(torch.float64), 0.0)  # NaN in a counted row stays
-    return (kept * units.row_weights).sum(-1), units.n_rows > 0
+    kept = torch.where(units.rows[:, None, :], per_row, 0.0)  # NaN in a counted row stays
+    return (kept * units.row_weights).sum(-1), units.n_rows > 0  # the product is taken in float64
 
 
 def row_attention_to(kind: str) -> RowFn:
@@ -135,14 +142,18 @@ def row_attention_to(kind: str) -> RowFn:
         index, present = few
         b, h, q, _ = maps.shape
         picked = maps.gather(3, index[:, None, None, :].expand(b, h, q, -1))  # [batch, head, query, <= 2]
-        return (picked * present[:, None, None, :].to(maps.dtype)).sum(-1)
+        if present is not None:
+            picked = picked * present[:, None, None, :].to(maps.dtype)
+        if picked.shape[-1] == 2:  # the sum of two terms: one addition (a reduction over 2 is slow)
+            return picked[..., 0] + picked[..., 1]
+        return picked[..., 0] if picked.shape[-1] == 1 else torch.zeros((b, h, q), dtype=maps.dtype)
 
     return fn
 
 
 def attention_to(kind: str) -> MetricFn:
     """(1/n) sum_i sum_{j of this kind} A[i, j]."""
-    return functools.partial(_mean_of_rows, row_attention_to(kind))
+    return functools.partial(_reduced, row_attention_to(kind), row_mean)
 
 
 def attention_at_offset(offset: int) -> RowFn:
@@ -177,14 +188,13 @@ def uniform_entropy(maps: torch.Tensor, units: Units) -> Values:
     return units.uniform_entropy.expand(-1, maps.shape[1]), units.n_rows > 0
 
 
-def cls_entropy(maps: torch.Tensor, units: Units) -> Values:
-    """The entropy of the [CLS] row (the first [CLS] unit of each document)."""
+def at_first_cls(per_row: torch.Tensor, units: Units) -> Values:
+    """The value of the [CLS] row (the first [CLS] unit of each document): [batch, head, query] -> [batch, head]."""
     cls = units.kinds["cls"]  # [batch, unit]
     ok = cls.any(-1)
     first = torch.argmax(cls.to(torch.int64), dim=-1)  # [batch]
-    b, h, _, k = maps.shape
-    row = torch.gather(maps, 2, first[:, None, None, None].expand(b, h, 1, k))  # [batch, head, 1, key]
-    picked = row_entropy(row)[..., 0].to(torch.float64)
+    b, h, _ = per_row.shape
+    picked = torch.gather(per_row, 2, first[:, None, None].expand(b, h, 1))[..., 0].to(torch.float64)
     return torch.where(ok[:, None], picked, torch.zeros((), dtype=picked.dtype)), ok
 
 
@@ -227,7 +237,7 @@ for _m in (
     row_metric("next", attention_at_offset(1), "attention to the next token (j = i + 1)"),
     row_metric("entropy", entropy, "attention entropy (nats)"),
     Metric("entropy_uniform", uniform_entropy, "entropy of uniform attention (nats): the baseline"),
-    Metric("entropy_cls", cls_entropy, "entropy of the [CLS] row (nats)", models="bidirectional"),
+    row_metric("entropy_cls", entropy, "entropy of the [CLS] row (nats)", models="bidirectional", reduce=at_first_cls),
     row_metric("distance", distance, "mean attention distance (tokens)"),
     row_metric("concentration", concentration, "mean of the largest weight of each row"),
 ):
