@@ -81,3 +81,17 @@ def test_sums_equal_python_integer_sums() -> None:
                 column = [doc[layer][head] for doc in q]
                 assert s.total["entropy"][layer, head] == sum(column)
                 assert s.squares["entropy"][layer, head] == sum(x * x for x in column)
+
+
+def test_add_many_equals_one_add_per_metric() -> None:
+    rng = np.random.default_rng(4)
+    values = rng.uniform(0, 50, size=(9, 2, 2, 3))  # [document, metric, layer, head]
+    ok = rng.random((9, 2)) > 0.3
+    values[~ok] = np.nan  # undefined values are never read
+    together = StatsState(2, 3, METRICS, {"model": "m"})
+    together.add_many(list(METRICS), values, ok)
+    apart = StatsState(2, 3, METRICS, {"model": "m"})
+    for i, name in enumerate(METRICS):
+        apart.add(name, values[:, i], ok[:, i])
+    assert together.to_dict() == apart.to_dict()
+    assert together.count["distance"][0, 0] == ok[:, 1].sum()

@@ -172,9 +172,9 @@ def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
         model.model(**batch.inputs)
     if rec.layer != state.layers:
         raise AttnscopeError(f"saw {rec.layer} attention calls for a model of {state.layers} layers")
-    for name, per_layer in rec.values.items():
-        values = torch.stack(per_layer, dim=1).numpy()  # [document, layer, head]
-        part.add(name, values, rec.ok[name].numpy())
+    names = list(rec.values)
+    values = torch.stack([torch.stack(rec.values[n], dim=1) for n in names], dim=1)  # [document, metric, layer, head]
+    part.add_many(names, values.numpy(), torch.stack([rec.ok[n] for n in names], dim=1).numpy())
     if rec.syntax is not None and part.syntax is not None:
         syn.fold_layers(part.syntax, rec.syntax_layers, rec.syntax)
     part.documents, part.tokens = len(batch.docs), batch.tokens

@@ -46,20 +46,28 @@ class StatsState:
 
     def add(self, name: str, values: np.ndarray, ok: np.ndarray) -> None:
         """Fold per-document values [document, layer, head] (float64) where ok [document] holds."""
-        values = values[ok]
-        if values.size == 0:
-            return
-        if not np.isfinite(values).all():
-            raise AttnscopeError(f"the model produced non-finite attention statistics ({name}): "
-                                 "check the model's weights and inputs")
-        if np.abs(values).max() >= _LIMIT:
-            raise AttnscopeError(f"{name} reached {np.abs(values).max():.3g}, beyond the exact range of the sums")
-        q = np.rint(values * SCALE).astype(np.int64)  # [document, layer, head], |q| < 2^62
-        self.count[name] += values.shape[0]
+        self.add_many([name], values[:, None], ok[:, None])
+
+    def add_many(self, names: list[str], values: np.ndarray, ok: np.ndarray) -> None:
+        """Fold per-document values of several metrics [document, metric, layer, head] (float64) where
+        ok [document, metric] holds: one batch's values, summed in one pass."""
+        kept = np.where(ok[:, :, None, None], values, 0.0)  # a value that is not defined adds nothing
+        for i, name in enumerate(names):
+            if not np.isfinite(kept[:, i]).all():
+                raise AttnscopeError(f"the model produced non-finite attention statistics ({name}): "
+                                     "check the model's weights and inputs")
+            if kept[:, i].size and np.abs(kept[:, i]).max() >= _LIMIT:
+                raise AttnscopeError(f"{name} reached {np.abs(kept[:, i]).max():.3g}, "
+                                     "beyond the exact range of the sums")
+        q = np.rint(kept * SCALE).astype(np.int64).reshape(len(kept), -1)  # [document, metric * layer * head]
+        cells = (len(names), self.layers, self.heads)
         for start in range(0, q.shape[0], _CHUNK):
             total, squares = _exact_sums(q[start:start + _CHUNK])
-            self.total[name] = self.total[name] + total
-            self.squares[name] = self.squares[name] + squares
+            for name, t, s in zip(names, total.reshape(cells), squares.reshape(cells), strict=True):
+                self.total[name] = self.total[name] + t
+                self.squares[name] = self.squares[name] + s
+        for name, n in zip(names, ok.sum(0).tolist(), strict=True):
+            self.count[name] += n
 
     def merge(self, other: StatsState) -> StatsState:
         """A new state holding both; exact, associative and commutative."""
@@ -132,7 +140,7 @@ _CHUNK = 2**19  # documents summed at once in int64: 2^19 products below 2^43 st
 
 
 def _exact_sums(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sum of q, sum of q^2) over the documents of q [document, layer, head] int64, as Python ints [layer, head].
+    """(sum of q, sum of q^2) over the documents of q [document, ...] int64, as Python ints [...].
 
     Summed in int64 limb by limb (exact, and much faster than summing Python ints), then put together."""
     mask = (1 << _BITS) - 1
