@@ -101,7 +101,7 @@ class _BatchRecorder:
         self.ok: dict[str, torch.Tensor] = {}
         self.syntax = syn.syntax_batch(batch.docs, batch.word_maps, counts) if (
             counts is not None and batch.word_maps is not None) else None
-        self.syntax_layers: list[torch.Tensor] = []
+        self.syntax_hits: list[torch.Tensor] = []  # per layer [direction, head, batch * unit]
         self.layer = 0
 
     def on_attention(self, call: AttentionCall) -> None:
@@ -132,7 +132,7 @@ class _BatchRecorder:
             if word is None:
                 assert self.batch.word_maps is not None
                 word = self.batch.word_maps.apply(call.weights.detach())
-            self.syntax_layers.append(syn.layer_correct(word, self.syntax))
+            self.syntax_hits.append(syn.layer_hits(word, self.syntax))
         self.layer += 1
 
     def _keep(self, metric: Metric, values: torch.Tensor, ok: torch.Tensor) -> None:
@@ -176,7 +176,7 @@ def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
     values = torch.stack([torch.stack(rec.values[n], dim=1) for n in names], dim=1)  # [document, metric, layer, head]
     part.add_many(names, values.numpy(), torch.stack([rec.ok[n] for n in names], dim=1).numpy())
     if rec.syntax is not None and part.syntax is not None:
-        syn.fold_layers(part.syntax, rec.syntax_layers, rec.syntax)
+        syn.fold_layers(part.syntax, list(syn.count_hits(torch.stack(rec.syntax_hits), rec.syntax)), rec.syntax)
     part.documents, part.tokens = len(batch.docs), batch.tokens
     part.truncated = sum(d.truncated for d in batch.docs)
     return state.merge(part)

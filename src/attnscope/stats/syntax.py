@@ -149,10 +149,18 @@ def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts
 def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
     """Correct predictions of one layer per direction, head and relation: float64 [direction, head, relation].
 
-    word_attention: [batch, head, unit, unit] word-level maps (non-negative). The prediction is the first
-    arg-max over the allowed words; it is the gold head g exactly when g's value, as an integer bit
-    pattern, equals the max after SyntaxBatch.offsets. Integer maxima are vectorized where float arg-maxes
-    are not, and the key axis is reduced in place for the rows, the query axis for the columns.
+    word_attention: [batch, head, unit, unit] word-level maps (non-negative)."""
+    return count_hits(layer_hits(word_attention, sb), sb)
+
+
+def layer_hits(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
+    """Whether each unit's prediction is its gold head: bool [direction, head, batch * unit] (meaningful for
+    scored dependents only).
+
+    The prediction is the first arg-max over the allowed words; it is the gold head g exactly when g's
+    value, as an integer bit pattern, equals the max after SyntaxBatch.offsets. Integer maxima are
+    vectorized where float arg-maxes are not, and the key axis is reduced in place for the rows, the
+    query axis for the columns.
     """
     b, h, n, _ = word_attention.shape
     # [batch, query, head, key]: the layout UnitMaps.apply computes, so usually no copy
@@ -164,7 +172,13 @@ def layer_correct(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor
     best_columns = (bits + to_columns).amax(1)  # head->dep: [batch, head, dependent]
     gold_columns = bits.gather(1, gold[:, None, None, :].expand(b, 1, h, n))[:, 0]
     hits = torch.stack(((best_rows == gold_rows).permute(2, 0, 1), (best_columns == gold_columns).transpose(0, 1)))
-    return hits.to(torch.float64).reshape(2, h, b * n) @ sb.relation.reshape(b * n, -1)  # [direction, head, relation]
+    return hits.reshape(2, h, b * n)
+
+
+def count_hits(hits: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
+    """Hits [..., direction, head, batch * unit] -> correct predictions per relation, float64
+    [..., direction, head, relation] (exact integers)."""
+    return hits.to(torch.float64) @ sb.relation.reshape(hits.shape[-1], -1)
 
 
 def fold_layers(counts: SyntaxCounts, per_layer: list[torch.Tensor], sb: SyntaxBatch) -> None:
