@@ -56,7 +56,7 @@ class UnitMaps:
 
     mean_from: torch.Tensor  # [batch, unit, token]: 1/pieces for each piece of the unit
     sum_to: torch.Tensor  # [batch, token, unit]: 1 where the token is a piece of the unit
-    units: Units
+    units: Units | None  # None: word maps for the syntax only, whose units' kinds are never read
     groups: list[list[list[int]]]  # per document: the token indices of each unit
 
     def apply(self, maps: torch.Tensor) -> torch.Tensor:
@@ -176,10 +176,11 @@ def make_batch(docs: list[Prepared], pad_id: int, word_level: bool, causal: bool
     if docs[0].type_ids is not None:
         inputs["token_type_ids"] = padded([d.type_ids or [] for d in docs], t, 0, np.int64)
     kinds = _Kinds(cls_id, sep_id, causal)
-    unit_maps = unit_maps_for(docs, t, kinds, ids) if word_level else None
+    unit_maps = unit_maps_for(docs, t, ids, kinds) if word_level else None
     units = unit_maps.units if unit_maps is not None else _token_units(docs, t, kinds, ids)
+    assert units is not None  # unit maps made with kinds have units
     has_trees = docs[0].doc.heads is not None
-    word_maps = (unit_maps or unit_maps_for(docs, t, kinds, ids)) if has_trees else None
+    word_maps = (unit_maps or unit_maps_for(docs, t, ids, None)) if has_trees else None
     return Batch(docs, inputs, units, unit_maps, word_maps)
 
 
@@ -225,7 +226,8 @@ def _token_units(docs: list[Prepared], width: int, kinds: _Kinds, ids: torch.Ten
     return kinds.units(ids, first, [d.special for d in docs], [d.pieces for d in docs], width)
 
 
-def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds, ids: torch.Tensor) -> UnitMaps:
+def unit_maps_for(docs: list[Prepared], width: int, ids: torch.Tensor, kinds: _Kinds | None) -> UnitMaps:
+    """Word units of a batch; with kinds, also what each unit is (cls, sep, punct, sink)."""
     groups = [d.units(word_level=True) for d in docs]
     n_units = max(len(g) for g in groups)
     doc_of: list[int] = []  # per token of the batch: its document, its unit and the pieces of that unit
@@ -245,6 +247,8 @@ def unit_maps_for(docs: list[Prepared], width: int, kinds: _Kinds, ids: torch.Te
     mean_from[b_, u_, t_] = torch.from_numpy((1.0 / np.array(pieces_of, dtype=np.float64)).astype(np.float32))
     sum_to = torch.zeros((len(docs), width, n_units), dtype=torch.float32)
     sum_to[b_, t_, u_] = 1.0
+    if kinds is None:
+        return UnitMaps(mean_from, sum_to, None, groups)
     first = [[g[0] for g in doc_groups] for doc_groups in groups]
     pairs = list(zip(docs, groups, strict=True))
     special = [[len(g) == 1 and d.special[g[0]] for g in doc_groups] for d, doc_groups in pairs]

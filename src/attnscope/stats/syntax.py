@@ -115,7 +115,7 @@ class SyntaxBatch:
 
 def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts) -> SyntaxBatch:
     """Gold heads in unit positions; folds the batch's totals, offset baseline and unscored words."""
-    n_units = word_maps.units.valid.shape[1]
+    n_units = word_maps.sum_to.shape[-1]
     gold_rows = [[-1] * n_units for _ in docs]
     rel_rows = [[-1] * n_units for _ in docs]
     names: dict[str, int] = {}
