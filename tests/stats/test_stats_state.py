@@ -95,3 +95,26 @@ def test_add_many_equals_one_add_per_metric() -> None:
         apart.add(name, values[:, i], ok[:, i])
     assert together.to_dict() == apart.to_dict()
     assert together.count["distance"][0, 0] == ok[:, 1].sum()
+
+
+def test_sums_stay_exact_when_the_int64_limbs_fill_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for 5 documents in the limb sums, batches and merges fold them into Python ints on the way."""
+    from attnscope.stats import state as state_module
+
+    monkeypatch.setattr(state_module, "_CHUNK", 5)
+    rng = np.random.default_rng(5)
+    batches = [rng.uniform(-2.0**29, 2.0**29, size=(n, 2, 3)) for n in (3, 4, 7, 1, 5, 2)]
+    parts = [filled(values) for values in batches]
+    merged = merge_all(parts[:3]).merge(merge_all(parts[3:]))
+    one = StatsState(2, 3, METRICS, {"model": "m"})
+    for values in batches:
+        one.add("entropy", values, np.ones(len(values), dtype=bool))
+    everything = np.concatenate(batches)
+    q = [[[round(v * state_module.SCALE) for v in row] for row in doc] for doc in everything.tolist()]
+    for state in (merged, one):
+        for layer in range(2):
+            for head in range(3):
+                column = [doc[layer][head] for doc in q]
+                assert state.total["entropy"][layer, head] == sum(column)
+                assert state.squares["entropy"][layer, head] == sum(x * x for x in column)
+    assert StatsState.from_dict(merged.to_dict()).to_dict() == merged.to_dict()

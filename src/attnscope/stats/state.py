@@ -30,19 +30,46 @@ class StatsState:
     metrics: tuple[str, ...]
     settings: dict[str, Any] = field(default_factory=dict)  # what must match to merge
     count: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [layer, head]: documents
-    total: dict[str, np.ndarray] = field(default_factory=dict)  # Python ints [layer, head]: sum of q
-    squares: dict[str, np.ndarray] = field(default_factory=dict)  # Python ints [layer, head]: sum of q^2
     documents: int = 0
     tokens: int = 0  # tokens read by the model (after truncation, special tokens included)
     truncated: int = 0
     syntax: SyntaxCounts | None = None
+    # The sums of q and q^2 per metric, in two parts: Python ints [layer, head], and the int64 limb sums
+    # [limb, layer, head] (see _limb_sums) of the documents added since, which are cheap to add to.
+    # `total` and `squares` fold the limbs in; so does adding more documents than the limbs can hold.
+    _sums: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _limbs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    _limb_documents: int = 0
 
     def __post_init__(self) -> None:
         for name in self.metrics:
             if name not in self.count:
                 self.count[name] = np.zeros((self.layers, self.heads), dtype=np.int64)
-                self.total[name] = _ints((self.layers, self.heads))
-                self.squares[name] = _ints((self.layers, self.heads))
+            if name not in self._sums:
+                self._sums[name] = _ints((self.layers, self.heads)), _ints((self.layers, self.heads))
+            if name not in self._limbs:
+                self._limbs[name] = np.zeros((_N_LIMBS, self.layers, self.heads), dtype=np.int64)
+
+    @property
+    def total(self) -> dict[str, np.ndarray]:
+        """Python ints [layer, head] per metric: the sum of q."""
+        self._fold()
+        return {name: sums[0] for name, sums in self._sums.items()}
+
+    @property
+    def squares(self) -> dict[str, np.ndarray]:
+        """Python ints [layer, head] per metric: the sum of q^2."""
+        self._fold()
+        return {name: sums[1] for name, sums in self._sums.items()}
+
+    def _fold(self) -> None:
+        """Move the limb sums into the Python-int sums (the value is the same)."""
+        if self._limb_documents:
+            for name in self.metrics:
+                total, squares = _from_limbs(self._limbs[name])
+                self._sums[name] = self._sums[name][0] + total, self._sums[name][1] + squares
+                self._limbs[name] = np.zeros_like(self._limbs[name])
+            self._limb_documents = 0
 
     def add(self, name: str, values: np.ndarray, ok: np.ndarray) -> None:
         """Fold per-document values [document, layer, head] (float64) where ok [document] holds."""
@@ -60,12 +87,14 @@ class StatsState:
                 raise AttnscopeError(f"{name} reached {np.abs(kept[:, i]).max():.3g}, "
                                      "beyond the exact range of the sums")
         q = np.rint(kept * SCALE).astype(np.int64).reshape(len(kept), -1)  # [document, metric * layer * head]
-        cells = (len(names), self.layers, self.heads)
         for start in range(0, q.shape[0], _CHUNK):
-            total, squares = _exact_sums(q[start:start + _CHUNK])
-            for name, t, s in zip(names, total.reshape(cells), squares.reshape(cells), strict=True):
-                self.total[name] = self.total[name] + t
-                self.squares[name] = self.squares[name] + s
+            part = q[start:start + _CHUNK]
+            if self._limb_documents + len(part) > _CHUNK:
+                self._fold()
+            limbs = _limb_sums(part).reshape(_N_LIMBS, len(names), self.layers, self.heads)
+            for i, name in enumerate(names):
+                self._limbs[name] = self._limbs[name] + limbs[:, i]
+            self._limb_documents += len(part)
         for name, n in zip(names, ok.sum(0).tolist(), strict=True):
             self.count[name] += n
 
@@ -75,11 +104,16 @@ class StatsState:
             other.layers, other.heads, other.metrics, other.settings
         ):
             raise AttnscopeError("cannot merge statistics from different models, metrics or settings")
+        if self._limb_documents + other._limb_documents > _CHUNK:
+            self._fold()
+            other._fold()
         out = StatsState(self.layers, self.heads, self.metrics, dict(self.settings))
         for name in self.metrics:
             out.count[name] = self.count[name] + other.count[name]
-            out.total[name] = self.total[name] + other.total[name]
-            out.squares[name] = self.squares[name] + other.squares[name]
+            mine, theirs = self._sums[name], other._sums[name]
+            out._sums[name] = mine[0] + theirs[0], mine[1] + theirs[1]
+            out._limbs[name] = self._limbs[name] + other._limbs[name]
+        out._limb_documents = self._limb_documents + other._limb_documents
         out.documents = self.documents + other.documents
         out.tokens = self.tokens + other.tokens
         out.truncated = self.truncated + other.truncated
@@ -99,12 +133,12 @@ class StatsState:
 
     def _cells(self, name: str, fn: Any) -> np.ndarray:
         out = np.full((self.layers, self.heads), np.nan)
+        total, squares = self.total[name], self.squares[name]
         for layer in range(self.layers):
             for head in range(self.heads):
                 n = int(self.count[name][layer, head])
                 if n:
-                    out[layer, head] = fn(n, int(self.total[name][layer, head]),
-                                          int(self.squares[name][layer, head]))
+                    out[layer, head] = fn(n, int(total[layer, head]), int(squares[layer, head]))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,8 +160,7 @@ class StatsState:
         state = cls(int(data["layers"]), int(data["heads"]), tuple(data["metrics"]), dict(data["settings"]))
         for name in state.metrics:
             state.count[name] = np.asarray(data["count"][name], dtype=np.int64)
-            state.total[name] = _ints_from(data["total"][name])
-            state.squares[name] = _ints_from(data["squares"][name])
+            state._sums[name] = _ints_from(data["total"][name]), _ints_from(data["squares"][name])
         state.documents, state.tokens = int(data["documents"]), int(data["tokens"])
         state.truncated = int(data["truncated"])
         if data.get("syntax") is not None:
@@ -135,18 +168,23 @@ class StatsState:
         return state
 
 
-_BITS = 21  # q = a 2^42 + b 2^21 + c, |a| < 2^20, 0 <= b, c < 2^21: a product of two limbs is below 2^43
-_CHUNK = 2**19  # documents summed at once in int64: 2^19 products below 2^43 stay below 2^62
+_BITS = 21  # q = a 2^42 + b 2^21 + c, |a| <= 2^20, 0 <= b, c < 2^21: a product of two limbs is below 2^43
+_N_LIMBS = 8
+_CHUNK = 2**19  # documents whose limb sums int64 holds: 2^19 products below 2^43 stay below 2^62
 
 
-def _exact_sums(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sum of q, sum of q^2) over the documents of q [document, ...] int64, as Python ints [...].
-
-    Summed in int64 limb by limb (exact, and much faster than summing Python ints), then put together."""
+def _limb_sums(q: np.ndarray) -> np.ndarray:
+    """The sums over documents of the limbs of q and of q^2, q [document, ...] int64 -> int64 [limb, ...]:
+    a, b, c, a*a, a*b, 2*a*c + b*b, b*c, c*c (exact in int64 for up to _CHUNK documents)."""
     mask = (1 << _BITS) - 1
     a, b, c = q >> 2 * _BITS, (q >> _BITS) & mask, q & mask
-    limbs = np.stack([a, b, c, a * a, a * b, 2 * a * c + b * b, b * c, c * c]).sum(axis=1).astype(object)
-    sa, sb, sc, aa, ab, ac_bb, bc, cc = limbs
+    sums: np.ndarray = np.stack([a, b, c, a * a, a * b, 2 * a * c + b * b, b * c, c * c]).sum(axis=1)
+    return sums
+
+
+def _from_limbs(limbs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of q, sum of q^2) as Python ints [...] from their limb sums [limb, ...]."""
+    sa, sb, sc, aa, ab, ac_bb, bc, cc = limbs.astype(object)
     total = (sa << 2 * _BITS) + (sb << _BITS) + sc
     squares = (aa << 4 * _BITS) + (ab << 3 * _BITS + 1) + (ac_bb << 2 * _BITS) + (bc << _BITS + 1) + cc
     return total, squares
