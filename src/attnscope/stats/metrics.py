@@ -70,6 +70,20 @@ class Units:
         return cache[kind]
 
     @functools.cached_property
+    def first_cls(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the first [CLS] unit [batch] long, whether there is one [batch] bool)."""
+        cls = self.kinds["cls"]  # [batch, unit]
+        return torch.argmax(cls.to(torch.int64), dim=-1), cls.any(-1)
+
+    def gaps(self, dtype: torch.dtype) -> torch.Tensor:
+        """[query, key] |i - j|, cached per batch and dtype."""
+        cache: dict[torch.dtype, torch.Tensor] = self.__dict__.setdefault("_gaps", {})
+        if dtype not in cache:
+            pos = torch.arange(self.valid.shape[-1], dtype=dtype)
+            cache[dtype] = (pos[:, None] - pos[None, :]).abs()
+        return cache[dtype]
+
+    @functools.cached_property
     def uniform_entropy(self) -> torch.Tensor:
         """[batch, 1] float64: the mean over counted rows of ln(keys the row can see)."""
         n = self.valid.shape[-1]
@@ -190,9 +204,7 @@ def uniform_entropy(maps: torch.Tensor, units: Units) -> Values:
 
 def at_first_cls(per_row: torch.Tensor, units: Units) -> Values:
     """The value of the [CLS] row (the first [CLS] unit of each document): [batch, head, query] -> [batch, head]."""
-    cls = units.kinds["cls"]  # [batch, unit]
-    ok = cls.any(-1)
-    first = torch.argmax(cls.to(torch.int64), dim=-1)  # [batch]
+    first, ok = units.first_cls
     b, h, _ = per_row.shape
     picked = torch.gather(per_row, 2, first[:, None, None].expand(b, h, 1))[..., 0].to(torch.float64)
     return torch.where(ok[:, None], picked, torch.zeros((), dtype=picked.dtype)), ok
@@ -200,10 +212,7 @@ def at_first_cls(per_row: torch.Tensor, units: Units) -> Values:
 
 def distance(maps: torch.Tensor, units: Units) -> torch.Tensor:
     """sum_j A[i,j] |i - j| for each row i, in units (tokens or words)."""
-    n = maps.shape[-1]
-    pos = torch.arange(n, dtype=maps.dtype)
-    gap = (pos[:, None] - pos[None, :]).abs()  # [query, key]
-    return (maps * gap).sum(-1)
+    return (maps * units.gaps(maps.dtype)).sum(-1)
 
 
 def concentration(maps: torch.Tensor, units: Units) -> torch.Tensor:

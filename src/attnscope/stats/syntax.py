@@ -10,6 +10,7 @@ as queries). Root words have no head word and are not scored.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,11 @@ class SyntaxBatch:
     candidates: torch.Tensor  # bool [batch, unit]: word units (not special tokens, not padding)
     names: list[str]
 
+    @functools.cached_property
+    def gold_index(self) -> torch.Tensor:
+        """[batch, unit] long: gold with 0 for a dependent that is not scored (its relation row is zero)."""
+        return self.gold.clamp(min=0)
+
     def offsets(self, bits: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """What layer_correct adds to the bit patterns of a [batch, query, head, key] map, for the rows
         ([batch, dependent, 1, key]) and for the columns ([batch, query, 1, dependent]); cached per dtype.
@@ -166,7 +172,7 @@ def layer_hits(word_attention: torch.Tensor, sb: SyntaxBatch) -> torch.Tensor:
     # [batch, query, head, key]: the layout UnitMaps.apply computes, so usually no copy
     bits = word_attention.transpose(1, 2).contiguous().view(SAME_SIZE_INT[word_attention.dtype])
     to_rows, to_columns = sb.offsets(bits.dtype)
-    gold = sb.gold.clamp(min=0)  # [batch, unit]; a dependent that is not scored has a zero relation row
+    gold = sb.gold_index  # [batch, unit]
     best_rows = (bits + to_rows).amax(-1)  # dep->head: [batch, dependent, head]
     gold_rows = bits.gather(3, gold[:, :, None, None].expand(b, n, h, 1))[..., 0]
     best_columns = (bits + to_columns).amax(1)  # head->dep: [batch, head, dependent]
