@@ -97,7 +97,7 @@ def test_model_view_thumbnails_open_large(all_page: Any) -> None:
     assert page.eval_on_selector_all("dialog[open] .as-q .as-tok", "ts => ts.length") == 14
     all_page.shot("model-dialog")
     page.keyboard.press("Escape")
-    assert page.query_selector("dialog") is None
+    page.wait_for_selector("dialog", state="detached", timeout=5000)  # "close" is a queued event, not synchronous
 
 
 def test_matrix_view_values_on_hover_and_select(all_page: Any, pair_trace: Trace) -> None:
