@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -99,3 +100,59 @@ def _write(result: object, model: attnscope.Model, out: Path) -> Path:
     assert hasattr(result, "state")
     write_table(head_rows(result.state), out / "heads.parquet")
     return out / "heads.parquet"
+
+
+def test_resume_with_other_metrics_or_settings_is_refused_naming_them(
+        finished: Path, ud_dev: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = (finished / CHECKPOINT).read_bytes()
+    args = ["stats", str(ud_dev), "--limit", "40", "--batch-size", "16", "-o", str(finished), "--resume",
+            "--no-progress"]
+    assert main([*args, "--norms", "--max-length", "128"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "settings.max_length 256 -> 128" in err and "+norm_cls" in err
+    assert "source.spec" in err  # the fixture read the file through a symlink of another name
+    assert (finished / CHECKPOINT).read_bytes() == before
+
+
+def test_an_error_part_way_keeps_the_documents_before_it(ud_dev: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    lines = [f"sentence number {i} of the corpus.".encode() for i in range(100)]
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
+    corpus.write_bytes(b"\n".join([*lines[:70], b"caf\xe9", *lines[70:]]) + b"\n")
+    args = [str(corpus), "-o", str(out), "--batch-size", "4", "--checkpoint-every", "1000", "--no-progress"]
+    assert main(["stats", *args]) == 2
+    err = capsys.readouterr().err
+    assert f"{corpus}:71: not UTF-8 text" in err and "64 documents before it are checkpointed" in err
+    assert json.loads((out / CHECKPOINT).read_text(encoding="utf-8"))["state"]["documents"] == 64
+    corpus.write_bytes(b"\n".join([*lines[:70], b"cafe", *lines[70:]]) + b"\n")  # fixed
+    assert main(["stats", *args, "--resume"]) == 0
+    assert main(["stats", *args[:1], "-o", str(tmp_path / "whole"), *args[3:]]) == 0
+    resumed = json.loads((out / CHECKPOINT).read_text(encoding="utf-8"))
+    whole = json.loads((tmp_path / "whole" / CHECKPOINT).read_text(encoding="utf-8"))
+    assert resumed["complete"] and resumed["state"] == whole["state"]
+
+
+def test_the_terminal_summary_agrees_with_the_files(ud_dev: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    assert main(["stats", str(ud_dev), "--limit", "60", "-o", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    heads = pq.read_table(out / "heads.parquet").to_pylist()
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert printed[0].startswith(f"60 documents, {summary['tokens']:,} tokens (0 truncated, 0 malformed")
+    classes = {m[1]: m for m in map(re.compile(r"^  (\S+) \(.*?\)\s+(\d+): (.*)$").match, printed) if m}
+    expected = {c for r in heads for c in r["classes"].split()}
+    assert set(classes) == expected and expected, printed
+    for name, line in classes.items():
+        members = [r for r in heads if name in r["classes"].split()]
+        assert int(line[2]) == len(members)
+        if name != "broad":
+            metric = {"previous-token": "prev", "next-token": "next", "[CLS]": "cls", "[SEP]": "sep",
+                      "punctuation": "punct", "sink": "sink"}[name]
+            top = max(members, key=lambda r: r[f"{metric}_mean"])
+            assert line[3].startswith(f"{top['layer']}-{top['head']} {top[f'{metric}_mean']:.2f}")
+    table = printed[printed.index(next(p for p in printed if p.startswith("Dependency syntax"))) + 2:][:8]
+    for line, best in zip(table, summary["syntax"]["best_heads"][:8], strict=True):
+        assert line.split()[:4] == [best["relation"], str(best["count"]), f"{best['layer']}-{best['head']}",
+                                    f"{100 * best['accuracy']:.1f}%"]
+    assert printed[-1] == f"Report: {out / 'report.html'}"

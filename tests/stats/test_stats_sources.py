@@ -136,3 +136,23 @@ def test_json_field_defaults_to_text(tmp_path: Path) -> None:
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"text": "default field"}) + "\n", encoding="utf-8")
     assert texts(Source(str(f))) == ["default field"]
+
+
+@pytest.mark.parametrize(("suffix", "header", "bad_line"), [(".txt", b"", 3001), (".csv", b"id,text\n", 3002)])
+def test_a_non_utf8_line_far_into_a_file_is_named_exactly(tmp_path: Path, suffix: str, header: bytes,
+                                                         bad_line: int) -> None:
+    # Far past the text decoder's 8 KiB chunks, which used to name the chunk's line, not the byte's.
+    f = tmp_path / f"corpus{suffix}"
+    f.write_bytes(header + b"".join(b"%d,line %d\n" % (i, i) for i in range(3000)) + b"9,caf\xe9\n")
+    with pytest.raises(AttnscopeError, match=rf"^{f}:{bad_line}: not UTF-8 text \(re-save the file as UTF-8\)$"):
+        list(Source(str(f)))
+
+
+def test_line_endings_are_those_of_text_mode(tmp_path: Path) -> None:
+    f = tmp_path / "corpus.txt"
+    f.write_bytes(b"one\r\ntwo\rthree\n\nfour\r")
+    assert [(d.text, d.where) for d in Source(str(f))] == [
+        ("one", f"{f}:1"), ("two", f"{f}:2"), ("three", f"{f}:3"), ("four", f"{f}:5")]
+    f.write_bytes(b"one\r\ntwo\rbad \xff\n")
+    with pytest.raises(AttnscopeError, match=rf"^{f}:3: not UTF-8"):
+        list(Source(str(f)))

@@ -70,12 +70,12 @@ def test_strict_stops_at_the_same_row(tmp_path: Path) -> None:
 
 def test_not_utf8_is_one_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "corpus.txt"
-    path.write_bytes(b"fine\nbad \xff byte\n")
+    path.write_bytes(b"fine\n" * 3000 + b"bad \xff byte\n")  # past the first read of the stream
     with pytest.raises(attnscope.AttnscopeError) as local_error:
         list(Source(str(path)))
     with pytest.raises(attnscope.AttnscopeError) as ray_error:
         list(reading.documents(Source(str(path))))
-    assert str(ray_error.value) == str(local_error.value) and "not UTF-8 text" in str(ray_error.value)
+    assert str(ray_error.value) == str(local_error.value) == f"{path}:3001: not UTF-8 text (re-save the file as UTF-8)"
 
 
 def test_jsonl_corpus_on_ray_equals_local(minilm: attnscope.Model, ud_dev: Path, tmp_path: Path) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_model_args, print_json
 
 if TYPE_CHECKING:
-    from attnscope.stats.engine import Progress, Settings
+    from attnscope.stats.engine import Progress, RunResult, Settings
+    from attnscope.stats.outputs import Written
     from attnscope.stats.sources import Source
 
 # torch, transformers and the engine are imported when the command runs, so --help stays instant.
@@ -86,11 +88,23 @@ def run_stats(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json({"output": args.output, "documents": state.documents, "tokens": state.tokens,
                     "truncated": state.truncated, "malformed": result.malformed,
-                    "files": [str(p) for p in written]})
+                    "files": [str(p) for p in written.paths]})
     else:
-        print(f"{state.documents} documents, {state.tokens} tokens ({state.truncated} truncated, "
-              f"{result.malformed} malformed rows skipped) -> {args.output}/report.html")
+        _print_summary(args.output, result, run_info, written)
     return 0
+
+
+def _print_summary(out: str, result: RunResult, run_info: dict[str, Any], written: Written) -> None:
+    from attnscope.stats.report import report_text
+
+    state = result.state
+    resumed = f", resumed after {result.resumed_from}" if result.resumed_from else ""
+    print(f"{state.documents:,} documents{resumed}, {state.tokens:,} tokens ({state.truncated:,} truncated, "
+          f"{result.malformed:,} malformed rows skipped) in {result.seconds:.1f} s, "
+          f"{run_info['tokens_per_second']:,.0f} tokens/s")
+    print(report_text(written.info, written.heads))
+    tables = ", ".join(str(p) for p in written.paths if p.suffix in (".csv", ".parquet"))
+    print(f"Tables: {tables}\nPlots: {Path(out) / 'plots'}/\nReport: {Path(out) / 'report.html'}")
 
 
 class _Bar:

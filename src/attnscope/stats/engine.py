@@ -238,7 +238,7 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
     """Run the statistics over a corpus, checkpointing into outdir; resume continues a stopped run."""
     check_settings(model, settings)
     out = Path(outdir)
-    identity = {"model": model.name, "source": source.describe(), "settings": asdict(settings)}
+    identity = run_identity(model, source, settings)
     state, chunk0, batch0 = _start(out, identity, resume)
     if state is None:
         state = new_state(model, settings, with_syntax=source.has_trees)
@@ -261,6 +261,8 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
     except KeyboardInterrupt:
         _save(out, identity, state, position, complete=False)
         raise
+    except AttnscopeError as exc:  # e.g. a non-UTF-8 line far into the corpus: keep what was done before it
+        raise kept(exc, out, identity, state, position, done_before) from exc
     _save(out, identity, state, position, complete=True)
     if state.documents == 0:
         raise AttnscopeError(f"{source.spec} has no documents to read")
@@ -274,6 +276,23 @@ def _limited(docs: Iterable[Document], limit: int | None) -> Iterator[Document]:
 def _chunks(docs: Iterator[Document], size: int) -> Iterator[list[Document]]:
     while chunk := list(itertools.islice(docs, size)):
         yield chunk
+
+
+def run_identity(model: Model, source: Source, settings: Settings) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed: the model, the source, the settings and the metrics
+    (e.g. --norms adds some), so the remaining batches are the same and every metric counts every document."""
+    metrics = [m.name for m in metrics_for(is_causal(model.model))]
+    return {"model": model.name, "source": source.describe(), "settings": asdict(settings), "metrics": metrics}
+
+
+def kept(exc: AttnscopeError, out: Path, identity: dict[str, Any], state: StatsState, position: tuple[int, int],
+         done_before: int) -> AttnscopeError:
+    """The error of a run stopped part-way, after checkpointing the documents done before it."""
+    if state.documents == done_before:
+        return exc
+    _save(out, identity, state, position, complete=False)
+    return AttnscopeError(f"{exc} ({state.documents} documents before it are checkpointed in {out}: "
+                          "fix the cause and add --resume to continue)")
 
 
 def _start(out: Path, identity: dict[str, Any], resume: bool) -> tuple[StatsState | None, int, int]:
@@ -290,12 +309,45 @@ def _start(out: Path, identity: dict[str, Any], resume: bool) -> tuple[StatsStat
             raise AttnscopeError(f"{out} has no {CHECKPOINT} to resume from: choose another output directory")
         out.mkdir(parents=True, exist_ok=True)
         return None, 0, 0
-    data = json.loads(ckpt.read_text(encoding="utf-8"))
-    if data.get("identity") != json.loads(json.dumps(identity)):
-        raise AttnscopeError(f"{ckpt} is from a run with another source, model or settings "
-                             "(resume with the same arguments, or choose another output directory)")
+    try:
+        data = json.loads(ckpt.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AttnscopeError(f"cannot read {ckpt} ({exc}): choose another output directory") from exc
+    changed = _differences(data.get("identity") if isinstance(data, dict) else None, json.loads(json.dumps(identity)))
+    if changed:
+        raise AttnscopeError(f"{ckpt} is from a run with other arguments ({changed}): resume with the same "
+                             "arguments, or choose another output directory")
     log.info("resuming %s at chunk %d, batch %d", out, data["chunk"], data["batch"])
     return StatsState.from_dict(data["state"]), int(data["chunk"]), int(data["batch"])
+
+
+def _differences(then: Any, now: dict[str, Any]) -> str:
+    """What differs between a checkpoint's identity and this run's, e.g. "settings.max_length 256 -> 128"."""
+    if not isinstance(then, dict):
+        return "a checkpoint of another attnscope version"
+    flat_then, flat_now = _flat(then), _flat(now)
+    out = []
+    for key in dict.fromkeys([*flat_then, *flat_now]):
+        old, new = flat_then.get(key, "(none)"), flat_now.get(key, "(none)")
+        if old == new:
+            continue
+        if isinstance(old, list) and isinstance(new, list):  # the metrics: name what was added or dropped
+            out.append(f"{key} " + ", ".join([f"+{m}" for m in new if m not in old] +
+                                             [f"-{m}" for m in old if m not in new]))
+        else:
+            out.append(f"{key} {old} -> {new}")
+    return "; ".join(out)
+
+
+def _flat(identity: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}"""
+    out: dict[str, Any] = {}
+    for key, value in identity.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _save(out: Path, identity: dict[str, Any], state: StatsState, position: tuple[int, int],

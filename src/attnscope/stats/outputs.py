@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import platform
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,9 +136,16 @@ def heatmap_png(values: np.ndarray, title: str) -> bytes:
     return buffer.getvalue()
 
 
+@dataclass
+class Written:
+    paths: list[Path]  # every file written
+    info: dict[str, Any]  # summary.json
+    heads: list[dict[str, Any]]  # heads.parquet's rows
+
+
 def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: dict[str, Any],
-                  run: dict[str, Any]) -> list[Path]:
-    """Write every output file into outdir; returns their paths."""
+                  run: dict[str, Any]) -> Written:
+    """Write every output file into outdir; returns their paths and the summary."""
     from attnscope.stats.report import report_html
 
     out = Path(outdir)
@@ -159,5 +167,6 @@ def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: d
     info["outputs"] = [str(p.relative_to(out)) for p in [*written, out / "report.html"]]
     written[-1].write_text(json.dumps(info, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     written.append(out / "report.html")
-    written[-1].write_text(report_html(info, head_rows(state), images), encoding="utf-8")
-    return written
+    heads = head_rows(state)
+    written[-1].write_text(report_html(info, heads, images), encoding="utf-8")
+    return Written(written, info, heads)

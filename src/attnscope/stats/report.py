@@ -106,3 +106,39 @@ def report_html(info: dict[str, Any], heads: list[dict[str, Any]], images: dict[
         + _syntax(info)
         + "</body></html>\n"
     )
+
+
+def report_text(info: dict[str, Any], heads: list[dict[str, Any]], most: int = 8) -> str:
+    """The terminal summary of a run: each head class with its heads (strongest first) and, for CoNLL-U,
+    the best head of the most frequent relations. Names are printed as they are (a terminal runs no HTML)."""
+    from attnscope.stats.metrics import BROAD_RATIO, CLASS_RULES
+
+    lines = [f"Head classes ({info['indexing']}; layer-head and its corpus mean):"]
+    rules = {name: metric for name, metric, _ in CLASS_RULES}
+    for name in ("broad", *rules):
+        members = [r for r in heads if name in r["classes"].split()]
+        if not members:
+            continue
+        if name == "broad":  # how close to uniform: entropy / its uniform baseline
+            scored = [(r, r["entropy_mean"] / r["entropy_uniform_mean"]) for r in members]
+            label = f"broad (entropy > {BROAD_RATIO} x uniform)"
+        else:
+            scored = [(r, r[f"{rules[name]}_mean"]) for r in members]
+            label = f"{name} ({info['thresholds'][name]})"
+        scored.sort(key=lambda rv: -rv[1])
+        shown = "  ".join(f"{r['layer']}-{r['head']} {v:.2f}" for r, v in scored[:most])
+        more = f"  (+{len(scored) - most} more)" if len(scored) > most else ""
+        lines.append(f"  {label:<36} {len(scored):>3}: {shown}{more}")
+    if len(lines) == 1:
+        lines.append("  no head passes a class threshold")
+    syntax = info.get("syntax")
+    if syntax and syntax["best_heads"]:
+        rows = syntax["best_heads"][:most]
+        lines.append(f"Dependency syntax, best head per relation (the {len(rows)} most frequent of "
+                     f"{len(syntax['best_heads'])}; Clark et al. Table 1):")
+        lines.append(f"  {'relation':<12} {'count':>6}  {'head':>5} {'accuracy':>8}  {'direction':<9}  best offset")
+        for r in rows:
+            lines.append(f"  {r['relation']:<12} {r['count']:>6}  {r['layer']:>3}-{r['head']:<2} "
+                         f"{100 * r['accuracy']:>7.1f}%  {r['direction']:<9}  {r['baseline_offset']:+d} "
+                         f"{100 * r['baseline_accuracy']:.1f}%")
+    return "\n".join(lines)

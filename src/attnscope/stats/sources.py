@@ -13,6 +13,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import re
 import socket
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ class Source:
         path = Path(self.spec)
         delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
         with _open(path) as handle:
-            reader = csv.reader(handle, delimiter=delimiter)
+            reader = csv.reader((line for _, line in numbered_lines(handle, str(path))), delimiter=delimiter)
             header = next(reader, None)
             if header is None:
                 return
@@ -226,27 +227,36 @@ def source_kind(spec: str) -> str:
 
 
 def _open(path: Path) -> Any:
+    """The file as bytes: lines are decoded one by one, so a decoding error names its own line."""
     try:
-        return path.open(encoding="utf-8", newline="")
+        return path.open("rb")
     except OSError as exc:
         raise AttnscopeError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line) of a UTF-8 file; a non-UTF-8 file is one clear error."""
+    """(1-based line number, line) of a UTF-8 file; a non-UTF-8 line is one clear error."""
     with _open(path) as handle:
         yield from numbered_lines(handle, str(path))
 
 
-def numbered_lines(handle: Iterable[str], name: str) -> Iterator[tuple[int, str]]:
-    """(1-based line number, line) of an open UTF-8 text handle; decoding errors name the file and line."""
+_LONE_CR = re.compile(r"(?<=\r)(?!\n)")  # the split after a "\r" that is not part of "\r\n"
+
+
+def numbered_lines(handle: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line with its ending) of a binary UTF-8 handle, lines ending in "\n", "\r\n"
+    or "\r" as in text mode with newline=""; a line that is not UTF-8 raises naming the file and that line."""
     number = 0
-    try:
-        for line in handle:
-            number += 1
-            yield number, line
-    except UnicodeDecodeError as exc:
-        raise AttnscopeError(f"{name}:{number + 1}: not UTF-8 text (re-save the file as UTF-8)") from exc
+    for raw in handle:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            bad = number + 1 + raw.count(b"\r", 0, exc.start) - raw.count(b"\r\n", 0, exc.start)
+            raise AttnscopeError(f"{name}:{bad}: not UTF-8 text (re-save the file as UTF-8)") from exc
+        for line in _LONE_CR.split(text) if "\r" in text else (text,):
+            if line:
+                number += 1
+                yield number, line
 
 
 def _column_index(path: Path, names: list[str], wanted: str | None) -> int:

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,7 @@ def run(source: Source, model: Model, settings: local.Settings, outdir: str | Pa
     """
     local.check_settings(model, settings)
     out = Path(outdir)
-    identity = {"model": model.name, "source": source.describe(), "settings": asdict(settings)}
+    identity = local.run_identity(model, source, settings)
     state, chunk0, batch0 = local._start(out, identity, resume)
     if state is None:
         state = local.new_state(model, settings, with_syntax=source.has_trees)
@@ -111,6 +110,8 @@ def run(source: Source, model: Model, settings: local.Settings, outdir: str | Pa
     except KeyboardInterrupt:
         local._save(out, identity, prefix.state, prefix.position, complete=False)
         raise
+    except AttnscopeError as exc:
+        raise local.kept(exc, out, identity, prefix.state, prefix.position, before) from exc
     finally:
         pool.close()
     local._save(out, identity, prefix.state, prefix.position, complete=True)

@@ -53,7 +53,7 @@ class CorpusFile(FileBasedDatasource):  # type: ignore[misc]
             yield _block(numbers, values)
 
     def _lines(self, f: Any, path: str) -> Iterator[tuple[int, str]]:
-        return numbered_lines(io.TextIOWrapper(f, encoding="utf-8", newline=""), path)
+        return numbered_lines(io.BufferedReader(f), path)  # pyarrow streams have no readline of their own
 
     def _parquet(self, path: str) -> Iterator[tuple[int, Any]]:
         number = 0
