@@ -10,12 +10,13 @@ import torch
 
 import attnscope
 from attnscope.capture import capturing
+from attnscope.errors import AttnscopeError
 from attnscope.norms import norm_attention
 from attnscope.recompute import layer_params
 from attnscope.stats import engine, metrics
 from attnscope.stats.engine import Settings, process_documents, values_of
 from attnscope.stats.metrics import Units
-from attnscope.stats.norm_metrics import NORM_METRICS, OTHER_METRIC, norm_maps, register, share_to
+from attnscope.stats.norm_metrics import NAMES, NORM_METRICS, OTHER_METRIC, norm_maps, register, share_to
 from attnscope.stats.sources import Document
 from attnscope.tracing import trace
 
@@ -144,3 +145,30 @@ def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path) -> None:
     assert len(rows) == 72 and all(0.0 <= float(r["norm_cls_mean"]) <= 1.0 for r in rows)
     shares = [float(r[f"norm_{k}_mean"]) for r in rows[:1] for k in ("cls", "sep", "punct", "other")]
     assert abs(sum(shares) - 1.0) <= 1e-5  # the four categories split each row's norms
+
+
+def test_norms_on_the_command_line_are_for_that_run_only(tmp_path: Path) -> None:
+    from attnscope.cli.main import main
+
+    ud = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+    before, inputs = dict(metrics.METRICS), dict(engine.INPUTS)
+    assert main(["stats", str(ud), "--limit", "4", "--norms", "--no-progress", "-o", str(tmp_path / "a")]) == 0
+    assert before == metrics.METRICS and inputs == engine.INPUTS
+    assert "norm_cls_mean" in (tmp_path / "a" / "heads.csv").read_text(encoding="utf-8").splitlines()[0]
+
+
+@pytest.mark.usefixtures("registries")
+def test_a_state_with_norm_metrics_registers_them_where_it_runs(minilm: attnscope.Model) -> None:
+    # As in a fresh Ray worker: the state names the norm metrics, this process never called register().
+    register()
+    state = engine.new_state(minilm, Settings(batch_size=2), with_syntax=False)
+    for name in list(metrics.METRICS):
+        if name in NAMES:
+            del metrics.METRICS[name]
+    engine.INPUTS.pop("norm_head")
+    docs = [Document(text, f"test:{i}") for i, text in enumerate(TEXTS)]
+    done = process_documents(minilm, docs, Settings(batch_size=2), state)
+    assert int(done.count["norm_cls"].min()) == 2 and int(done.count["other"].min()) == 2
+    state.metrics = (*state.metrics, "made_up")
+    with pytest.raises(AttnscopeError, match=r"^metric made_up is not registered in process \d+"):
+        process_documents(minilm, docs, Settings(batch_size=2), state)

@@ -45,14 +45,17 @@ def test_cluster_options_without_the_ray_engine_are_refused(ud_dev: Path, tmp_pa
 
 @pytest.mark.usefixtures("ray_runtime")
 def test_ray_engine_writes_the_local_engine_files(ud_dev: Path, tmp_path: Path) -> None:
-    """A fresh process starts its own local Ray runtime, runs 2 workers and shuts Ray down again."""
-    assert main(["stats", str(ud_dev), "-o", str(tmp_path / "local"), *ARGS]) == 0
+    """A fresh process starts its own local Ray runtime, runs 2 workers and shuts Ray down again.
+    With --norms: the workers, processes of their own, compute the norm columns too."""
+    assert main(["stats", str(ud_dev), "-o", str(tmp_path / "local"), "--norms", *ARGS]) == 0
     done = cli(str(ud_dev), "--engine", "ray", "--workers", "2", "-o", str(tmp_path / "ray"), "--format", "json",
-               *ARGS)
+               "--norms", *ARGS)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)  # nothing but the report on stdout
     assert report["documents"] == 40
-    assert rows(tmp_path / "ray" / "heads.csv") == rows(tmp_path / "local" / "heads.csv")
+    on_ray = rows(tmp_path / "ray" / "heads.csv")
+    assert on_ray == rows(tmp_path / "local" / "heads.csv")
+    assert {r["norm_cls_count"] for r in on_ray} == {"40"} and {r["other_count"] for r in on_ray} == {"40"}
     local = json.loads((tmp_path / "local" / "summary.json").read_text(encoding="utf-8"))
     on_ray = json.loads((tmp_path / "ray" / "summary.json").read_text(encoding="utf-8"))
     for key in ("documents", "tokens", "truncated", "model"):

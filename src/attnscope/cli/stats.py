@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -57,15 +58,18 @@ def settings_of(args: argparse.Namespace) -> Settings:
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from attnscope.stats.norm_metrics import registered
+
+    with registered() if args.norms else contextlib.nullcontext():  # the norm columns for this run only
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from attnscope.models import load_model
     from attnscope.stats.distributed import cli_runner
     from attnscope.stats.outputs import write_outputs
     from attnscope.stats.sources import Source
 
-    if args.norms:
-        from attnscope.stats.norm_metrics import register
-
-        register()
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
     settings = settings_of(args)
     run = cli_runner(args.engine, args.address, args.workers, args.model)

@@ -166,7 +166,7 @@ def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
     part = StatsState(state.layers, state.heads, state.metrics, dict(state.settings))
     if state.syntax is not None:
         part.syntax = syn.SyntaxCounts(state.layers, state.heads)
-    metrics = [m for m in metrics_for(bool(state.settings["causal"])) if m.name in state.metrics]
+    metrics = metrics_named(state.metrics, bool(state.settings["causal"]))
     rec = _BatchRecorder(model, batch, metrics, part.syntax)
     with torch.inference_mode(), recording(model.model, rec):
         model.model(**batch.inputs)
@@ -180,6 +180,24 @@ def run_batch(model: Model, batch: Batch, state: StatsState) -> StatsState:
     part.documents, part.tokens = len(batch.docs), batch.tokens
     part.truncated = sum(d.truncated for d in batch.docs)
     return state.merge(part)
+
+
+def metrics_named(names: Sequence[str], causal: bool) -> list[Metric]:
+    """The registered metrics of these names, in this order. A Ray worker is a process of its own: the
+    norm-weighted metrics that `--norms` registered in the driver are registered here when a state needs
+    them; any other metric missing here is an error rather than a column of NaN."""
+    known = {m.name: m for m in metrics_for(causal)}
+    if any(n not in known for n in names):
+        from attnscope.stats import norm_metrics
+
+        if any(n in norm_metrics.NAMES for n in names if n not in known):
+            norm_metrics.register()
+            known = {m.name: m for m in metrics_for(causal)}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise AttnscopeError(f"metric {', '.join(missing)} is not registered in process {os.getpid()}: register it "
+                             "in every process that runs batches (e.g. when a module the workers import is imported)")
+    return [known[n] for n in names]
 
 
 def process_documents(model: Model, docs: Sequence[Document], settings: Settings,

@@ -15,6 +15,9 @@ per layer from what the attention function saw (v and the weights) and the layer
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from attnscope.errors import AttnscopeError
@@ -89,6 +92,23 @@ NORM_METRICS: tuple[Metric, ...] = (
 )
 # The weight-based "other" category, for comparison with norm_other (the registry has cls, sep, sink, punct).
 OTHER_METRIC = Metric("other", share_to("other"), "attention to all other tokens")
+
+
+NAMES = frozenset(m.name for m in (*NORM_METRICS, OTHER_METRIC))
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[list[Metric]]:
+    """`register()` for the duration of a block, leaving the registries as they were afterwards
+    (so one `attnscope stats --norms` in a process does not add the columns to later runs)."""
+    saved_metrics, saved_inputs = dict(metrics.METRICS), dict(engine.INPUTS)
+    try:
+        yield register()
+    finally:
+        metrics.METRICS.clear()
+        metrics.METRICS.update(saved_metrics)
+        engine.INPUTS.clear()
+        engine.INPUTS.update(saved_inputs)
 
 
 def register() -> list[Metric]:
