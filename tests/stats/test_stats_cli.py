@@ -156,3 +156,20 @@ def test_the_terminal_summary_agrees_with_the_files(ud_dev: Path, tmp_path: Path
         assert line.split()[:4] == [best["relation"], str(best["count"]), f"{best['layer']}-{best['head']}",
                                     f"{100 * best['accuracy']:.1f}%"]
     assert printed[-1] == f"Report: {out / 'report.html'}"
+
+
+def test_ctrl_c_checkpoints_and_says_how_to_continue(ud_dev: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen(cli(str(ud_dev), "-o", str(out), "--limit", "400", "--batch-size", "4",
+                                "--checkpoint-every", "5", "--no-progress"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (out / CHECKPOINT).is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    checkpoint = json.loads((out / CHECKPOINT).read_text(encoding="utf-8"))
+    assert proc.returncode == 130 and not checkpoint["complete"], err
+    documents = checkpoint["state"]["documents"]
+    assert err.strip().splitlines() == [f"attnscope: interrupted; {documents:,} documents are checkpointed in {out}: "
+                                        "add --resume to the same command to continue"]

@@ -78,6 +78,12 @@ def _run(args: argparse.Namespace) -> int:
     try:
         result = run(source, model, settings, args.output, resume=args.resume,
                      progress=bar.update if bar else None, total=bar.total if bar else None)
+    except KeyboardInterrupt:
+        if bar:
+            bar.close()
+        print(f"attnscope: interrupted; {_checkpointed(args.output)} add --resume to the same command to continue",
+              file=sys.stderr)
+        return 130
     finally:
         if bar:
             bar.close()
@@ -98,14 +104,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpointed(out: str) -> str:
+    """What the checkpoint in out holds, for the interruption message."""
+    import json
+
+    from attnscope.stats.engine import CHECKPOINT
+
+    try:
+        documents = json.loads((Path(out) / CHECKPOINT).read_text(encoding="utf-8"))["state"]["documents"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "nothing was checkpointed yet:"
+    return f"{documents:,} documents are checkpointed in {out}:"
+
+
 def _print_summary(out: str, result: RunResult, run_info: dict[str, Any], written: Written) -> None:
     from attnscope.stats.report import report_text
 
     state = result.state
-    resumed = f", resumed after {result.resumed_from}" if result.resumed_from else ""
-    print(f"{state.documents:,} documents{resumed}, {state.tokens:,} tokens ({state.truncated:,} truncated, "
-          f"{result.malformed:,} malformed rows skipped) in {result.seconds:.1f} s, "
-          f"{run_info['tokens_per_second']:,.0f} tokens/s")
+    if result.resumed_from == state.documents:
+        timing = " (the checkpoint was complete: nothing left to run)"
+    else:
+        resumed = f" ({result.resumed_from:,} before resuming)" if result.resumed_from else ""
+        timing = f" in {result.seconds:.1f} s{resumed}, {run_info['tokens_per_second']:,.0f} tokens/s"
+    print(f"{state.documents:,} documents, {state.tokens:,} tokens ({state.truncated:,} truncated, "
+          f"{result.malformed:,} malformed rows skipped){timing}")
     print(report_text(written.info, written.heads))
     tables = ", ".join(str(p) for p in written.paths if p.suffix in (".csv", ".parquet"))
     print(f"Tables: {tables}\nPlots: {Path(out) / 'plots'}/\nReport: {Path(out) / 'report.html'}")
