@@ -34,7 +34,8 @@ def _table(header: list[str], rows: list[list[Any]], left: int = 0) -> str:
 
     head = "".join(cell("th", i, h) for i, h in enumerate(header))
     body = "".join("<tr>" + "".join(cell("td", i, v) for i, v in enumerate(r)) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    thead = f"<thead><tr>{head}</tr></thead>" if any(header) else ""
+    return f"<table>{thead}<tbody>{body}</tbody></table>"
 
 
 def _overview(info: dict[str, Any]) -> str:
@@ -43,12 +44,12 @@ def _overview(info: dict[str, Any]) -> str:
         ["model", f"{model['name']} ({model['architecture']}, {model['layers']} layers x {model['heads']} heads"
                   f"{', causal' if model.get('causal') else ''})"],
         ["source", f"{source.get('spec')} ({source.get('kind')})"],
-        ["documents", info["documents"]],
-        ["tokens", info["tokens"]],
-        ["truncated documents", info["truncated"]],
-        ["malformed rows skipped", source.get("malformed", 0)],
+        ["documents", f"{info['documents']:,}"],
+        ["tokens", f"{info['tokens']:,}"],
+        ["truncated documents", f"{info['truncated']:,}"],
+        ["malformed rows skipped", f"{source.get('malformed', 0):,}"],
         ["settings", ", ".join(f"{k}={v}" for k, v in info.get("settings", {}).items())],
-        ["tokens / s", f"{run.get('tokens_per_second', float('nan')):.0f}"],
+        ["tokens / s", f"{run.get('tokens_per_second', float('nan')):,.0f}"],
     ]
     return _table(["", ""], rows, left=2)
 
