@@ -69,6 +69,11 @@ def test_toy(capsys: pytest.CaptureFixture[str]) -> None:
     (["explain", "--text-file", "/nonexistent/file.txt"], "no such file"),
     (["check", "hi", "--model", "no-such-org/no-such-model"], "not available offline"),
     (["explain"], "no text given"),
+    (["trace", "hi", "-o", "/nonexistent/dir/t.safetensors"], "/nonexistent/dir is not a directory"),
+    (["trace", "hi", "-o", "/proc/t.safetensors"], "cannot write /proc/t.safetensors"),
+    (["view", "hi", "-o", "/nonexistent/dir/v.html"], "cannot write /nonexistent/dir/v.html"),
+    (["stats", "/nonexistent/c.txt", "-o", "/tmp/x"], "source /nonexistent/c.txt does not exist"),
+    (["stats", "/proc/version", "-o", "/proc/attnscope-out"], "cannot create the output directory"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
     code, _, err = run(capsys, *args)

@@ -42,11 +42,17 @@ def save_trace(tr: Trace, path: str | os.PathLike[str]) -> None:
     arrays = {k: np.ascontiguousarray(v) for k, v in tr.arrays.items()}
     arrays["input_ids"] = np.asarray([t.id for t in tr.tokens], dtype=np.int64)
     meta = json.dumps(_metadata(tr))
+    if not p.parent.is_dir():
+        raise AttnscopeError(f"cannot write {p}: {p.parent} is not a directory (create it first)")
     try:
         if p.suffix == ".safetensors":
+            from safetensors import SafetensorError
             from safetensors.numpy import save_file
 
-            save_file(arrays, str(p), metadata={_META_KEY: meta})
+            try:
+                save_file(arrays, str(p), metadata={_META_KEY: meta})
+            except SafetensorError as exc:  # its I/O errors are not OSErrors
+                raise AttnscopeError(f"cannot write {p}: {exc}") from exc
         elif p.suffix == ".npz":
             tokens = np.asarray([t.text for t in tr.tokens], dtype=np.str_)
             np.savez_compressed(p, **arrays, tokens=tokens, __meta__=np.asarray([meta]))  # type: ignore[arg-type]

@@ -173,3 +173,29 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(ud_dev: Path, tmp_path: Pat
     documents = checkpoint["state"]["documents"]
     assert err.strip().splitlines() == [f"attnscope: interrupted; {documents:,} documents are checkpointed in {out}: "
                                         "add --resume to the same command to continue"]
+
+
+def test_an_empty_source_leaves_nothing_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
+    corpus.write_text("\n  \n", encoding="utf-8")
+    for _ in range(2):  # the same command again: not refused as an existing run
+        assert main(["stats", str(corpus), "-o", str(out), "--no-progress"]) == 2
+        assert capsys.readouterr().err == f"attnscope: error: {corpus} has no documents to read\n"
+    assert not any(out.iterdir())
+    corpus.write_text("now a document\n", encoding="utf-8")
+    assert main(["stats", str(corpus), "-o", str(out), "--no-progress"]) == 0
+
+
+def test_an_output_that_cannot_be_written_is_one_line(ud_dev: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    args = ["stats", str(ud_dev), "--limit", "4", "-o", str(out), "--no-progress"]
+    assert main(args) == 0
+    for png in (out / "plots").iterdir():
+        png.unlink()
+    (out / "plots").rmdir()
+    (out / "plots").write_text("a file where the plots go", encoding="utf-8")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnscope: error: {out / 'plots'}: File exists (check the path") and err.count("\n") == 1

@@ -71,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a file or directory of the user's that cannot be read or written
+        if args.debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"attnscope: error: {where}{exc.strerror or exc} (check the path, its permissions and the free space; "
+              "--debug shows the traceback)", file=sys.stderr)
+        return 2
     finally:
         logging.getLogger("attnscope").removeHandler(handler)
 

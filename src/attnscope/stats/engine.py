@@ -281,9 +281,9 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
         raise
     except AttnscopeError as exc:  # e.g. a non-UTF-8 line far into the corpus: keep what was done before it
         raise kept(exc, out, identity, state, position, done_before) from exc
-    _save(out, identity, state, position, complete=True)
-    if state.documents == 0:
+    if state.documents == 0:  # nothing saved: the same command works once the source has documents
         raise AttnscopeError(f"{source.spec} has no documents to read")
+    _save(out, identity, state, position, complete=True)
     return RunResult(state, time.perf_counter() - started, done_before, tokens_before, source.malformed)
 
 
@@ -320,12 +320,12 @@ def _start(out: Path, identity: dict[str, Any], resume: bool) -> tuple[StatsStat
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise AttnscopeError(f"{out} already exists and is not empty: pass --resume to continue that run, "
                                  "or choose another output directory")
-        out.mkdir(parents=True, exist_ok=True)
+        _mkdir(out)
         return None, 0, 0
     if not ckpt.is_file():
         if out.exists() and any(out.iterdir()):
             raise AttnscopeError(f"{out} has no {CHECKPOINT} to resume from: choose another output directory")
-        out.mkdir(parents=True, exist_ok=True)
+        _mkdir(out)
         return None, 0, 0
     try:
         data = json.loads(ckpt.read_text(encoding="utf-8"))
@@ -337,6 +337,14 @@ def _start(out: Path, identity: dict[str, Any], resume: bool) -> tuple[StatsStat
                              "arguments, or choose another output directory")
     log.info("resuming %s at chunk %d, batch %d", out, data["chunk"], data["batch"])
     return StatsState.from_dict(data["state"]), int(data["chunk"]), int(data["batch"])
+
+
+def _mkdir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AttnscopeError(f"cannot create the output directory {out}: {exc.strerror or exc}: "
+                             "choose another with -o") from exc
 
 
 def _differences(then: Any, now: dict[str, Any]) -> str:

@@ -114,9 +114,9 @@ def run(source: Source, model: Model, settings: local.Settings, outdir: str | Pa
         raise local.kept(exc, out, identity, prefix.state, prefix.position, before) from exc
     finally:
         pool.close()
-    local._save(out, identity, prefix.state, prefix.position, complete=True)
-    if prefix.state.documents == 0:
+    if prefix.state.documents == 0:  # nothing saved, as in the local engine
         raise AttnscopeError(f"{source.spec} has no documents to read")
+    local._save(out, identity, prefix.state, prefix.position, complete=True)
     return local.RunResult(prefix.state, time.perf_counter() - started, before, tokens_before, source.malformed)
 
 
