@@ -76,17 +76,16 @@ def _run(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     bar = None if args.no_progress else _progress_bar(source, settings.limit)
     try:
-        result = run(source, model, settings, args.output, resume=args.resume,
-                     progress=bar.update if bar else None, total=bar.total if bar else None)
+        try:
+            result = run(source, model, settings, args.output, resume=args.resume,
+                         progress=bar.update if bar else None, total=bar.total if bar else None)
+        finally:
+            if bar:
+                bar.close()  # before any message, so it is not printed on the bar's line
     except KeyboardInterrupt:
-        if bar:
-            bar.close()
         print(f"attnscope: interrupted; {_checkpointed(args.output)} add --resume to the same command to continue",
               file=sys.stderr)
         return 130
-    finally:
-        if bar:
-            bar.close()
     state = result.state
     run_info = {"settings": asdict(settings), "seconds": round(result.seconds, 3),
                 "tokens_per_second": (state.tokens - result.resumed_tokens) / result.seconds

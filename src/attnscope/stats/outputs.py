@@ -150,7 +150,8 @@ def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: d
 
     out = Path(outdir)
     written = [out / "heads.parquet", out / "heads.csv"]
-    write_table(head_rows(state), written[0], written[1])
+    heads = head_rows(state)
+    write_table(heads, written[0], written[1])
     if state.syntax is not None:
         written.append(out / "syntax.parquet")
         write_table(syntax_rows(state), written[-1])
@@ -167,6 +168,5 @@ def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: d
     info["outputs"] = [str(p.relative_to(out)) for p in [*written, out / "report.html"]]
     written[-1].write_text(json.dumps(info, indent=2, allow_nan=True) + "\n", encoding="utf-8")
     written.append(out / "report.html")
-    heads = head_rows(state)
     written[-1].write_text(report_html(info, heads, images), encoding="utf-8")
     return Written(written, info, heads)
