@@ -33,8 +33,9 @@ import torch
 import attnscope
 from attnscope.stats import RunResult, Settings, Source, run
 from attnscope.stats.distributed import run as run_ray
+from corpus import ud_dev
 
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = ud_dev()
 
 
 def timed_local(model: attnscope.Model, settings: Settings, out: Path) -> tuple[RunResult, float]:

@@ -21,7 +21,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -32,8 +31,9 @@ import numpy as np
 import torch
 
 import attnscope
+from corpus import ud_dev
 
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = ud_dev()
 TOKENS = (32, 256)
 
 

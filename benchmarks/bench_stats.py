@@ -37,8 +37,9 @@ from attnscope.families import is_causal
 from attnscope.stats import Document, Settings, Source, StatsState, new_state, run
 from attnscope.stats.batching import Batch, Prepared, make_batch, plan, tokenize
 from attnscope.stats.engine import run_batch
+from corpus import ud_dev
 
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = ud_dev()
 
 
 def run_end_to_end(model: attnscope.Model, source: Source, settings: Settings) -> tuple[float, int]:

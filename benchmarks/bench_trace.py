@@ -25,7 +25,6 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -35,8 +34,9 @@ from transformers import AutoModel
 
 import attnscope
 from attnscope.models import bundled_model_path
+from corpus import ud_dev
 
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = ud_dev()
 
 
 def long_texts(n_texts: int, tokens: int, tokenizer: object) -> list[str]:

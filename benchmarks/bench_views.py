@@ -32,8 +32,9 @@ import torch
 import attnscope
 from attnscope import bertviz as ours
 from attnscope.views.browser import READY, chromium
+from corpus import ud_dev
 
-UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+UD_DEV = ud_dev()
 NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 
 

@@ -15,8 +15,14 @@ import torch
 
 import attnscope
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-UD_DEV = SHARED_DATA / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+# The first 500 sentences of UD English EWT dev, kept in the repo with its license (tests/data/ud-english-ewt).
+UD_DEV = Path(__file__).resolve().parent / "data" / "ud-english-ewt" / "en_ewt-ud-dev-500.conllu"
+
+
+@pytest.fixture(scope="session")
+def ud_dev() -> Path:
+    """The repo's slice of the real UD English EWT dev set (500 sentences with gold trees)."""
+    return UD_DEV
 
 
 @pytest.fixture(scope="session")

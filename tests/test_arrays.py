@@ -14,7 +14,7 @@ import torch
 import attnscope
 from attnscope.arrays import TraceArrays
 from attnscope.capture import capturing
-from attnscope.maths import ARRAY_AXES
+from attnscope.stages import ARRAY_AXES
 
 TEXTS = ["a much longer sentence that will force padding on the short one", "time flies like an arrow"]
 

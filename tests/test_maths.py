@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import maths
+from attnscope.stages import STAGES
 from attnscope.toy import toy_stages
 
 TOL = 1e-5
@@ -63,7 +64,7 @@ def test_every_stage_is_returned_with_named_shapes() -> None:
     p = maths.AttentionParams(*(torch.randn(d_model, d_model) if i % 2 == 0 else torch.randn(d_model)
                                 for i in range(8)), n_heads=heads, scaling=0.5)
     st = maths.multi_head_attention(torch.randn(n, d_model), p)
-    assert tuple(st) == maths.STAGES
+    assert tuple(st) == STAGES
     assert st["q"].shape == (heads, n, d_model // heads)  # [head, token, d_head]
     assert st["scores"].shape == (heads, n, n)  # [head, query, key]
     assert st["merged"].shape == (n, d_model)

@@ -130,14 +130,13 @@ def test_corpus_run_gives_the_norm_shares_of_each_trace(minilm: attnscope.Model)
     assert np.abs(weights_cls - expected).max() > 0.01  # the norms tell another story than the weights
 
 
-def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path) -> None:
+def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path, ud_dev: Path) -> None:
     import csv
     import subprocess
     import sys
 
-    ud = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "attnscope.cli.main", "stats", str(ud), "--limit", "12", "--norms",
+    done = subprocess.run([sys.executable, "-m", "attnscope.cli.main", "stats", str(ud_dev), "--limit", "12", "--norms",
                            "--no-progress", "-o", str(out)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     with (out / "heads.csv").open() as f:
@@ -147,12 +146,11 @@ def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path) -> None:
     assert abs(sum(shares) - 1.0) <= 1e-5  # the four categories split each row's norms
 
 
-def test_norms_on_the_command_line_are_for_that_run_only(tmp_path: Path) -> None:
+def test_norms_on_the_command_line_are_for_that_run_only(tmp_path: Path, ud_dev: Path) -> None:
     from attnscope.cli.main import main
 
-    ud = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
     before, inputs = dict(metrics.METRICS), dict(engine.INPUTS)
-    assert main(["stats", str(ud), "--limit", "4", "--norms", "--no-progress", "-o", str(tmp_path / "a")]) == 0
+    assert main(["stats", str(ud_dev), "--limit", "4", "--norms", "--no-progress", "-o", str(tmp_path / "a")]) == 0
     assert before == metrics.METRICS and inputs == engine.INPUTS
     assert "norm_cls_mean" in (tmp_path / "a" / "heads.csv").read_text(encoding="utf-8").splitlines()[0]
 

@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.maths import ARRAY_AXES
+from attnscope.stages import ARRAY_AXES
 
 
 @pytest.fixture(scope="module")

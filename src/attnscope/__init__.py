@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "TOLERANCE": "attnscope.check",
-    "CheckReport": "attnscope.check",
+    "TOLERANCE": "attnscope.report",
+    "CheckReport": "attnscope.report",
     "AttnscopeError": "attnscope.errors",
     "DEFAULT_MODEL": "attnscope.models",
     "Model": "attnscope.models",
     "load_model": "attnscope.models",
     "Token": "attnscope.tokens",
-    "Trace": "attnscope.tracing",
+    "Trace": "attnscope.traces",
     "trace": "attnscope.tracing",
     "walkthrough": "attnscope.explain",
     "Walkthrough": "attnscope.explain",
@@ -44,12 +44,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from attnscope.check import TOLERANCE, CheckReport
     from attnscope.errors import AttnscopeError
     from attnscope.explain import Walkthrough, walkthrough
     from attnscope.models import DEFAULT_MODEL, Model, load_model
+    from attnscope.report import TOLERANCE, CheckReport
     from attnscope.tokens import Token
-    from attnscope.tracing import Trace, trace
+    from attnscope.traces import Trace
+    from attnscope.tracing import trace
 
 
 def __getattr__(name: str) -> Any:

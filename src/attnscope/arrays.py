@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnscope.maths import ARRAY_AXES, TOKEN_AXES
+from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
 
 class Pending:

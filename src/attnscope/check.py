@@ -1,80 +1,19 @@
-"""Compare recompute vs capture vs the model's own outputs: max abs error per layer, head and stage."""
+"""Compare recompute vs capture vs the model's own outputs: max abs error per layer, head and stage.
+
+The results (Comparison, CheckReport) live in the torch-free `attnscope.report`."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
-from attnscope.maths import ARRAY_AXES, TOKEN_AXES, AttentionParams
+from attnscope.maths import AttentionParams
 from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, recompute_layers, row_chunks
-
-TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
+from attnscope.report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
+from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
 PER_HEAD = ("q", "k", "v", "scores", "weights", "context")  # arrays [layer, head, ...]
 PER_LAYER = ("x", "output")  # arrays [layer, token, d_model]
-# A score q.k sums d_head products; float32 rounds it to within a few ulps of sum |q_i k_i| <= |q| |k|
-# (reaching 400 on real text, where float32 steps are 3e-5). So score errors are measured relative to
-# that bound, |a - b| / max(1, |q| |k|); every other stage is compared in absolute terms.
-RELATIVE = ("scores",)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One stage computed two ways. errors: [layer, head] for per-head stages, [layer, 1] otherwise."""
-
-    stage: str
-    source: str  # what the captured numbers are compared with: "recompute" or "model"
-    errors: np.ndarray
-    relative: bool = False  # errors are |a - b| / max(1, |q| |k|) rather than |a - b|
-
-    @property
-    def max_error(self) -> float:
-        return float(self.errors.max()) if self.errors.size else 0.0
-
-
-@dataclass
-class CheckReport:
-    """The verification of one trace."""
-
-    tolerance: float
-    comparisons: list[Comparison] = field(default_factory=list)
-    unsupported: str | None = None  # why the independent recompute did not run, if it did not
-
-    @property
-    def ok(self) -> bool:
-        """True when every comparison is within tolerance (NaN never is)."""
-        return all(bool(np.all(c.errors <= self.tolerance)) for c in self.comparisons)
-
-    @property
-    def max_error(self) -> float:
-        return max((c.max_error for c in self.comparisons), default=0.0)
-
-    def worst(self, stage: str, source: str = "recompute") -> float | None:
-        for c in self.comparisons:
-            if c.stage == stage and c.source == source:
-                return c.max_error
-        return None
-
-    def head_error(self, layer: int, head: int) -> float:
-        """Max error over every per-head comparison for one layer and head."""
-        errs = [float(c.errors[layer, min(head, c.errors.shape[1] - 1)]) for c in self.comparisons]
-        return max(errs, default=0.0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "tolerance": self.tolerance,
-            "max_error": self.max_error,
-            "unsupported": self.unsupported,
-            "comparisons": [
-                {"stage": c.stage, "source": c.source, "max_error": c.max_error,
-                 "measure": "relative" if c.relative else "absolute", "errors": c.errors.tolist()}
-                for c in self.comparisons
-            ],
-        }
 
 
 class ErrorTable:
@@ -182,10 +121,5 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     return table
 
 
-def report_from_dict(data: dict[str, Any]) -> CheckReport:
-    """Rebuild a stored report (a saved trace keeps its verification)."""
-    report = CheckReport(tolerance=float(data["tolerance"]), unsupported=data.get("unsupported"))
-    for c in data.get("comparisons", []):
-        errors = np.asarray(c["errors"], dtype=np.float64)
-        report.comparisons.append(Comparison(c["stage"], c["source"], errors, c.get("measure") == "relative"))
-    return report
+__all__ = ["PER_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
+           "report_from_dict", "verify_batch"]

@@ -1,8 +1,8 @@
 """Scaled dot-product attention from scratch, as pure functions of tensors.
 
 Every function takes and returns plain tensors; nothing here knows about models.
-Stage names follow the project vocabulary: x, q, k, v, scores, scaled, masked,
-weights, context, merged, output.
+Stage names follow the project vocabulary (attnscope.stages): x, q, k, v, scores, scaled,
+masked, weights, context, merged, output.
 
 Why divide by sqrt(d_head)? If the entries of q and k are independent with mean 0
 and variance 1, their dot product over d_head terms has variance d_head. Dividing by
@@ -16,38 +16,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-
-STAGES: tuple[str, ...] = (
-    "x",
-    "q",
-    "k",
-    "v",
-    "scores",
-    "scaled",
-    "masked",
-    "weights",
-    "context",
-    "merged",
-    "output",
-)
-
-# Every array of a trace and its axes: the project's stage and axis vocabulary (saved traces, JSON, views).
-ARRAY_AXES: dict[str, tuple[str, ...]] = {
-    "x": ("layer", "token", "d_model"),
-    "q": ("layer", "head", "token", "d_head"),
-    "k": ("layer", "head", "token", "d_head"),
-    "v": ("layer", "head", "token", "d_head"),
-    "scores": ("layer", "head", "query", "key"),
-    "weights": ("layer", "head", "query", "key"),
-    "context": ("layer", "head", "token", "d_head"),
-    "output": ("layer", "token", "d_model"),
-    # derived views of the weights, saved when computed (attnscope.rollout, attnscope.norms)
-    "rollout": ("layer", "query", "key"),
-    "flow": ("query", "key"),
-    "norm_head": ("layer", "head", "query", "key"),
-    "norm_layer": ("layer", "query", "key"),
-}
-TOKEN_AXES = ("token", "query", "key")  # axes that run over a text's tokens (cut to its length when unpadding)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.check import CheckReport
 from attnscope.explain import Step, Walkthrough
+from attnscope.report import CheckReport
 
 MAX_ROWS = 12
 MAX_COLS = 8

@@ -1,7 +1,7 @@
 """Save and load traces: `.safetensors` (metadata as JSON) or `.npz` (metadata as a JSON string array).
 
 Arrays are named by stage (x, q, k, v, scores, weights, context, output) with the axes
-of `attnscope.maths.ARRAY_AXES`, plus `input_ids` [token]; `.npz` also holds `tokens`.
+of `attnscope.stages.ARRAY_AXES`, plus `input_ids` [token]; `.npz` also holds `tokens`.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from attnscope import report
 from attnscope.errors import AttnscopeError
-from attnscope.maths import ARRAY_AXES
+from attnscope.stages import ARRAY_AXES
 from attnscope.tokens import Token
-from attnscope.tracing import Trace
+from attnscope.traces import Trace
 
 FORMAT_VERSION = 1
 _META_KEY = "attnscope"
@@ -95,13 +96,11 @@ def _read_npz(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
 
 def _trace_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Trace:
-    from attnscope.check import report_from_dict
-
     tokens = [Token(**t) for t in meta["tokens"]]
     stages = {k: v for k, v in arrays.items() if k in ARRAY_AXES}
     tr = Trace(meta["model"], meta["text"], meta.get("pair"), tokens, stages, list(meta["scaling"]),
                bool(meta.get("truncated", False)), unsupported=meta.get("unsupported"))
     tr.saved_check = meta.get("check")
     if tr.saved_check is not None:
-        report_from_dict(tr.saved_check)  # validate now, not when a view asks
+        report.report_from_dict(tr.saved_check)  # validate now, not when a view asks
     return tr

@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError, require_text
+
+if TYPE_CHECKING:  # the Token record is read by views of saved traces, without torch
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from serve_support import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, decode
 
 import attnscope
 from attnscope.explain import walkthrough
-from attnscope.maths import ARRAY_AXES
 from attnscope.render import walkthrough_json
+from attnscope.stages import ARRAY_AXES
 from attnscope.views import neuron_block
 
 TOL = 1e-5

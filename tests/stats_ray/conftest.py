@@ -12,8 +12,6 @@ import torch
 import attnscope
 from attnscope.stats import RunResult, Settings, Source, run
 
-UD_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
-
 # 80 sentences in 3 chunks of at most 32 (4 batches of 8): several chunks, buckets and a short last batch
 SETTINGS = Settings(batch_size=8, limit=80, chunk_batches=4, checkpoint_every=2)
 
@@ -40,12 +38,6 @@ def ray_runtime() -> Iterator[object]:
     finally:
         ray.shutdown()
 
-
-@pytest.fixture(scope="session")
-def ud_dev() -> Path:
-    if not UD_DEV.is_file():
-        pytest.fail(f"the UD English EWT dev set is missing: expected it at {UD_DEV}")
-    return UD_DEV
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from attnscope.serve.fields import ENCODINGS, OPTIONAL_SOURCES, STAGES, Field
+from attnscope.serve.fields import ENCODINGS, Field
 from attnscope.serve.settings import Settings
+from attnscope.stages import ARRAYS, DERIVED
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,14 @@ def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     return [
         *text_fields(settings, models),
         Field("stages", "array", "Arrays to return, by the stage names of saved traces (axes in each "
-              "array's `axes`).", default=("weights",), enum=STAGES, max_length=len(STAGES)),
+              "array's `axes`).", default=("weights",), enum=ARRAYS, max_length=len(ARRAYS)),
         Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "
               "or nested JSON lists.", default="base64", enum=ENCODINGS),
         Field("payload", "boolean", "Also return the views' JSON payload (what the page renders), with the "
               "raw weights as its source.", default=False),
         Field("sources", "array", "More sources for the payload: norm-based attention per head and per layer, "
               "attention rollout, attention flow (slow: seconds beyond 50 tokens, refused beyond 64).",
-              default=(), enum=OPTIONAL_SOURCES, max_length=len(OPTIONAL_SOURCES)),
+              default=(), enum=DERIVED, max_length=len(DERIVED)),
     ]
 
 

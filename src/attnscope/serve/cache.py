@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnscope.tracing import Trace
+from attnscope.traces import Trace
 
 CacheKey = tuple[str, str, str | None, int, bool]  # model, text, pair, max_length, truncate
 

@@ -12,10 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-STAGES = ("x", "q", "k", "v", "scores", "weights", "context", "output",
-          "rollout", "flow", "norm_head", "norm_layer")  # attnscope.maths.ARRAY_AXES, in stage order
-# [query, key] stages computed on request; a views payload offers them as sources only when asked
-OPTIONAL_SOURCES = ("norm_head", "norm_layer", "rollout", "flow")
 ENCODINGS = ("base64", "list")
 # A non-space character, the same set in Python and in ECMA-262 (whose \s differs on \x1c-\x1f, \x85, \ufeff).
 _NONBLANK = r"[^\s\x1c-\x1f\x85\ufeff]"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnscope import __version__
-from attnscope.serve.fields import STAGES, Field, body_schema
+from attnscope.serve.fields import Field, body_schema
+from attnscope.stages import ARRAYS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _STATUS_TEXT = {
@@ -59,7 +60,7 @@ _CHECK = _obj(["ok", "tolerance", "max_error"], ok={"type": "boolean"}, toleranc
 _TRACE = _obj(["model", "text", "tokens", "truncated", "check", "arrays"],
               model={"type": "object"}, text={"type": "string"}, pair={"type": "string", "nullable": True},
               truncated={"type": "boolean"}, tokens={"type": "array", "items": _TOKEN}, check=_CHECK,
-              arrays={"type": "object", "description": f"by stage name: {', '.join(STAGES)}",
+              arrays={"type": "object", "description": f"by stage name: {', '.join(ARRAYS)}",
                       "additionalProperties": _ARRAY},
               payload={"type": "object", "description": "the views' payload, when asked for"})
 _STEP = _obj(["stage", "title", "text", "shape", "arrays"], stage={"type": "string"},

@@ -15,13 +15,12 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
-from attnscope.maths import ARRAY_AXES
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
-from attnscope.serve.fields import OPTIONAL_SOURCES
 from attnscope.serve.settings import Settings
+from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
 
@@ -81,7 +80,7 @@ class Service:
             "arrays": {s: encode_array(stage_array(tr, s), ARRAY_AXES[s], req.encoding) for s in req.stages},
         }
         if req.payload:
-            body["payload"] = views_payload(e, tuple(s for s in OPTIONAL_SOURCES if s in req.sources))
+            body["payload"] = views_payload(e, tuple(s for s in DERIVED if s in req.sources))
         return to_json(body)
 
     def explain_body(self, req: ExplainRequest) -> bytes:
@@ -139,7 +138,7 @@ def views_payload(e: Entry, optional: tuple[str, ...]) -> dict[str, Any]:
         tr = e.trace
         for name in optional:
             stage_array(tr, name)
-        keep = {k: v for k, v in tr.arrays.items() if k not in OPTIONAL_SOURCES or k in optional}
+        keep = {k: v for k, v in tr.arrays.items() if k not in DERIVED or k in optional}
         e.payloads[optional] = payload(dataclasses.replace(tr, arrays=keep))
     return e.payloads[optional]
 

@@ -32,12 +32,14 @@ import html
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.tracing import Trace
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
+
+if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
+    from attnscope.traces import Trace
 
 REPR_VIEW = "all"
 

@@ -13,25 +13,18 @@ import base64
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from attnscope.errors import AttnscopeError, check_index
-from attnscope.maths import ARRAY_AXES
-from attnscope.tracing import Trace
+from attnscope.stages import ARRAY_AXES, SOURCE_LABELS, SOURCES
+
+if TYPE_CHECKING:
+    from attnscope.traces import Trace
 
 FORMAT = "attnscope.views/1"
 VIEWS = ("head", "model", "neuron", "matrix", "all")
-# Raw weights first; other [query, key] arrays follow in this order, then any new ones by name.
-SOURCE_ORDER = ("weights", "norm_head", "rollout", "norm_layer", "flow")
-SOURCE_LABELS = {
-    "weights": "attention weights",
-    "norm_head": "norm-based, per head",
-    "rollout": "attention rollout",
-    "norm_layer": "norm-based, per layer",
-    "flow": "attention flow",
-}
 NOT_SOURCES = ("scores",)  # logits, signed: shown exactly in the neuron view instead
 NEURON_BUDGET = 2_000_000  # raw float32 bytes of neuron data a page carries by default
 NEURON_STAGES = ("q", "k", "scores", "weights")
@@ -70,7 +63,7 @@ def source_names(trace: Trace) -> list[str]:
     """The trace's [query, key] arrays that views can draw, raw weights first."""
     names = [n for n, axes in ARRAY_AXES.items()
              if n in trace.arrays and axes[-2:] == ("query", "key") and n not in NOT_SOURCES]
-    return sorted(names, key=lambda n: (SOURCE_ORDER.index(n) if n in SOURCE_ORDER else len(SOURCE_ORDER), n))
+    return sorted(names, key=lambda n: (SOURCES.index(n) if n in SOURCES else len(SOURCES), n))
 
 
 def _as_maps(name: str, array: np.ndarray, sel: Selection) -> np.ndarray:

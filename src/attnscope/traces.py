@@ -1,0 +1,155 @@
+"""The Trace: one text's tokens, captured arrays and verification, as a plain record (torch-free).
+
+`attnscope.tracing.trace` makes one from a model; `attnscope.storage` reads and writes them. Views and
+saved-trace readers import this module without loading torch or transformers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnscope import report
+from attnscope.errors import AttnscopeError, check_index
+from attnscope.tokens import Token
+
+
+@dataclass
+class Trace:
+    """One text's attention in every layer and head, as the model computed it.
+
+    `arrays` holds the captured numbers by stage name (axes in ARRAY_AXES); `comparisons`
+    the max errors, per layer and head, of the independent recompute from each layer's
+    weights and of the model's own outputs (`output_attentions`, hidden states) against them.
+    """
+
+    model: dict[str, Any]
+    text: str
+    pair: str | None
+    tokens: list[Token]
+    arrays: MutableMapping[str, np.ndarray]  # a TraceArrays when traced: copied out of the batch on first use
+    scaling: list[float]  # per layer: the factor applied to scores (1 / sqrt(d_head) usually)
+    truncated: bool = False
+    comparisons: list[report.Comparison] = field(default_factory=list)
+    unsupported: str | None = None  # why there is no recompute
+    saved_check: dict[str, Any] | None = None  # a loaded trace's stored verification
+    output_projection: list[np.ndarray] | None = None  # W_O per layer [head * d_head, d_model], for norms()
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.arrays["weights"].shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.arrays["weights"].shape[1])
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.model.get("causal", False))
+
+    @property
+    def weights(self) -> np.ndarray:
+        """[layer, head, query, key]"""
+        return self.arrays["weights"]
+
+    @property
+    def token_strings(self) -> list[str]:
+        return [t.text for t in self.tokens]
+
+    def head(self, layer: int, head: int) -> np.ndarray:
+        """Attention weights of one head: [query, key]. Layers and heads are 0-indexed."""
+        self.validate(layer=layer, head=head)
+        head_weights: np.ndarray = self.arrays["weights"][layer, head]
+        return head_weights
+
+    def validate(self, layer: int | None = None, head: int | None = None, token: int | None = None) -> None:
+        """Raise a one-line error when a layer, head or token index is out of range."""
+        if layer is not None:
+            check_index("layer", layer, self.n_layers)
+        if head is not None:
+            check_index("head", head, self.n_heads)
+        if token is not None:
+            check_index("token", token, self.n_tokens, owner="this text")
+
+    def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
+        """Recompute vs capture vs the model's own outputs, per layer, head and stage."""
+        if not self.comparisons and self.saved_check is not None:  # a loaded trace: its stored check
+            saved = report.report_from_dict(self.saved_check)
+            return report.CheckReport(tolerance, saved.comparisons, saved.unsupported)
+        return report.CheckReport(tolerance, list(self.comparisons), self.unsupported)
+
+    # Views (attnscope.views): self-contained HTML pages, in files and in Jupyter.
+    def to_html(self, view: str = "all", **options: Any) -> str:
+        """A self-contained HTML page: view is "head", "model", "neuron", "matrix" or "all"."""
+        from attnscope.views import to_html
+
+        return to_html(self, view=view, **options)
+
+    def _repr_html_(self) -> str:
+        from attnscope.views import repr_html
+
+        return repr_html(self)
+
+    def show(self, view: str = "head", **options: Any) -> Any:
+        """Display a view in Jupyter."""
+        from attnscope.views import show
+
+        return show(self, view=view, **options)
+
+    # Beyond raw weights (attnscope.rollout, attnscope.norms); results are kept in `arrays`.
+    def rollout(self) -> np.ndarray:
+        """Attention rollout (Abnar & Zuidema 2020): [layer, query, key], layer l = R_l."""
+        from attnscope.rollout import rollout
+
+        if "rollout" not in self.arrays:
+            self.arrays["rollout"] = rollout(self.arrays["weights"])
+        return self.arrays["rollout"]
+
+    def flow(self, max_tokens: int = 64) -> np.ndarray:
+        """Attention flow (Abnar & Zuidema 2020) from each top-layer position to each input: [query, key]."""
+        from attnscope.rollout import flow
+
+        if "flow" not in self.arrays:
+            self.arrays["flow"] = flow(self.arrays["weights"], max_tokens=max_tokens)
+        return self.arrays["flow"]
+
+    def norms(self) -> dict[str, np.ndarray]:
+        """Norm-based attention (Kobayashi et al. 2020), computed at trace time from the layer weights.
+
+        "norm_head": ||alpha_ij f^h(x_j)|| [layer, head, query, key];
+        "norm_layer": ||sum_h alpha^h_ij f^h(x_j)|| [layer, query, key].
+        """
+        from attnscope.norms import norm_attention
+
+        if "norm_head" not in self.arrays:
+            if self.output_projection is None:
+                raise AttnscopeError(f"norm-based attention needs the layers' output projections: "
+                                     f"{self.unsupported or 'trace the text again with the model at hand'}")
+            self.arrays.update(norm_attention(self.arrays["v"], self.arrays["weights"], self.output_projection))
+        return {k: self.arrays[k] for k in ("norm_head", "norm_layer")}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `.safetensors` or `.npz` (arrays by stage name, metadata as JSON)."""
+        from attnscope.storage import save_trace
+
+        save_trace(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Trace:
+        from attnscope.storage import load_trace
+
+        return load_trace(path)
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace(model={self.model.get('name')!r}, tokens={self.n_tokens}, "
+            f"layers={self.n_layers}, heads={self.n_heads})"
+        )
