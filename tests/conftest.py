@@ -19,6 +19,11 @@ import attnscope
 UD_DEV = Path(__file__).resolve().parent / "data" / "ud-english-ewt" / "en_ewt-ud-dev-500.conllu"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--wheel-dir", default=None, help="dist/ of `make dist`: the wheel test installs the wheel from it "
+                     "(default: the test builds one)")
+
+
 @pytest.fixture(scope="session")
 def ud_dev() -> Path:
     """The repo's slice of the real UD English EWT dev set (500 sentences with gold trees)."""

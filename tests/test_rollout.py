@@ -179,6 +179,12 @@ def test_flow_refuses_long_texts_with_the_way_out() -> None:
         flow(_random_weights(2, 1, 10, seed=0), max_tokens=8)
 
 
+def test_a_cached_flow_still_obeys_a_smaller_max_tokens(minilm_trace: Trace) -> None:
+    minilm_trace.flow()  # computed and kept with the default limit
+    with pytest.raises(AttnscopeError, match=f"{minilm_trace.n_tokens} tokens"):
+        minilm_trace.flow(max_tokens=minilm_trace.n_tokens - 1)
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fn", [rollout, flow])

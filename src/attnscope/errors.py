@@ -7,7 +7,7 @@ class AttnscopeError(Exception):
     """Bad input or an unavailable resource; the CLI prints it on one line and exits 2."""
 
 
-def check_index(kind: str, value: int, count: int, owner: str = "this model") -> None:
+def validate_index(kind: str, value: int, count: int, owner: str = "this model") -> None:
     """Raise a one-line error naming the valid 0-indexed range when value is outside it."""
     if not 0 <= value < count:
         raise AttnscopeError(

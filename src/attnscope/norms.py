@@ -24,7 +24,7 @@ import numpy.typing as npt
 import torch
 
 from attnscope.errors import AttnscopeError
-from attnscope.rollout import check_weights
+from attnscope.rollout import validate_weights
 
 
 def transformed(v: np.ndarray, w_o: npt.ArrayLike) -> np.ndarray:
@@ -86,7 +86,7 @@ def norm_attention(
     weights: [layer, head, query, key]; w_o: one [head * d_head, d_model] per layer (b_O excluded).
     Returns {"norm_head": [layer, head, query, key], "norm_layer": [layer, query, key]} in v's float dtype.
     """
-    w = check_weights(weights)
+    w = validate_weights(weights)
     v_arr = np.asarray(v)
     if v_arr.ndim != 4 or v_arr.shape[:3] != w.shape[:3]:
         raise AttnscopeError(

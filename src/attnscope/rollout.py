@@ -31,7 +31,7 @@ MAX_FLOW_TOKENS = 64
 FLOW_SCALE = 2**30
 
 
-def check_weights(weights: np.ndarray, what: str = "weights") -> np.ndarray:
+def validate_weights(weights: np.ndarray, what: str = "weights") -> np.ndarray:
     """Validate attention weights [layer, head, query, key]: square, finite, non-negative."""
     w = np.asarray(weights)
     if w.ndim != 4 or w.shape[2] != w.shape[3] or 0 in w.shape:
@@ -53,7 +53,7 @@ def check_weights(weights: np.ndarray, what: str = "weights") -> np.ndarray:
 
 def residual_attention(weights: np.ndarray) -> np.ndarray:
     """A-hat: the head mean plus the identity, rows renormalised.  [layer, head, query, key] -> [layer, query, key]"""
-    w = check_weights(weights).astype(np.float64)
+    w = validate_weights(weights).astype(np.float64)
     a_bar = w.mean(axis=1)  # [layer, query, key]
     a_hat: np.ndarray = 0.5 * a_bar + 0.5 * np.eye(w.shape[-1])
     renormalised: np.ndarray = a_hat / a_hat.sum(axis=-1, keepdims=True)  # a_bar rows sum to 1 unless masked
@@ -81,17 +81,21 @@ def flow(weights: np.ndarray, max_tokens: int = MAX_FLOW_TOKENS) -> np.ndarray:
     layer boundary; layer l's position i feeds layer l-1's position j with capacity A-hat_l[i, j].
     Cost grows like tokens^4 x layers, so texts longer than max_tokens are refused.
     """
-    n = int(np.asarray(weights).shape[-1]) if np.ndim(weights) == 4 else 0
+    validate_flow_length(int(np.asarray(weights).shape[-1]) if np.ndim(weights) == 4 else 0, max_tokens)
+    a_hat = residual_attention(weights)
+    values = _max_flows(a_hat)  # [query, key]
+    shares: np.ndarray = values / values.sum(axis=-1, keepdims=True)
+    return shares.astype(_float_dtype(weights))
+
+
+def validate_flow_length(n: int, max_tokens: int) -> None:
+    """Refuse attention flow over more than max_tokens tokens (its cost grows like tokens^4)."""
     if n > max_tokens:
         raise AttnscopeError(
             f"attention flow over {n} tokens is refused: it solves a max-flow for each of the {n}x{n} token "
             f"pairs and its cost grows like tokens^4 (about 3 s at 64 tokens and 6 layers); shorten the text "
             f"to at most {max_tokens} tokens, or accept the cost with --max-tokens {n} (max_tokens={n} in Python)"
         )
-    a_hat = residual_attention(weights)
-    values = _max_flows(a_hat)  # [query, key]
-    shares: np.ndarray = values / values.sum(axis=-1, keepdims=True)
-    return shares.astype(_float_dtype(weights))
 
 
 def _max_flows(a_hat: np.ndarray) -> np.ndarray:

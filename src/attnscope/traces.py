@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from attnscope import report
-from attnscope.errors import AttnscopeError, check_index
+from attnscope.errors import AttnscopeError, validate_index
 from attnscope.tokens import Token
 
 
@@ -73,11 +73,11 @@ class Trace:
     def validate(self, layer: int | None = None, head: int | None = None, token: int | None = None) -> None:
         """Raise a one-line error when a layer, head or token index is out of range."""
         if layer is not None:
-            check_index("layer", layer, self.n_layers)
+            validate_index("layer", layer, self.n_layers)
         if head is not None:
-            check_index("head", head, self.n_heads)
+            validate_index("head", head, self.n_heads)
         if token is not None:
-            check_index("token", token, self.n_tokens, owner="this text")
+            validate_index("token", token, self.n_tokens, owner="this text")
 
     def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
         """Recompute vs capture vs the model's own outputs, per layer, head and stage."""
@@ -115,8 +115,9 @@ class Trace:
 
     def flow(self, max_tokens: int = 64) -> np.ndarray:
         """Attention flow (Abnar & Zuidema 2020) from each top-layer position to each input: [query, key]."""
-        from attnscope.rollout import flow
+        from attnscope.rollout import flow, validate_flow_length
 
+        validate_flow_length(self.n_tokens, max_tokens)  # a cached result obeys the limit of this call too
         if "flow" not in self.arrays:
             self.arrays["flow"] = flow(self.arrays["weights"], max_tokens=max_tokens)
         return self.arrays["flow"]

@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from attnscope import __version__
 from attnscope.errors import AttnscopeError
 
 # Each module registers its subcommands with register(subparsers).
@@ -29,6 +30,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="attnscope", description="Open up the self-attention inside real transformer models.")
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"attnscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

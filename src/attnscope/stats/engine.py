@@ -203,7 +203,7 @@ def metrics_named(names: Sequence[str], causal: bool) -> list[Metric]:
 def process_documents(model: Model, docs: Sequence[Document], settings: Settings,
                       state: StatsState | None = None) -> StatsState:
     """Statistics of a list of documents (e.g. one block of a distributed run), as a mergeable state."""
-    check_settings(model, settings)
+    validate_settings(model, settings)
     if state is None:
         state = new_state(model, settings, with_syntax=any(d.heads is not None for d in docs))
     for batch in _batches(model, list(docs), settings):
@@ -211,7 +211,7 @@ def process_documents(model: Model, docs: Sequence[Document], settings: Settings
     return state
 
 
-def check_settings(model: Model, settings: Settings) -> None:
+def validate_settings(model: Model, settings: Settings) -> None:
     if settings.max_length < 2:
         raise AttnscopeError(f"--max-length {settings.max_length} is too small: use at least 2 tokens")
     if settings.max_length > model.max_positions:
@@ -254,7 +254,7 @@ class RunResult:
 def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathLike[str], resume: bool = False,
         progress: Callable[[Progress], None] | None = None, total: int | None = None) -> RunResult:
     """Run the statistics over a corpus, checkpointing into outdir; resume continues a stopped run."""
-    check_settings(model, settings)
+    validate_settings(model, settings)
     out = Path(outdir)
     identity = run_identity(model, source, settings)
     state, chunk0, batch0 = _start(out, identity, resume)

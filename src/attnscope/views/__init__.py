@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 
-def check_view(view: str) -> str:
+def validate_view(view: str) -> str:
     if view not in VIEWS:
         raise AttnscopeError(f"unknown view {view!r}: choose one of {', '.join(VIEWS)}")
     return view
@@ -86,7 +86,7 @@ def to_html(
     layer, head, show_heads, query, source: the starting selection. theme: auto, light, dark.
     neuron: exact data carried for the neuron view ("budget", "all", "none" or (layer, head) pairs).
     """
-    check_view(view)
+    validate_view(view)
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
                "heads": None if show_heads is None else list(show_heads)}
     wants_neuron = view in ("neuron", "all")

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.errors import AttnscopeError, check_index
+from attnscope.errors import AttnscopeError, validate_index
 from attnscope.stages import ARRAY_AXES, SOURCE_LABELS, SOURCES
 
 if TYPE_CHECKING:
@@ -46,9 +46,9 @@ def select(trace: Trace, layers: Iterable[int] | None, heads: Iterable[int] | No
     if not chosen_layers or not chosen_heads:
         raise AttnscopeError("no layers or no heads selected: pass at least one of each (0-indexed)")
     for layer in chosen_layers:
-        check_index("layer", layer, trace.n_layers)
+        validate_index("layer", layer, trace.n_layers)
     for head in chosen_heads:
-        check_index("head", head, trace.n_heads)
+        validate_index("head", head, trace.n_heads)
     return Selection(chosen_layers, chosen_heads)
 
 

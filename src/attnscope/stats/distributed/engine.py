@@ -85,7 +85,7 @@ def run(source: Source, model: Model, settings: local.Settings, outdir: str | Pa
     Workers load `worker_model` (a name or path each node can load; default: `model` itself,
     shipped through Ray's object store). Results equal the local engine's exactly.
     """
-    local.check_settings(model, settings)
+    local.validate_settings(model, settings)
     out = Path(outdir)
     identity = local.run_identity(model, source, settings)
     state, chunk0, batch0 = local._start(out, identity, resume)
