@@ -20,8 +20,8 @@ UD_DEV = Path(__file__).resolve().parent / "data" / "ud-english-ewt" / "en_ewt-u
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--wheel-dir", default=None, help="dist/ of `make dist`: the wheel test installs the wheel from it "
-                     "(default: the test builds one)")
+    parser.addoption("--wheel-dir", default=None,
+                     help="dist/ of `make dist`: the wheel test installs the wheel from it (default: it builds one)")
 
 
 @pytest.fixture(scope="session")

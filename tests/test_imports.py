@@ -51,7 +51,8 @@ def _top_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             subs = {f"{base}.{a.name}" for a in node.names}
             found.update(subs & known or {base})  # `from pkg import mod` needs mod; pkg is already importing
     return {m for m in found if m in known and m != name}
