@@ -28,7 +28,7 @@ def _run(*cmd: str | Path, cwd: Path, timeout: float = 900) -> subprocess.Comple
 def wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel `make dist` built, or one built here."""
     given = request.config.getoption("--wheel-dir")
-    where = Path(given) if given else tmp_path_factory.mktemp("dist")
+    where = Path(given).resolve() if given else tmp_path_factory.mktemp("dist")
     if not given:
         _run(sys.executable, "-m", "build", "--wheel", "--outdir", where, REPO, cwd=where)
     wheels = sorted(where.glob(f"attnscope-{attnscope.__version__}-*.whl"))
