@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,9 +18,8 @@ import torch
 from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
-from transformers.models.bert import modeling_bert
 
-from attnscope.families import family_of
+from attnscope.families import attention_modules, eager_attention, family_of
 
 ATTENTION_NAME = "attnscope"
 
@@ -37,9 +35,9 @@ class AttentionCall:
     """What one layer's attention function saw and produced (batched, padded)."""
 
     module: nn.Module
-    q: torch.Tensor  # [batch, head, query, d_head]
-    k: torch.Tensor  # [batch, head, key, d_head]
-    v: torch.Tensor  # [batch, head, key, d_head]
+    q: torch.Tensor  # [batch, head, query, d_head] (after the rotation, for RoPE families)
+    k: torch.Tensor  # [batch, kv_head, key, d_head]: one per k/v head (grouped-query attention), not repeated
+    v: torch.Tensor  # [batch, kv_head, key, d_head]
     mask: torch.Tensor | None  # additive, [batch, 1, query, key]
     scaling: float
     weights: torch.Tensor  # [batch, head, query, key]
@@ -49,10 +47,30 @@ class AttentionCall:
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("attnscope_recorder", default=None)
 
 
-def _family_eager(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """The eager attention function of the module's own modeling file."""
-    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-    return fn if callable(fn) else modeling_bert.eager_attention_forward
+# --- interventions (attnscope.interventions): edit a layer's mask and context inside the real forward pass ---
+class Intervention(Protocol):
+    """Edits each attention call of a forward pass, in layer order: the mask before the attention, the
+    context after it. Each call makes edit_mask then edit_context."""
+
+    def edit_mask(self, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None: ...
+
+    def edit_context(self, context: torch.Tensor) -> torch.Tensor: ...  # [batch, query, head, d_head]
+
+
+_INTERVENTION: contextvars.ContextVar[Intervention | None] = contextvars.ContextVar(
+    "attnscope_intervention", default=None)
+
+
+@contextlib.contextmanager
+def intervening(model: PreTrainedModel, intervention: Intervention) -> Iterator[None]:
+    """Let the intervention edit every attention call of forward passes inside the block."""
+    token = _INTERVENTION.set(intervention)
+    try:
+        with attention_implementation(model):
+            yield
+    finally:
+        _INTERVENTION.reset(token)
+# --- end of interventions ---
 
 
 def attention_function(
@@ -65,10 +83,15 @@ def attention_function(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Registered as "attnscope": the family's eager attention, observed."""
-    context, weights = _family_eager(module)(
+    """Registered as "attnscope": the family's eager attention, observed (and edited by an active Intervention)."""
+    intervention = _INTERVENTION.get()
+    if intervention is not None:
+        attention_mask = intervention.edit_mask(attention_mask, query)
+    context, weights = eager_attention(module)(
         module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
     )
+    if intervention is not None:
+        context = intervention.edit_context(context)
     recorder = _ACTIVE.get()
     if recorder is not None:
         s = float(scaling) if scaling is not None else float(query.shape[-1]) ** -0.5
@@ -92,14 +115,6 @@ class LayerCapture:
 
     def on_attention(self, call: AttentionCall) -> None:
         self.calls.append(call)
-
-
-def attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The modules that call the attention function, for a family attnscope knows."""
-    fam = family_of(model)
-    if fam is None:
-        return []
-    return [m for m in model.modules() if type(m).__name__ in fam.attention_classes]
 
 
 @contextlib.contextmanager
@@ -149,3 +164,7 @@ def _x_hook(cap: LayerCapture) -> Callable[..., None]:
         cap.x.append(x.detach())
 
     return hook
+
+
+__all__ = ["ATTENTION_NAME", "AttentionCall", "LayerCapture", "Recorder", "attention_function",
+           "attention_implementation", "attention_modules", "capturing", "recording"]

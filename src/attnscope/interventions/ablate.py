@@ -1,0 +1,119 @@
+"""Head ablation: the effect on the output of removing heads (zero or mean), together or each alone.
+
+All settings run as rows of one batched forward pass: row 0 is the untouched model, row 1 the chosen
+heads removed together, and with each=True one more row per head of the model (a layer x head grid).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from attnscope.errors import AttnscopeError, require_text
+from attnscope.interventions.effects import PRIMARY, Kind, Probe, effects, outputs, prepare
+from attnscope.interventions.gates import Head, HeadEdit, mean_contexts, n_layers_heads, ones, validate_heads
+from attnscope.models import Model, ModelLike, load_model
+from attnscope.tokens import Token, encode
+
+Mode = Literal["zero", "mean"]
+MODES = ("zero", "mean")
+
+
+@dataclass
+class Ablation:
+    """What removing heads did to the output. Layers and heads are 0-indexed."""
+
+    model: str
+    kind: Kind
+    tokens: list[Token]
+    target: str | None
+    mode: Mode
+    heads: list[Head]  # removed together (may be empty with each=True)
+    clean: dict[str, float]  # the untouched model's measures
+    ablated: dict[str, float] | None  # with `heads` removed: measures and changes (d_...)
+    token_change: list[float] | None  # encoders: each token's relative final-state change
+    grid: dict[str, np.ndarray] | None  # each=True: every measure with one head removed, [layer, head]
+
+    @property
+    def primary(self) -> str:
+        """The measure the grid's heatmap shows."""
+        return PRIMARY[self.kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "kind": self.kind, "mode": self.mode, "target": self.target,
+            "tokens": [t.text for t in self.tokens], "heads": [list(h) for h in self.heads],
+            "clean": self.clean, "ablated": self.ablated, "token_change": self.token_change,
+            "primary": self.primary,
+            "grid": None if self.grid is None else {k: v.tolist() for k, v in self.grid.items()},
+        }
+
+
+def ablate(text: str, heads: Sequence[Head] = (), model: ModelLike = None, mode: Mode = "zero",
+           target: str | None = None, each: bool = False, reference: Sequence[str] | None = None,
+           max_length: int = 256) -> Ablation:
+    """Remove heads (zero: their context set to 0; mean: to its mean over the reference texts, default the
+    text itself) and measure the output. each=True also removes every head alone, in the same forward."""
+    m = load_model(model)
+    require_text(text)
+    if mode not in MODES:
+        raise AttnscopeError(f"mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+    if not heads and not each:
+        raise AttnscopeError("no heads given: pass heads=[(layer, head), ...] (0-indexed) or each=True")
+    chosen = validate_heads(m, heads) if heads else []
+    probe = prepare(m, text, target, max_length)
+    source = _source(m, probe, mode, reference, max_length)
+    scale = setting_gates(m, [chosen] if chosen else [], each)
+    edit = HeadEdit(m.n_layers, scale, source)
+    with torch.no_grad():
+        fx = effects(probe.kind, outputs(probe, probe.rows(int(scale.shape[1])), edit))
+    return _result(m, probe, mode, chosen, fx, each)
+
+
+def setting_gates(m: Model, sets: list[list[Head]], each: bool) -> torch.Tensor:
+    """Gates [layer, row, head]: row 0 open, then one row per head set closed, then (each) one row per head."""
+    n_layers, n_heads = n_layers_heads(m)
+    n_rows = 1 + len(sets) + (n_layers * n_heads if each else 0)
+    scale = ones(m, n_rows)
+    for row, heads in enumerate(sets, start=1):
+        for layer, head in heads:
+            scale[layer, row, head] = 0.0
+    if each:
+        first = 1 + len(sets)
+        grid = torch.arange(n_layers * n_heads)
+        scale[grid // n_heads, first + grid, grid % n_heads] = 0.0
+    return scale
+
+
+def _source(m: Model, probe: Probe, mode: Mode, reference: Sequence[str] | None,
+            max_length: int) -> list[torch.Tensor | None] | None:
+    if mode == "zero":
+        if reference is not None:
+            raise AttnscopeError("reference= is read only with mode='mean': leave it out or use mode='mean'")
+        return None
+    if reference is None:
+        return mean_contexts(m, probe.inputs)
+    texts = [require_text(t, "reference text") for t in reference]
+    if not texts:
+        raise AttnscopeError("the reference set is empty: give at least one text to average over")
+    return mean_contexts(m, encode(m.tokenizer, texts, max_length=max_length).inputs)
+
+
+def _result(m: Model, probe: Probe, mode: Mode, chosen: list[Head], fx: dict[str, np.ndarray],
+            each: bool) -> Ablation:
+    scalars = {k: v for k, v in fx.items() if v.ndim == 1}
+    clean = {k: float(v[0]) for k, v in scalars.items() if not k.startswith("d_") and k != "embedding_distance"
+             and k != "mean_token_change"}
+    ablated = {k: float(v[1]) for k, v in scalars.items()} if chosen else None
+    token_change = [float(x) for x in fx["token_change"][1]] if chosen and "token_change" in fx else None
+    grid = None
+    if each:
+        n_layers, n_heads = n_layers_heads(m)
+        first = 2 if chosen else 1
+        grid = {k: v[first:].reshape(n_layers, n_heads) for k, v in scalars.items()}
+    return Ablation(m.name, probe.kind, probe.tokens, probe.target, mode, chosen, clean, ablated, token_change,
+                    grid)

@@ -1,0 +1,130 @@
+"""Head gates inside the real forward pass: open gates change nothing bit for bit, a closed gate equals
+an independent computation, and the effects read the model's own outputs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import attnscope
+from attnscope import maths
+from attnscope.errors import AttnscopeError
+from attnscope.interventions import ablate
+from attnscope.interventions.ablate import setting_gates
+from attnscope.interventions.effects import outputs, prepare
+from attnscope.interventions.gates import HeadEdit, edited_capture, mean_contexts, ones, run
+from attnscope.recompute import compared_stages, layer_mask, layer_params
+from attnscope.tokens import encode
+
+FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama")
+TEXTS = ["the cat sat on the mat", "dogs bark"]
+TOL = 1e-5
+
+
+def _batch(m: attnscope.Model) -> dict[str, torch.Tensor]:
+    return encode(m.tokenizer, TEXTS).inputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_open_gates_change_nothing_bit_for_bit(tiny_model: Callable[[str], attnscope.Model], family: str) -> None:
+    m = tiny_model(family)
+    inputs = _batch(m)
+    with torch.no_grad():
+        plain = m.model(**inputs, output_hidden_states=True)
+        gated = run(m, inputs, HeadEdit(m.n_layers, ones(m, 2)), output_hidden_states=True)
+        # the replacing path too: open gates let in nothing of the (mean) source
+        mean = run(m, inputs, HeadEdit(m.n_layers, ones(m, 2), mean_contexts(m, inputs)), output_hidden_states=True)
+        closed = run(m, inputs, HeadEdit(m.n_layers, torch.zeros_like(ones(m, 2))))
+    for out in (gated, mean):
+        assert all(torch.equal(a, b) for a, b in zip(plain.hidden_states, out.hidden_states, strict=True))
+    assert not torch.equal(plain.last_hidden_state, closed.last_hidden_state)  # the gates do act
+
+
+@pytest.mark.parametrize("family", ("bert", "distilbert", "albert", "gpt2"))
+def test_zeroed_head_equals_projection_of_the_other_heads(tiny_model: Callable[[str], attnscope.Model],
+                                                          family: str) -> None:
+    m = tiny_model(family)
+    inputs = encode(m.tokenizer, TEXTS[:1]).inputs
+    layer, head = m.n_layers - 1, 2
+    scale = setting_gates(m, [[(layer, head)]], each=False)  # row 0 open, row 1 without (layer, head)
+    rows = {k: v.expand(2, -1) for k, v in inputs.items()}
+    with torch.no_grad(), edited_capture(m, HeadEdit(m.n_layers, scale)) as cap:
+        m.model(**rows)
+    p = layer_params(m.model)[layer]  # type: ignore[index]
+    mask = layer_mask(rows["input_ids"].shape[1], family == "gpt2")
+    context = compared_stages(cap.x[layer][1:2], p, mask)["context"].clone()  # [1, head, query, d_head]
+    context[:, head] = 0.0
+    expected = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [1, query, d_model]
+    assert (cap.output[layer][1:2] - expected).abs().max() <= TOL
+    assert (cap.output[layer][0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
+
+
+@pytest.fixture(scope="session")
+def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """Tiny random-weight models with a language-model head: gpt2, llama (causal), bert (masked)."""
+    import transformers as T
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    build = {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
+        "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small)),
+    }
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in cache:
+            torch.manual_seed(0)
+            model = build[name]()
+            model.config._attn_implementation = "eager"
+            cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ("gpt2", "llama"))
+def test_causal_effects_read_the_models_own_logits(lm_heads: Callable[[str], attnscope.Model], family: str) -> None:
+    m = lm_heads(family)
+    probe = prepare(m, "the cat sat", target="on the mat")
+    with torch.no_grad():
+        measured = outputs(probe, probe.inputs, None)
+        logprobs = m.model(**probe.inputs).logits.log_softmax(-1)[0]  # [token, vocab]
+    ids = probe.inputs["input_ids"][0]
+    target = sum(logprobs[p, t] for p, t in zip(probe.positions, probe.target_ids, strict=True))
+    loss = -logprobs[:-1].gather(-1, ids[1:, None]).mean()
+    assert probe.tokens[probe.positions[0] + 1].id == probe.target_ids[0]
+    assert abs(float(measured["target_logprob"][0]) - float(target)) <= TOL
+    assert abs(float(measured["loss"][0]) - float(loss)) <= TOL
+
+
+def test_ablation_rows_match_separate_runs(lm_heads: Callable[[str], attnscope.Model]) -> None:
+    m = lm_heads("gpt2")
+    result = ablate("the cat sat on the", heads=[(1, 3)], model=m, each=True)
+    assert result.grid is not None and result.ablated is not None
+    alone = ablate("the cat sat on the", heads=[(0, 2)], model=m)
+    assert alone.ablated is not None
+    assert abs(result.grid["d_target_logprob"][0, 2] - alone.ablated["d_target_logprob"]) <= TOL
+    assert result.target == alone.target and result.grid["d_target_logprob"].shape == (2, 4)
+
+
+def test_masked_lm_reads_the_mask(lm_heads: Callable[[str], attnscope.Model]) -> None:
+    m = lm_heads("bert")
+    result = ablate("the cat [MASK] on the mat", heads=[(0, 0)], model=m)
+    assert result.kind == "masked-lm" and result.ablated is not None
+    with pytest.raises(AttnscopeError, match="no mask token"):
+        ablate("the cat sat", heads=[(0, 0)], model=m)
+
+
+def test_bad_input_is_one_line(tiny_model: Callable[[str], attnscope.Model],
+                               lm_heads: Callable[[str], attnscope.Model]) -> None:
+    m = tiny_model("bert")
+    for heads, what in (([(2, 0)], "layer 2 is out of range"), ([(0, 4)], "head 4 is out of range")):
+        with pytest.raises(AttnscopeError, match=what):
+            ablate("a text", heads=heads, model=m)
+    with pytest.raises(AttnscopeError, match="tokenizes to nothing"):
+        ablate("a text", heads=[(0, 0)], model=lm_heads("gpt2"), target="   ")
+    with pytest.raises(AttnscopeError, match="encoder"):
+        ablate("a text", heads=[(0, 0)], model=m, target="x")
