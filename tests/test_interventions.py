@@ -15,7 +15,7 @@ from attnscope.interventions import ablate
 from attnscope.interventions.ablate import setting_gates
 from attnscope.interventions.effects import outputs, prepare
 from attnscope.interventions.gates import HeadEdit, edited_capture, mean_contexts, ones, run
-from attnscope.recompute import compared_stages, layer_mask, layer_params
+from attnscope.recompute import layer_params
 from attnscope.tokens import encode
 
 FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama")
@@ -53,8 +53,9 @@ def test_zeroed_head_equals_projection_of_the_other_heads(tiny_model: Callable[[
     with torch.no_grad(), edited_capture(m, HeadEdit(m.n_layers, scale)) as cap:
         m.model(**rows)
     p = layer_params(m.model)[layer]  # type: ignore[index]
-    mask = layer_mask(rows["input_ids"].shape[1], family == "gpt2")
-    context = compared_stages(cap.x[layer][1:2], p, mask)["context"].clone()  # [1, head, query, d_head]
+    # row 0's context is row 1's before the gate (the layers below are the same); the capture sees it gated
+    context = cap.calls[layer].context[0:1].clone()  # [1, head, query, d_head]
+    assert bool((cap.calls[layer].context[1, head] == 0).all())
     context[:, head] = 0.0
     expected = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [1, query, d_model]
     assert (cap.output[layer][1:2] - expected).abs().max() <= TOL
