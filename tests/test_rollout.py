@@ -175,7 +175,7 @@ def test_flow_of_a_causal_model_never_reaches_the_future(gpt2_trace: Trace) -> N
 
 
 def test_flow_refuses_long_texts_with_the_way_out() -> None:
-    with pytest.raises(AttnscopeError, match=r"10 tokens .*at most 8 tokens.*--max-tokens 10"):
+    with pytest.raises(AttnscopeError, match=r"10 tokens .*at most 8 tokens.*max_tokens=10"):
         flow(_random_weights(2, 1, 10, seed=0), max_tokens=8)
 
 

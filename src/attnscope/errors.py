@@ -4,7 +4,15 @@ from __future__ import annotations
 
 
 class AttnscopeError(Exception):
-    """Bad input or an unavailable resource; the CLI prints it on one line and exits 2."""
+    """Bad input or an unavailable resource; the CLI prints it on one line and exits 2.
+
+    parameter: the Python parameter the message names (e.g. "max_length"), so a front end can
+    say it in its own words: the CLI renders it as its flag (--max-length).
+    """
+
+    def __init__(self, message: str, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter
 
 
 def validate_index(kind: str, value: int, count: int, owner: str = "this model") -> None:
@@ -16,8 +24,8 @@ def validate_index(kind: str, value: int, count: int, owner: str = "this model")
         )
 
 
-def require_text(text: object, what: str = "text") -> str:
+def require_text(text: object, what: str = "text", parameter: str | None = None) -> str:
     """The text itself, or a one-line error when it is empty or whitespace only."""
     if not isinstance(text, str) or not text.strip():
-        raise AttnscopeError(f"the {what} is empty: give a sentence to trace")
+        raise AttnscopeError(f"the {what} is empty: give a sentence to trace", parameter=parameter)
     return text

@@ -94,7 +94,7 @@ def validate_flow_length(n: int, max_tokens: int) -> None:
         raise AttnscopeError(
             f"attention flow over {n} tokens is refused: it solves a max-flow for each of the {n}x{n} token "
             f"pairs and its cost grows like tokens^4 (about 3 s at 64 tokens and 6 layers); shorten the text "
-            f"to at most {max_tokens} tokens, or accept the cost with --max-tokens {n} (max_tokens={n} in Python)"
+            f"to at most {max_tokens} tokens, or accept the cost with max_tokens={n}", parameter="max_tokens"
         )
 
 

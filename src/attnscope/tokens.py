@@ -54,7 +54,8 @@ def encode(
     for text, pair in zip(texts, pairs, strict=True):
         require_text(text)
         if pair is not None:
-            require_text(pair, "second text (--pair)")
+            require_text(pair, "second text (text_pair)", parameter="text_pair")
+    validate_max_length(tokenizer, max_length, pair=any(p is not None for p in pairs))
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
     lengths = _untruncated_lengths(tokenizer, texts, pairs)
@@ -69,6 +70,10 @@ def encode(
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
     )
+    longest = int(batch["attention_mask"].sum(dim=1).max())
+    if longest > max_length:  # the tokenizer could not truncate this far: never trace more than asked
+        raise AttnscopeError(f"the tokenizer kept {longest} tokens, over max_length {max_length}: "
+                             "raise max_length or shorten the text", parameter="max_length")
     tokens = [_tokens_of(batch, tokenizer, row) for row in range(len(texts))]
     keep = ("input_ids", "attention_mask", "token_type_ids")
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
@@ -88,14 +93,40 @@ def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pai
     return lengths
 
 
+def shortest_max_length(tokenizer: PreTrainedTokenizerBase, pair: bool) -> int:
+    """The least max_length that keeps a token of each text besides the tokenizer's special tokens."""
+    return int(tokenizer.num_special_tokens_to_add(pair=pair)) + (2 if pair else 1)
+
+
+def validate_max_length(tokenizer: PreTrainedTokenizerBase, max_length: int, pair: bool | None = False,
+                        positions: int | None = None, model: str = "this model") -> int:
+    """max_length itself, or a one-line error: too small for the special tokens (of a text, or of a
+    text and its pair; pair=None skips this), or more than the model's `positions`.
+
+    The one place the max_length rules live (tracing, encoding and the web app use it).
+    """
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise AttnscopeError(f"max_length must be an integer, got {max_length!r}", parameter="max_length")
+    least = 1 if pair is None else shortest_max_length(tokenizer, pair)
+    if max_length < least:
+        what = "a text and its pair need" if pair else "a text needs"
+        which = "each text" if pair else "the text"
+        raise AttnscopeError(
+            f"max_length {max_length} is too small: {what} {least - (2 if pair else 1)} special tokens and "
+            f"at least one token of {which}: use at least {least}", parameter="max_length")
+    if positions is not None and max_length > positions:
+        raise AttnscopeError(f"max_length {max_length} exceeds what {model} can read ({positions} positions): "
+                             f"use at most {positions}", parameter="max_length")
+    return max_length
+
+
 def _too_long(n: int, max_length: int, truncate: bool) -> bool:
     if n <= max_length:
         return False
     if not truncate:
-        raise AttnscopeError(
-            f"the text is {n} tokens long, over the maximum of {max_length}: shorten it or raise --max-length"
-        )
-    log.warning("the text is %d tokens long; keeping the first %d (--max-length)", n, max_length)
+        raise AttnscopeError(f"the text is {n} tokens long, over the maximum of {max_length}: shorten it or "
+                             "raise max_length", parameter="max_length")
+    log.warning("the text is %d tokens long; keeping the first %d", n, max_length)
     return True
 
 

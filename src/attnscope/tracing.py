@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -10,14 +9,14 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from attnscope import check as checking
+from attnscope import families
 from attnscope.arrays import row_arrays
-from attnscope.capture import AttentionCall, LayerCapture, capturing
+from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError
-from attnscope.families import family_of, is_causal
 from attnscope.maths import AttentionParams
 from attnscope.models import Model, ModelLike, describe, load_model
 from attnscope.recompute import layer_params
-from attnscope.tokens import encode
+from attnscope.tokens import encode, validate_max_length
 from attnscope.traces import Trace
 
 
@@ -64,13 +63,14 @@ def trace(
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
         out = m.model(**enc.inputs, output_attentions=recompute, output_hidden_states=recompute)
+    _require_calls(m, cap)
     layers = _per_layer(cap)  # stage -> [batch, ...] per layer
     lengths = [len(t) for t in enc.tokens]
-    params = layer_params(m.model) if recompute else None
+    params = layer_params(m.model, int(enc.inputs["input_ids"].shape[1])) if recompute else None
     table = None
     if recompute:
         reference = _model_outputs(m, out, len(cap.calls))
-        table = checking.verify_batch(layers, reference, params, is_causal(m.model), enc.inputs["attention_mask"])
+        table = checking.verify_batch(layers, reference, params, enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
     unsupported = _why_unverified(m, recompute, params, layers)
@@ -83,23 +83,26 @@ def trace(
 
 
 def _usable_max_length(m: Model, max_length: int) -> int:
-    if max_length < 2:
-        raise AttnscopeError(f"--max-length {max_length} is too small: use at least 2 tokens")
-    if max_length > m.max_positions:
+    return validate_max_length(m.tokenizer, max_length, pair=None, positions=m.max_positions, model=m.name)
+
+
+def _require_calls(m: Model, cap: LayerCapture) -> None:
+    """A model whose attention bypasses transformers' attention registry leaves nothing to trace."""
+    if not cap.calls:
         raise AttnscopeError(
-            f"--max-length {max_length} exceeds what {m.name} can read ({m.max_positions} positions): "
-            f"use at most {m.max_positions}"
+            f"{m.architecture}'s attention does not go through transformers' attention registry, so attnscope "
+            f"cannot capture it: use a model whose attention does (BERT, GPT-2, Llama, ...: see the README's families)"
         )
-    return max_length
 
 
 def _why_unverified(m: Model, requested: bool, params: list[AttentionParams] | None,
                     layers: dict[str, list[torch.Tensor]]) -> str | None:
     if not requested:
-        return "not verified: traced with recompute=False"
-    if params is None or "x" not in layers:
-        return f"independent recompute not supported for {m.architecture}"
-    return None
+        return "traced with recompute=False"
+    reason = families.why_unsupported(m.model)
+    if reason is None and (params is None or "x" not in layers):
+        reason = f"the attention input x of {m.architecture} was not captured"
+    return reason
 
 
 def _per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
@@ -107,21 +110,12 @@ def _per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
 
     scores (q k^T) are not here: the trace and the check each compute them from q and k when needed.
     """
-    calls = [_expand_kv(c) for c in cap.calls]
+    calls = cap.calls  # k and v stay one per k/v head (grouped-query attention)
     out = {s: [getattr(c, s) for c in calls] for s in ("q", "k", "v", "weights", "context")}
     for stage, ts in (("x", cap.x), ("output", cap.output)):
         if ts and len(ts) == len(calls):
             out[stage] = ts  # [batch, token, d_model] per layer
     return out
-
-
-def _expand_kv(call: AttentionCall) -> AttentionCall:
-    """Grouped-query attention: repeat each key/value head for the query heads that share it."""
-    groups = call.q.shape[1] // call.k.shape[1]
-    if groups == 1:
-        return call
-    k, v = (t.repeat_interleave(groups, dim=1) for t in (call.k, call.v))
-    return dataclasses.replace(call, k=k, v=v)
 
 
 def _model_outputs(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
@@ -130,38 +124,32 @@ def _model_outputs(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Te
     if getattr(out, "attentions", None):
         ref["weights"] = list(out.attentions)  # [batch, head, query, key] per layer
     hidden = getattr(out, "hidden_states", None)
-    fam = family_of(m.model)
-    if hidden and fam is not None and len(hidden) > n_layers:
-        ref["x"] = [_x_from_hidden(m, fam.pre_attention, i, h) for i, h in enumerate(hidden[:n_layers])]
+    if hidden and families.family_of(m.model) is not None and len(hidden) > n_layers:
+        ref["x"] = [_x_from_hidden(m, i, h) for i, h in enumerate(hidden[:n_layers])]
     return ref
 
 
-def _x_from_hidden(m: Model, pre_attention: str | None, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-    """The attention input the model's own hidden state implies: itself, or after a pre-LayerNorm."""
-    if pre_attention is None:
+def _x_from_hidden(m: Model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+    """The attention input the model's own hidden state implies: itself, or after a pre-attention norm."""
+    norm = families.pre_attention(m.model, layer)
+    if norm is None:
         return hidden
     with torch.no_grad():
-        out: torch.Tensor = m.model.get_submodule(pre_attention.format(layer=layer))(hidden)
+        out: torch.Tensor = norm(hidden)
     return out
-
-
-def _causal(m: Model, cap: LayerCapture) -> bool:
-    """The family's causality; for other families, the attention module's own is_causal flag."""
-    if family_of(m.model) is not None or not cap.calls:
-        return is_causal(m.model)
-    return bool(getattr(cap.calls[0].module, "is_causal", False))
 
 
 def _model_info(m: Model, cap: LayerCapture) -> dict[str, Any]:
     info = describe(m)
-    fam = family_of(m.model)
-    q = cap.calls[0].q if cap.calls else None
+    fam = families.family_of(m.model)
+    q, k = (cap.calls[0].q, cap.calls[0].k) if cap.calls else (None, None)
     info.update(
         family=fam.name if fam else None,
         x_source=fam.x_source if fam else None,
-        causal=_causal(m, cap),
+        causal=families.is_causal(m.model, cap.calls[0].module if cap.calls else None),
         d_head=int(q.shape[-1]) if q is not None else None,
         d_model=int(cap.x[0].shape[-1]) if cap.x else None,
+        kv_heads=int(k.shape[1]) if k is not None else None,  # query head h reads k/v head h // (heads / kv_heads)
         layers=len(cap.calls),
     )
     return info

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,25 @@ COMMAND_MODULES = (
     "attnscope.cli.view",
     "attnscope.cli.stats",
 )
+
+
+# Library parameters whose flag is not the parameter's name with dashes (max_length -> --max-length).
+FLAGS = {"text_pair": "--pair", "max_body_bytes": "--max-body", "cache_entries": "--cache",
+         "max_memory_bytes": "--max-memory"}
+
+
+def flag_of(parameter: str) -> str:
+    return FLAGS.get(parameter, "--" + parameter.replace("_", "-"))
+
+
+def error_line(exc: AttnscopeError) -> str:
+    """The library's message in the CLI's words: the parameter it names becomes its flag."""
+    text = str(exc)
+    if exc.parameter:  # `max_length=9` reads `--max-length 9`, `max_length 2` reads `--max-length 2`
+        flag = flag_of(exc.parameter)
+        text = re.sub(rf"(?<![\w-]){re.escape(exc.parameter)}(?:(=)|(?!\w))",
+                      lambda m: flag + (" " if m.group(1) else ""), text)
+    return text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -66,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except AttnscopeError as exc:
         if args.debug:
             raise
-        print(f"attnscope: error: {exc}", file=sys.stderr)
+        print(f"attnscope: error: {error_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnscope: interrupted", file=sys.stderr)
