@@ -1,0 +1,69 @@
+"""Where a model runs and in which number format: validate --device and --dtype (torch imported lazily).
+
+CPU float32 is the default and the path every check is held to 1e-5 on; the tolerance of the other
+formats is `attnscope.report.tolerance_for` (docs/models.md says why).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from attnscope.errors import AttnscopeError
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda", "mps")  # cuda may name an index: cuda:1
+
+
+def validate_dtype_name(dtype: str) -> str:
+    """One of DTYPES, or AttnscopeError."""
+    if dtype not in DTYPES:
+        raise AttnscopeError(f"dtype {dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def validate_device_name(device: str) -> str:
+    """cpu, mps, cuda or cuda:N by name (whether it is present is resolve_device's question)."""
+    kind, _, index = device.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise AttnscopeError(f"device {device!r} is not supported: use cpu, cuda, cuda:N or mps")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    """The torch dtype for a name (None: float32)."""
+    import torch
+
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        name = str(dtype).removeprefix("torch.")
+        validate_dtype_name(name)
+        return dtype
+    return getattr(torch, validate_dtype_name(str(dtype)))  # type: ignore[no-any-return]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A device that is present here (None: cpu), or AttnscopeError naming what is missing."""
+    import torch
+
+    dev = torch.device(validate_device_name(str(device)) if device is not None else "cpu")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise AttnscopeError(f"device {str(dev)!r} is not available: this torch sees no CUDA GPU "
+                                 "(use device 'cpu')")
+        if (dev.index or 0) >= count:
+            raise AttnscopeError(f"device {str(dev)!r} is not available: this machine has {count} CUDA "
+                                 f"device(s), cuda:0 to cuda:{count - 1}")
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise AttnscopeError("device 'mps' is not available: this torch has no Apple GPU (use device 'cpu')")
+    return dev
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """float32, bfloat16, float16: the name used in traces, JSON and the CLI."""
+    return str(dtype).removeprefix("torch.")
