@@ -1,0 +1,113 @@
+"""Verify a generation, step by step, two ways.
+
+1. "recompute": each step is recomputed from its captured attention input x and the layer's own weights
+   with attnscope.maths, using the keys and values the earlier steps captured as the cache (as the model
+   does); its q, k, v (new rows), weights, context and output are compared with what the step captured.
+2. "no-cache": one forward pass over the final sequence without a cache; every captured row (prompt rows
+   of the prefill, one row per later step) is compared with the same row of that pass.
+Both are max absolute errors per layer and head, like `attnscope check`, against the same tolerance.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnscope import maths
+from attnscope.capture import capturing
+from attnscope.check import ErrorTable
+from attnscope.families import why_unsupported
+from attnscope.models import Model
+from attnscope.recompute import layer_params
+from attnscope.report import Comparison
+
+STEP_STAGES = ("q", "k", "v", "weights", "context", "output")
+NO_CACHE_STAGES = ("x", "q", "k", "v", "weights", "context", "output")
+
+
+def step_stages(x: torch.Tensor, p: maths.AttentionParams, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                ) -> dict[str, torch.Tensor]:
+    """One step's attention from its new rows and the cache: maths.multi_head_attention's steps.
+
+    x: [new, d_model] at positions start .. start + new - 1, where start = k_cache.shape[1];
+    k_cache, v_cache: [head, start, d_head], the keys and values of every earlier position (k rotated).
+    Returns q, k, v of the new rows [head, new, d_head]; weights [head, new, key]; context; output.
+    """
+    start, new = int(k_cache.shape[1]), int(x.shape[0])
+    st: dict[str, torch.Tensor] = {}
+    # projection, QK-norm, heads and rotation at the rows' own positions: the taught path's first steps
+    maths._project_qkv(st, x, p, torch.arange(start, start + new))  # ask core: a public project_qkv
+    k_new, v_new = maths.expand_kv(st["k"], p.groups), maths.expand_kv(st["v"], p.groups)  # [head, new, d_head]
+    keys = torch.cat([k_cache, k_new], dim=1)  # [head, key, d_head]: the cache, then the new rows
+    values = torch.cat([v_cache, v_new], dim=1)
+    logits = maths.scale(maths.dot_scores(st["q"], keys), p.scaling)  # [head, new, key]
+    if p.softcap is not None:
+        logits = maths.soft_cap(logits, p.softcap)
+    window = maths.window_mask(start + new, p.window)  # [query, key] over the whole sequence so far
+    weights = maths.softmax(maths.apply_mask(logits, None if window is None else window[start:]))
+    context = maths.attend(weights, values)  # [head, new, d_head]
+    output = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [new, d_model]
+    return {"q": st["q"], "k": k_new, "v": v_new, "weights": weights, "context": context, "output": output}
+
+
+def row_spans(prompt_length: int, n_steps: int) -> list[slice]:
+    """The rows each step computed: the whole prompt for step 0, then one row per step."""
+    return [slice(0, prompt_length)] + [slice(prompt_length + s - 1, prompt_length + s) for s in range(1, n_steps)]
+
+
+@torch.no_grad()
+def recompute_steps(layers: dict[str, list[torch.Tensor]], p: maths.AttentionParams, layer: int,
+                    spans: list[slice]) -> dict[str, torch.Tensor]:
+    """Every step of one layer recomputed, laid out like the captured rows: stage -> [1, ...]."""
+    k_all, v_all = layers["k"][layer][0], layers["v"][layer][0]  # [head, token, d_head]: the captured cache
+    n_rows = int(layers["x"][layer].shape[1])
+    parts: dict[str, list[torch.Tensor]] = {s: [] for s in STEP_STAGES}
+    weights = torch.zeros(p.n_heads, n_rows, n_rows)  # [head, query, key]
+    for span in spans:
+        rec = step_stages(layers["x"][layer][0, span], p, k_all[:, : span.start], v_all[:, : span.start])
+        weights[:, span, : span.stop] = rec.pop("weights")
+        for stage, t in rec.items():
+            parts[stage].append(t)
+    out = {s: torch.cat(ts, dim=-2)[None] for s, ts in parts.items() if s != "weights"}
+    out["weights"] = weights[None]
+    return out
+
+
+def verify_generation(m: Model, layers: dict[str, list[torch.Tensor]], ids: torch.Tensor, prompt_length: int,
+                      n_steps: int) -> tuple[list[Comparison], str | None]:
+    """Both comparisons of a generation; returns (comparisons, why the recompute did not run, if it did not).
+
+    layers: the captured rows (attnscope.generate.assemble); ids: [1, token] the sequence the steps read.
+    """
+    n_layers, n_heads, n_rows = len(layers["q"]), int(layers["q"][0].shape[1]), int(layers["q"][0].shape[2])
+    table = ErrorTable(torch.ones(1, n_rows), n_layers, n_heads)
+    params = layer_params(m.model, int(ids.shape[1]) + 1)  # the rotation for the whole sequence
+    unsupported = None
+    if params is None:
+        unsupported = why_unsupported(m.model) or f"independent recompute not supported for {m.architecture}"
+    else:
+        spans = row_spans(prompt_length, n_steps)
+        for layer, p in enumerate(params):
+            rec = recompute_steps(layers, p, layer, spans)
+            for stage in STEP_STAGES:
+                table.add_rows(stage, "recompute", layer, slice(0, 1), layers[stage][layer], rec[stage])
+    full = no_cache_forward(m, ids)
+    for stage in NO_CACHE_STAGES:
+        for layer in range(n_layers):
+            table.add_rows(stage, "no-cache", layer, slice(0, 1), layers[stage][layer], full[stage][layer])
+    return table.comparisons(0), unsupported
+
+
+@torch.no_grad()
+def no_cache_forward(m: Model, ids: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    """One forward pass over ids [1, token] without a cache: stage -> [1, ...] per layer."""
+    with capturing(m.model) as cap:
+        m.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    out: dict[str, list[torch.Tensor]] = {"x": cap.x, "output": cap.output}
+    for stage in ("q", "k", "v", "weights", "context"):
+        ts = [getattr(c, stage) for c in cap.calls]  # [1, head, token, ...]
+        groups = int(cap.calls[0].q.shape[1]) // int(ts[0].shape[1])
+        out[stage] = [t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in ts]
+    return out
+
+
+__all__ = ["no_cache_forward", "recompute_steps", "row_spans", "step_stages", "verify_generation"]

@@ -1,0 +1,214 @@
+"""The generation trace: a decoder writing one token at a time, as a plain record (torch-free).
+
+`attnscope.generate.generate` makes one inside the real `model.generate` loop; views and saved-file
+readers use this module without loading torch or transformers.
+
+Step s (0-indexed) writes the token at position P + s (P prompt tokens). It is predicted by the query at
+position P + s - 1, the last token so far, attending over keys 0 .. P + s - 1 (the prompt and the tokens
+written before it, held in the KV cache). Step 0 is the prefill: one forward pass over the whole prompt.
+The `trace` holds every attention row the generation computed, one per position 0 .. P + N - 2 (the last
+token written is never read back), in the arrays and stage names of any Trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnscope import report
+from attnscope.errors import AttnscopeError, validate_index
+from attnscope.stages import ARRAY_AXES
+from attnscope.tokens import Token
+from attnscope.traces import Trace
+
+STOP_REASONS = ("eos", "max_new_tokens", "interrupted")
+_META_KEY = "attnscope"  # the metadata key of attnscope.storage's files
+FORMAT_VERSION = 1  # attnscope.storage's format; a generation adds the "generation" entry
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A candidate for a step's token and its probability."""
+
+    id: int
+    text: str
+    probability: float
+
+
+@dataclass(frozen=True)
+class GeneratedToken:
+    """One step's new token: its probability under the model and the top alternatives (chosen one included).
+
+    probability is the softmax of the model's logits after the generation config's processors and before
+    the sampling warpers (temperature, top_k, top_p): the model's own distribution over the next token.
+    """
+
+    step: int
+    position: int  # its position in the final sequence (0-indexed)
+    id: int
+    text: str  # the token as the tokenizer spells it (e.g. "Ġthe")
+    piece: str  # the text it adds to the decoded output
+    probability: float
+    alternatives: list[Alternative]
+    special: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> GeneratedToken:
+        alts = [Alternative(**a) for a in d["alternatives"]]
+        return cls(**{**d, "alternatives": alts})
+
+
+@dataclass
+class GenerationTrace:
+    """A prompt and the tokens a decoder wrote after it, with every step's attention and its verification.
+
+    trace: the attention rows of positions 0 .. P + N - 2 ([layer, head, query, key] weights etc.);
+    comparisons (trace.check()): each step recomputed from the layer's weights with the cached keys and
+    values ("recompute"), and every row against one forward pass over the final sequence without a cache
+    ("no-cache").
+    """
+
+    prompt: str
+    trace: Trace
+    prompt_tokens: list[Token]
+    steps: list[GeneratedToken]
+    completion: str  # the decoded new text (special tokens skipped)
+    settings: dict[str, Any]  # max_new_tokens, do_sample, temperature, top_k, top_p, seed
+    stopped: str  # one of STOP_REASONS
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.trace.model
+
+    @property
+    def text(self) -> str:
+        return self.prompt + self.completion
+
+    @property
+    def tokens(self) -> list[Token]:
+        """Every token of the final sequence: the prompt's, then each step's."""
+        new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in self.steps]
+        return [*self.prompt_tokens, *new]
+
+    def query_position(self, step: int) -> int:
+        """The position whose query predicts step's token: the last token before it."""
+        self.validate_step(step)
+        return self.prompt_length + step - 1
+
+    def validate_step(self, step: int) -> None:
+        validate_index("step", step, self.n_steps, owner="this generation")
+
+    def step_weights(self, step: int) -> np.ndarray:
+        """The attention of the step's query over every earlier position: [layer, head, key]."""
+        pos = self.query_position(step)
+        row: np.ndarray = self.trace.weights[:, :, pos, : pos + 1]
+        return row
+
+    def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
+        return self.trace.check(tolerance)
+
+    def metadata(self) -> dict[str, Any]:
+        """Everything but the arrays, JSON-able (saved under the "generation" key)."""
+        return {
+            "prompt": self.prompt,
+            "prompt_tokens": [t.to_dict() for t in self.prompt_tokens],
+            "steps": [s.to_dict() for s in self.steps],
+            "completion": self.completion,
+            "settings": self.settings,
+            "stopped": self.stopped,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `.safetensors` or `.npz`: the trace's arrays by stage name (loadable by Trace.load too)."""
+        save_generation(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> GenerationTrace:
+        return load_generation(path)
+
+    def __repr__(self) -> str:
+        return (f"GenerationTrace(model={self.model.get('name')!r}, prompt_tokens={self.prompt_length}, "
+                f"steps={self.n_steps}, stopped={self.stopped!r})")
+
+
+def _file_metadata(g: GenerationTrace) -> dict[str, Any]:
+    """attnscope.storage's metadata of the trace, plus the generation."""
+    tr = g.trace
+    return {
+        "format": FORMAT_VERSION, "model": tr.model, "text": tr.text, "pair": tr.pair,
+        "tokens": [t.to_dict() for t in tr.tokens], "scaling": tr.scaling, "truncated": tr.truncated,
+        "unsupported": tr.unsupported, "axes": {k: list(v) for k, v in ARRAY_AXES.items()},
+        "check": tr.check().to_dict(), "generation": g.metadata(),
+    }
+
+
+def save_generation(g: GenerationTrace, path: str | os.PathLike[str]) -> None:
+    p = Path(path)
+    if p.suffix not in (".safetensors", ".npz"):
+        raise AttnscopeError(f"cannot save a generation as {p.name!r}: use a .safetensors or .npz file name")
+    if not p.parent.is_dir():
+        raise AttnscopeError(f"cannot write {p}: {p.parent} is not a directory (create it first)")
+    arrays = {k: np.ascontiguousarray(g.trace.arrays[k]) for k in g.trace.arrays}
+    arrays["input_ids"] = np.asarray([t.id for t in g.trace.tokens], dtype=np.int64)
+    meta = json.dumps(_file_metadata(g))
+    try:
+        if p.suffix == ".safetensors":
+            from safetensors import SafetensorError
+            from safetensors.numpy import save_file
+
+            try:
+                save_file(arrays, str(p), metadata={_META_KEY: meta})
+            except SafetensorError as exc:  # its I/O errors are not OSErrors
+                raise AttnscopeError(f"cannot write {p}: {exc}") from exc
+        else:
+            tokens = np.asarray(g.trace.token_strings, dtype=np.str_)
+            np.savez_compressed(p, **arrays, tokens=tokens, __meta__=np.asarray([meta]))  # type: ignore[arg-type]
+    except OSError as exc:
+        raise AttnscopeError(f"cannot write {p}: {exc.strerror or exc}") from exc
+
+
+def _read_metadata(p: Path) -> dict[str, Any]:
+    if p.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        with safe_open(str(p), framework="numpy") as f:
+            meta: dict[str, Any] = json.loads((f.metadata() or {})[_META_KEY])
+            return meta
+    with np.load(p, allow_pickle=False) as z:
+        loaded: dict[str, Any] = json.loads(str(z["__meta__"][0]))
+        return loaded
+
+
+def load_generation(path: str | os.PathLike[str]) -> GenerationTrace:
+    """Read a file written by GenerationTrace.save; a plain trace file is an error that says so."""
+    from attnscope.storage import load_trace
+
+    p = Path(path)
+    tr = load_trace(p)  # validates the file and its format, with one-line errors
+    try:
+        gen = _read_metadata(p).get("generation")
+    except (OSError, ValueError, KeyError) as exc:
+        raise AttnscopeError(f"{p} is not an attnscope trace: {exc}") from exc
+    if gen is None:
+        raise AttnscopeError(f"{p} holds a trace, not a generation: write one with `attnscope generate ... -o FILE`")
+    return GenerationTrace(
+        prompt=gen["prompt"], trace=tr, prompt_tokens=[Token(**t) for t in gen["prompt_tokens"]],
+        steps=[GeneratedToken.from_dict(s) for s in gen["steps"]], completion=gen["completion"],
+        settings=dict(gen["settings"]), stopped=str(gen["stopped"]),
+    )

@@ -1,0 +1,195 @@
+"""Generation: traced inside the real model.generate loop, every step verified (tiny random-weight decoders)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import attnscope
+from attnscope.errors import AttnscopeError
+from attnscope.generate import GenerationInterrupted, StepRecorder, assemble, generate, recording_steps
+from attnscope.generate_check import verify_generation
+from attnscope.generation import GeneratedToken, GenerationTrace, load_generation
+from attnscope.report import TOLERANCE
+
+PROMPT = "time flies like an arrow"
+
+
+def _causal_lm(name: str) -> T.PreTrainedModel:
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model: T.PreTrainedModel = T.GPT2LMHeadModel(T.GPT2Config(
+            n_embd=64, n_layer=2, n_head=4, vocab_size=30522, bos_token_id=101, eos_token_id=None))
+    else:
+        model = T.LlamaForCausalLM(T.LlamaConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=30522, bos_token_id=101, eos_token_id=None))
+    model.config._attn_implementation = "eager"
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
+
+
+@pytest.fixture(scope="session")
+def decoder(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """decoder("gpt2") or decoder("llama"): a random-weight causal LM with its head, the bundled tokenizer."""
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in cache:
+            cache[name] = attnscope.load_model(_causal_lm(name), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def gpt2_generation(decoder: Callable[[str], attnscope.Model]) -> GenerationTrace:
+    return generate(PROMPT, model=decoder("gpt2"), max_new_tokens=8)
+
+
+def _plain_generate(m: attnscope.Model, n: int, **kwargs: object) -> list[int]:
+    enc = m.tokenizer(PROMPT, return_tensors="pt")
+    with torch.no_grad():
+        out = m.model.generate(  # type: ignore[operator]
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                               max_new_tokens=n, pad_token_id=0, **kwargs)
+    return [int(i) for i in out[0]]
+
+
+def test_greedy_equals_model_generate(decoder: Callable[[str], attnscope.Model],
+                                      gpt2_generation: GenerationTrace) -> None:
+    expected = _plain_generate(decoder("gpt2"), 8, do_sample=False)
+    assert [t.id for t in gpt2_generation.tokens] == expected
+    assert gpt2_generation.stopped == "max_new_tokens"
+
+
+def test_sampling_with_seed_equals_model_generate(decoder: Callable[[str], attnscope.Model]) -> None:
+    m = decoder("gpt2")
+    g = generate(PROMPT, model=m, max_new_tokens=6, temperature=0.7, top_k=50, seed=3, verify=False)
+    torch.manual_seed(3)
+    expected = _plain_generate(m, 6, do_sample=True, temperature=0.7, top_k=50, top_p=1.0)
+    assert [t.id for t in g.tokens] == expected
+    again = generate(PROMPT, model=m, max_new_tokens=6, temperature=0.7, top_k=50, seed=3, verify=False)
+    assert [s.id for s in again.steps] == [s.id for s in g.steps]
+
+
+def test_every_step_verified_both_ways(gpt2_generation: GenerationTrace) -> None:
+    report = gpt2_generation.check()
+    assert report.ok, report.to_dict()
+    sources = {(c.stage, c.source) for c in report.comparisons}
+    for stage in ("q", "k", "v", "weights", "context", "output"):
+        assert (stage, "recompute") in sources and (stage, "no-cache") in sources
+    assert ("x", "no-cache") in sources
+    assert report.max_error <= TOLERANCE
+
+
+def test_steps_rows_and_probabilities(gpt2_generation: GenerationTrace) -> None:
+    g = gpt2_generation
+    assert g.trace.n_tokens == g.prompt_length + g.n_steps - 1  # the last token is never read back
+    for s in g.steps:
+        w = g.step_weights(s.step)  # [layer, head, key]
+        assert w.shape[-1] == g.prompt_length + s.step
+        np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-5)
+        assert s.alternatives[0].probability >= s.probability - 1e-7  # greedy picks the most likely
+        assert s.id == s.alternatives[0].id
+    with pytest.raises(AttnscopeError, match="step 8 is out of range"):
+        g.step_weights(8)
+
+
+def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
+    m = decoder("gpt2")
+    recorder = StepRecorder()
+    enc = m.tokenizer(PROMPT, return_tensors="pt")
+    with torch.no_grad(), recording_steps(m.model, recorder):
+        out = m.model.generate(  # type: ignore[operator]
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                               max_new_tokens=4, do_sample=False, pad_token_id=0)
+    layers = assemble(recorder, 2, 4)
+    n_prompt = int(enc["input_ids"].shape[1])
+    layers["context"][1][0, 2, n_prompt + 1, 0] += 1e-3  # one number of step 2's context, layer 1, head 2
+    comparisons, unsupported = verify_generation(m, layers, out[:, : n_prompt + 3], n_prompt, 4)
+    assert unsupported is None
+    bad = {(c.stage, c.source): c.errors for c in comparisons if c.max_error > TOLERANCE}
+    assert set(bad) == {("context", "recompute"), ("context", "no-cache")}
+    assert bad[("context", "recompute")][1, 2] == pytest.approx(1e-3, rel=1e-2)
+    assert bad[("context", "recompute")][0].max() <= TOLERANCE
+
+
+def test_trace_keeps_rows_not_cache_copies(decoder: Callable[[str], attnscope.Model]) -> None:
+    m = decoder("gpt2")
+    recorder = StepRecorder()
+    enc = m.tokenizer(PROMPT, return_tensors="pt")
+    with torch.no_grad(), recording_steps(m.model, recorder):
+        m.model.generate(  # type: ignore[operator]
+            input_ids=enc["input_ids"], max_new_tokens=10, do_sample=False, pad_token_id=0)
+    kept_rows = sum(int(c["k"].shape[1]) for c in recorder.calls)
+    n_prompt = int(enc["input_ids"].shape[1])
+    assert kept_rows == 2 * (n_prompt + 9)  # per layer: the prompt's rows, then one new row per step
+
+
+def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) -> None:
+    m = decoder("llama")
+    g = generate(PROMPT, model=m, max_new_tokens=5)
+    assert [t.id for t in g.tokens] == _plain_generate(m, 5, do_sample=False)
+    report = g.check()
+    assert report.ok, report.to_dict()
+    assert any(c.source == "no-cache" and c.stage == "k" for c in report.comparisons)  # grouped k heads expanded
+
+
+def test_interrupt_keeps_steps(decoder: Callable[[str], attnscope.Model]) -> None:
+    def stop_at_third(step: GeneratedToken) -> None:
+        if step.step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(GenerationInterrupted) as info:
+        generate(PROMPT, model=decoder("gpt2"), max_new_tokens=8, on_token=stop_at_third)
+    partial = info.value.partial
+    assert partial is not None and partial.stopped == "interrupted" and partial.n_steps == 3
+    assert partial.check().ok
+
+
+def test_save_and_load(gpt2_generation: GenerationTrace, tmp_path: Path) -> None:
+    for name in ("gen.safetensors", "gen.npz"):
+        gpt2_generation.save(tmp_path / name)
+        back = load_generation(tmp_path / name)
+        assert [s.to_dict() for s in back.steps] == [s.to_dict() for s in gpt2_generation.steps]
+        assert back.completion == gpt2_generation.completion
+        np.testing.assert_array_equal(back.trace.weights, gpt2_generation.trace.weights)
+        assert back.check().ok and back.check().max_error == gpt2_generation.check().max_error
+        assert attnscope.Trace.load(tmp_path / name).n_tokens == gpt2_generation.trace.n_tokens
+
+
+def test_loading_a_plain_trace_says_so(tiny_model: Callable[[str], attnscope.Model], tmp_path: Path) -> None:
+    attnscope.trace(PROMPT, model=tiny_model("gpt2")).save(tmp_path / "t.npz")
+    with pytest.raises(AttnscopeError, match="holds a trace, not a generation"):
+        load_generation(tmp_path / "t.npz")
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"prompt": "  "}, "prompt is empty"),
+    ({"max_new_tokens": 0}, "max_new_tokens 0 is out of range"),
+    ({"max_new_tokens": 5000}, "max_new_tokens 5000 is out of range"),
+    ({"temperature": 0.0}, "temperature 0.0 is out of range"),
+    ({"top_p": 1.5}, "top_p 1.5 is out of range"),
+])
+def test_bad_settings(decoder: Callable[[str], attnscope.Model], kwargs: dict[str, object], message: str) -> None:
+    args: dict[str, object] = {"prompt": PROMPT, "model": decoder("gpt2"), **kwargs}
+    with pytest.raises(AttnscopeError, match=message):
+        generate(**args)  # type: ignore[arg-type]
+
+
+def test_encoders_and_headless_models_refused(tiny_model: Callable[[str], attnscope.Model]) -> None:
+    with pytest.raises(AttnscopeError, match="is an encoder and cannot generate"):
+        generate(PROMPT, model=tiny_model("bert"))
+    with pytest.raises(AttnscopeError, match="has no language-modeling head"):
+        generate(PROMPT, model=tiny_model("gpt2"))
+
+
+def test_max_new_tokens_bounded_by_positions(decoder: Callable[[str], attnscope.Model]) -> None:
+    with pytest.raises(AttnscopeError, match="use at most 1017"):
+        generate(PROMPT, model=decoder("gpt2"), max_new_tokens=1020)
