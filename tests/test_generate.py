@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,8 +14,8 @@ import transformers as T
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.generate import GenerationInterrupted, StepRecorder, assemble, generate, recording_steps
 from attnscope.generate_check import verify_generation
+from attnscope.generating import GenerationInterrupted, StepRecorder, assemble, generate, recording_steps
 from attnscope.generation import GeneratedToken, GenerationTrace, load_generation
 from attnscope.report import TOLERANCE
 
@@ -193,3 +195,14 @@ def test_encoders_and_headless_models_refused(tiny_model: Callable[[str], attnsc
 def test_max_new_tokens_bounded_by_positions(decoder: Callable[[str], attnscope.Model]) -> None:
     with pytest.raises(AttnscopeError, match="use at most 1017"):
         generate(PROMPT, model=decoder("gpt2"), max_new_tokens=1020)
+
+
+def test_generation_record_is_torch_free() -> None:
+    probe = "import attnscope.generation, sys; print(any(m in sys.modules for m in ('torch', 'transformers')))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_public_api() -> None:
+    assert callable(attnscope.generate) and attnscope.generate is generate
+    assert attnscope.GenerationTrace is GenerationTrace

@@ -25,6 +25,8 @@ _EXPORTS = {
     "Token": "attnscope.tokens",
     "Trace": "attnscope.traces",
     "trace": "attnscope.tracing",
+    "generate": "attnscope.generating",
+    "GenerationTrace": "attnscope.generation",
     "walkthrough": "attnscope.explain",
     "Walkthrough": "attnscope.explain",
 }
@@ -34,10 +36,12 @@ __all__ = [
     "TOLERANCE",
     "AttnscopeError",
     "CheckReport",
+    "GenerationTrace",
     "Model",
     "Token",
     "Trace",
     "Walkthrough",
+    "generate",
     "load_model",
     "trace",
     "walkthrough",
@@ -46,6 +50,8 @@ __all__ = [
 if TYPE_CHECKING:
     from attnscope.errors import AttnscopeError
     from attnscope.explain import Walkthrough, walkthrough
+    from attnscope.generating import generate
+    from attnscope.generation import GenerationTrace
     from attnscope.models import DEFAULT_MODEL, Model, load_model
     from attnscope.report import TOLERANCE, CheckReport
     from attnscope.tokens import Token

@@ -1,6 +1,6 @@
 """The generation trace: a decoder writing one token at a time, as a plain record (torch-free).
 
-`attnscope.generate.generate` makes one inside the real `model.generate` loop; views and saved-file
+`attnscope.generate` (attnscope.generating) makes one inside the real `model.generate` loop; views and saved-file
 readers use this module without loading torch or transformers.
 
 Step s (0-indexed) writes the token at position P + s (P prompt tokens). It is predicted by the query at

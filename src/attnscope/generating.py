@@ -4,7 +4,8 @@ The model generates with its own loop and its KV cache; attention goes through t
 "attnscope" function (attnscope.capture.recording), which hands each call to a StepRecorder. The
 recorder keeps only the rows each step computed (its new queries, new keys and values, and their weight
 rows), never the cache itself, so the trace grows with the rows kept. attnscope.generate_check then
-verifies every step (see there).
+verifies every step (see there). The module is not named `generate`: that name is the function,
+`attnscope.generate`.
 """
 
 from __future__ import annotations
