@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import attnscope
+import test_interventions_models
 from attnscope import maths
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
@@ -21,6 +22,7 @@ from attnscope.tokens import encode
 FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama")
 TEXTS = ["the cat sat on the mat", "dogs bark"]
 TOL = 1e-5
+lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
 
 
 def _batch(m: attnscope.Model) -> dict[str, torch.Tensor]:
@@ -60,30 +62,6 @@ def test_zeroed_head_equals_projection_of_the_other_heads(tiny_model: Callable[[
     expected = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [1, query, d_model]
     assert (cap.output[layer][1:2] - expected).abs().max() <= TOL
     assert (cap.output[layer][0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
-
-
-@pytest.fixture(scope="session")
-def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
-    """Tiny random-weight models with a language-model head: gpt2, llama (causal), bert (masked)."""
-    import transformers as T
-
-    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-    build = {
-        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522)),
-        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
-        "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small)),
-    }
-    cache: dict[str, attnscope.Model] = {}
-
-    def get(name: str) -> attnscope.Model:
-        if name not in cache:
-            torch.manual_seed(0)
-            model = build[name]()
-            model.config._attn_implementation = "eager"
-            cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
-        return cache[name]
-
-    return get
 
 
 @pytest.mark.parametrize("family", ("gpt2", "llama"))

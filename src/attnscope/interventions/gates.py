@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -95,7 +96,7 @@ def parse_heads(spec: str) -> list[Head]:
     return heads
 
 
-def run(m: Model, inputs: dict[str, torch.Tensor], edit: HeadEdit | None, **kwargs: object) -> object:
+def run(m: Model, inputs: dict[str, torch.Tensor], edit: HeadEdit | None, **kwargs: object) -> Any:
     """One forward pass of the model with the edit applied (None: the untouched model)."""
     if edit is None:
         return m.model(**inputs, **kwargs)

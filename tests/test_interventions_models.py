@@ -1,0 +1,34 @@
+"""The intervention tests' models with a language-model head (a fixture module: it holds no tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import attnscope
+
+
+@pytest.fixture(scope="session")
+def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """Tiny random-weight models with a language-model head: gpt2, llama (causal), bert (masked)."""
+    import transformers as T
+
+    small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+    build = {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
+        "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small)),
+    }
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in cache:
+            torch.manual_seed(0)
+            model = build[name]()
+            model.config._attn_implementation = "eager"
+            cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
