@@ -36,6 +36,9 @@ def test_explain_json_has_every_stage(capsys: pytest.CaptureFixture[str], minilm
 def test_check_passes_and_prints_a_table(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:
     code, out, _ = run(capsys, "check", "time flies like an arrow", "--pair", "fruit flies like a banana")
     assert code == 0 and "PASS: max error" in out and "13 tokens, 6 layers x 12 heads" in out
+    assert "over 9 stage comparisons x 6 layers x 12 heads" in out and "(rel): scores are compared relative" in out
+    code, out, _ = run(capsys, "check", "time flies", "--format", "markdown")
+    assert code == 0 and out.startswith("**all-MiniLM-L6-v2 (BertModel): 4 tokens, 6 layers x 12 heads**")
     code, out, _ = run(capsys, "check", "time flies", "--format", "json")
     assert code == 0 and json.loads(out)["ok"] is True
 
@@ -58,6 +61,9 @@ def test_toy(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "toy", "--no-scale", "--format", "json")
     steps = {s["stage"]: s["arrays"] for s in json.loads(out)["steps"]}
     assert code == 0 and steps["scores"]["scores"] == [[2, 4, 4], [4, 16, 12], [4, 12, 10]]
+    code, out, _ = run(capsys, "toy", "--causal", "--format", "json")
+    steps = {s["number"]: s["arrays"] for s in json.loads(out)["steps"]}
+    assert code == 0 and steps["4c"]["mask"][0] == [0.0, float("-inf"), float("-inf")]
 
 
 @pytest.mark.parametrize("args, message", [

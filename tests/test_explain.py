@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -43,12 +44,47 @@ def test_token_focus_keeps_one_query_row(trace: attnscope.Trace, minilm: attnsco
     w = walkthrough(trace, layer=0, head=0, token=3, model=minilm)
     weights = next(s for s in w.steps if s.stage == "weights").arrays["weights"]
     assert weights.shape == (1, 7) and np.array_equal(weights[0], trace.weights[0, 0, 3])
+    assert [s.stage for s in w.steps] == [*STEPS[:10], "weighted", *STEPS[10:]]
+
+
+def test_weighted_values_sum_to_the_context_row(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=1, head=4, token=2, model=minilm)
+    arrays = next(s for s in w.steps if s.stage == "weighted").arrays
+    v, weights = trace.arrays["v"][1, 4], trace.weights[1, 4, 2]
+    assert np.array_equal(arrays["weight[2, j] x v_j"], weights[:, None] * v)
+    assert np.abs(arrays["sum over keys"][0] - trace.arrays["context"][1, 4, 2]).max() <= attnscope.TOLERANCE
+
+
+def test_merged_step_shows_the_focused_heads_columns(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
+    w = walkthrough(trace, layer=0, head=7, model=minilm)
+    step = next(s for s in w.steps if s.stage == "merged")
+    assert np.array_equal(step.arrays["merged[:, 224:256] (head 7)"], trace.arrays["context"][0, 7])
+    text = to_text(walkthrough_renderables(w, width=80), width=80)
+    block = text[text.index("merged[:, 224:256]"):]
+    assert "224" in block.splitlines()[1] and "255" in block.split("\n\n")[0]
+
+
+def test_80_columns_never_truncate_silently(minilm: attnscope.Model) -> None:
+    tr = attnscope.trace("the [SEP] column of a longer text keeps its every digit", model=minilm)
+    w = walkthrough(tr, layer=0, head=0, token=3, model=minilm)
+    for full in (False, True):
+        text = to_text(walkthrough_renderables(w, width=80, full=full), width=80)
+        assert max(len(line) for line in text.splitlines()) <= 80
+        assert "…" not in "".join(line for line in text.splitlines() if "┃" in line and "…" not in line)
+        labels = [t for line in text.splitlines() if "│" in line for t in [line.split("│")[0].strip()]]
+        assert f"{tr.n_tokens - 1}:[SEP]" in labels and "0:[CLS]" in labels  # labels whole, never "0:[CL…"
+        assert "383" in text  # the last of 384 columns is shown, with its full header
+    elided = to_text(walkthrough_renderables(w, width=80), width=80)
+    assert "columns 4..381 of 384 not shown" in elided.replace("\n", " ")
+    full = to_text(walkthrough_renderables(w, width=80, full=True), width=80)
+    assert "not shown" not in full and f"x [{tr.n_tokens}, 384], columns 0.." in full
+    assert re.search(rf"x \[{tr.n_tokens}, 384\], columns 3\d\d\.\.383\b", full)  # the last block
 
 
 def test_text_markdown_and_json_renderings(trace: attnscope.Trace, minilm: attnscope.Model) -> None:
     w = walkthrough(trace, layer=0, head=0, model=minilm)
     text = to_text(walkthrough_renderables(w))
-    assert "layer 0, head 0" in text and "sqrt(32) = 5.6569" in text
+    assert "layer 0, head 0" in text and "÷ sqrt(d_head) = × 1/sqrt(d_head): ÷ sqrt(32) = ÷ 5.6569 = × 0.1768" in text
     assert "…" in text  # 384-wide x is elided visibly
     assert "check: OK" in text
     md = walkthrough_markdown(w)
@@ -72,5 +108,5 @@ def test_causal_mask_is_shown_for_decoders(tiny_model: object) -> None:
 def test_toy_walkthrough_scaled_and_unscaled() -> None:
     scaled = to_text(walkthrough_renderables(toy_walkthrough(scale=True)))
     unscaled = to_text(walkthrough_renderables(toy_walkthrough(scale=False)))
-    assert "sqrt(3) = 1.7321" in scaled and "9.2376" in scaled  # 16 / sqrt(3)
+    assert "÷ sqrt(3) = ÷ 1.7321 = × 0.5774" in scaled and "9.2376" in scaled  # 16 / sqrt(3)
     assert "skipped (--no-scale)" in unscaled and "0.4683" in unscaled

@@ -7,43 +7,17 @@ never materialises (scaled, masked, merged) are derived from them with `attnscop
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 import torch
 
 from attnscope import maths
 from attnscope.models import ModelLike, load_model
+from attnscope.numbers import scaling as scaling_text
 from attnscope.recompute import layer_params
+from attnscope.steps import Step, Walkthrough
 from attnscope.tracing import Trace
 
-
-@dataclass
-class Step:
-    """One step: a stage name, what happens and why, its shape, and the arrays to show."""
-
-    stage: str
-    title: str
-    text: str
-    shape: str = ""
-    arrays: dict[str, np.ndarray] = field(default_factory=dict)
-    row_labels: list[str] | None = None  # labels of the first axis of each array
-    col_labels: list[str] | None = None  # labels of the second axis, when they are tokens
-
-
-@dataclass
-class Walkthrough:
-    """Everything `attnscope explain` shows for one layer, head and optional query token."""
-
-    model: dict[str, Any]
-    layer: int
-    head: int
-    token: int | None
-    tokens: list[dict[str, Any]]
-    steps: list[Step]
-    check: dict[str, Any]
+__all__ = ["Step", "Walkthrough", "walkthrough"]  # Step and Walkthrough live in the torch-free attnscope.steps
 
 
 def walkthrough(tr: Trace, layer: int = 0, head: int = 0, token: int | None = None,
@@ -121,10 +95,10 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     masked = scaled + mask
     weights = a["weights"][h]
     q, k, v = a["q"][h], a["k"][h], a["v"][h]
-    scale_text = (f"divide by sqrt(d_head) = sqrt({d_head}) = {math.sqrt(d_head):.4f}"
-                  if abs(s - d_head**-0.5) < 1e-9 else f"multiply by this layer's scaling {s:.6g}")
-    mask_text = ("The causal mask adds the most negative float32 to every key after the query, "
-                 "so a token never sees the future." if tr.causal else
+    scale_text = scaling_text(d_head, s)
+    mask_text = ("The causal mask adds -inf (in float32: its most negative number, shown -inf*) to every "
+                 "key after the query, so a token never sees the future: exp(-inf) = 0 in the softmax."
+                 if tr.causal else
                  "A single unpadded text has nothing to hide: the additive mask is all zeros. "
                  "(In a padded batch, padded keys get the most negative float32.)")
     sums = weights[sl].sum(axis=-1, keepdims=True)
@@ -145,18 +119,40 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
         Step("weights", "Softmax: the attention weights", "exp(s - max) / sum exp(s - max) along each "
              "row: every row is a probability distribution over keys (row sums shown).",
              f"[query, key] = [{n}, {n}]", {"weights": weights[sl], "row sums": sums}, rows, labels),
+        *_weighted_steps(weights, v, a["context"][h], sl, labels),
         Step("context", "Context = weights V", "Each query's output is the weighted average of the "
              "value vectors.", f"[token, d_head] = [{n}, {d_head}]", {"context": a["context"][h][sl]}, rows),
     ]
 
 
+def _weighted_steps(weights: np.ndarray, v: np.ndarray, context: np.ndarray, sl: slice,
+                    labels: list[str]) -> list[Step]:
+    """For one focused query: each value row times its weight, and their sum (the context row)."""
+    if sl.start is None:
+        return []
+    t = int(sl.start)
+    weighted = weights[t][:, None] * v  # [key, d_head]: weight_tj times value row j
+    total = weighted.sum(axis=0, dtype=np.float64)[None, :]  # [1, d_head]
+    diff = float(np.abs(total - context[t].astype(np.float64)).max())
+    text = (f"Query {t}'s context, broken down: row j is weight[{t}, j] x v_j; their sum is the context row "
+            f"(it equals the model's own context within float32 rounding: max difference {diff:.1e}).")
+    n, d_head = v.shape
+    return [Step("weighted", "Weighted values: weight x value, then their sum", text,
+                 f"[key, d_head] = [{n}, {d_head}]",
+                 {f"weight[{t}, j] x v_j": weighted, "sum over keys": total},
+                 labels[:n] if n == len(labels) else None)]
+
+
 def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str]) -> list[Step]:
     n_heads, n, d_head = a["context"].shape
     merged = maths.merge_heads(torch.from_numpy(a["context"])).numpy()  # [token, head * d_head]
+    cols = list(range(h * d_head, (h + 1) * d_head))
     text = (f"The {n_heads} heads' contexts are concatenated side by side: head {h} fills columns "
-            f"{h * d_head}..{(h + 1) * d_head - 1}.")
+            f"{cols[0]}..{cols[-1]} (shown first, then the whole row).")
+    arrays = {f"merged[:, {cols[0]}:{cols[-1] + 1}] (head {h})": merged[sl][:, cols[0]:cols[-1] + 1],
+              "merged": merged[sl]}
     steps = [Step("merged", "Concatenate the heads", text, f"[token, head * d_head] = [{n}, {n_heads * d_head}]",
-                  {"merged": merged[sl]}, rows)]
+                  arrays, rows, [str(c) for c in cols])]
     if "output" in a:
         d_model = a["output"].shape[-1]
         steps.append(Step("output", "Output projection = merged W_O + b_O",

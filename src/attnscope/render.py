@@ -1,4 +1,9 @@
-"""Turn walkthroughs and check reports into terminal text (rich), Markdown or JSON-able dicts."""
+"""Turn walkthroughs and check reports into terminal text (rich), Markdown or JSON-able dicts.
+
+Nothing is cut silently: a table that does not fit the width is split into column blocks
+(`full=True`) or shows its first and last columns with a line naming the ones left out.
+Numbers follow `attnscope.numbers` (4 decimals; errors as 5.4e-07).
+"""
 
 from __future__ import annotations
 
@@ -6,82 +11,139 @@ import io
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from attnscope.explain import Step, Walkthrough
+from attnscope.numbers import error, value
 from attnscope.report import CheckReport
+from attnscope.steps import Step, Walkthrough
 
-MAX_ROWS = 12
-MAX_COLS = 8
+MAX_ROWS = 12  # rows shown of a long matrix unless full
+MD_COLS = 8  # columns shown in Markdown unless full
 ELLIPSIS = "…"
+GAP = 3  # a rich table's " │ " between columns
+F32_MIN = float(np.finfo(np.float32).min)
+MIN_NOTE = "-inf* is the most negative float32 (-3.4028e+38): the mask's stand-in for -inf."
+REL_NOTE = ("(rel): scores are compared relative to their float32 rounding bound, |a - b| / max(1, |q| |k|); "
+            "every other stage in absolute terms.")
+
+
+def _fmt(v: float, integers: bool) -> str:
+    if v <= F32_MIN / 2 and np.isfinite(v):
+        return "-inf*"
+    return str(int(v)) if integers and np.isfinite(v) else value(v)
 
 
 def _keep(n: int, limit: int) -> list[int | None]:
     """Indices to show of an axis of length n; None marks the elided middle."""
     if n <= limit:
         return list(range(n))
-    head = limit - 2
-    return [*range(head), None, n - 2, n - 1]
+    return [*range(limit - 2), None, n - 2, n - 1]
 
 
-def _fmt(v: float, integers: bool) -> str:
-    if v <= np.finfo(np.float32).min / 2:
-        return "-inf*"  # the additive mask's most negative float32
-    return str(int(v)) if integers else f"{v:.4f}"
+def _elided(kind: str, idx: list[int | None], n: int) -> str | None:
+    """'rows 10..381 of 384 not shown' for the gap in idx, or None."""
+    if None not in idx:
+        return None
+    at = idx.index(None)
+    first = 0 if at == 0 else int(idx[at - 1]) + 1  # type: ignore[arg-type]
+    last = int(idx[at + 1]) - 1  # type: ignore[arg-type]
+    return f"{kind} {first}..{last} of {n} not shown (0-indexed)"
 
 
-def _grid(arr: np.ndarray, rows: list[str] | None, cols: list[str] | None,
-          max_rows: int, max_cols: int) -> tuple[list[str], list[list[str]]]:
-    """Header and body cells of a 2-D array with the elision visible."""
-    a = np.atleast_2d(arr)
-    ri, ci = _keep(a.shape[0], max_rows), _keep(a.shape[1], max_cols)
-    finite = a[np.isfinite(a)]
-    integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
-    header = [""] + [ELLIPSIS if j is None else (cols[j][:9] if cols else str(j)) for j in ci]
-    body = []
-    for i in ri:
-        label = ELLIPSIS if i is None else (rows[i] if rows and i < len(rows) else str(i))
-        label = label if len(label) <= 14 else label[:13] + ELLIPSIS
-        cells = [ELLIPSIS if i is None or j is None else _fmt(float(a[i, j]), integers) for j in ci]
-        body.append([label, *cells])
-    return header, body
+class Cells:
+    """Every formatted cell of a 2-D array with its row and column labels (nothing truncated)."""
+
+    def __init__(self, arr: np.ndarray, rows: list[str] | None, cols: list[str] | None) -> None:
+        a = np.atleast_2d(arr)
+        finite = a[np.isfinite(a)]
+        integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
+        self.shape = a.shape
+        self.rows = rows if rows and len(rows) == a.shape[0] else [str(i) for i in range(a.shape[0])]
+        self.cols = cols if cols and len(cols) == a.shape[1] else [str(j) for j in range(a.shape[1])]
+        self.text = [[_fmt(float(x), integers) for x in row] for row in a]
+        self.has_min = any(c == "-inf*" for row in self.text for c in row)
+
+    def col_width(self, j: int, rows: list[int | None]) -> int:
+        return max([len(self.cols[j]), *(len(self.text[i][j]) for i in rows if i is not None)])
+
+    def label_width(self, rows: list[int | None]) -> int:
+        return max([1, *(len(self.rows[i]) for i in rows if i is not None)])
 
 
-def matrix_table(name: str, arr: np.ndarray, rows: list[str] | None = None, cols: list[str] | None = None,
-                 max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> Table:
-    a = np.atleast_2d(arr)
-    header, body = _grid(a, rows, cols, max_rows, max_cols)
-    t = Table(title=f"{name} {list(a.shape)}", title_justify="left", show_edge=False, pad_edge=False)
-    for h in header:
-        t.add_column(h, justify="right", no_wrap=True, min_width=max(len(h), 6))
-    for r in body:
-        t.add_row(*r)
+def _fit(cells: Cells, rows: list[int | None], width: int) -> list[int | None]:
+    """The columns to show in `width` characters: all, or the first ones and the last two around a gap."""
+    n = cells.shape[1]
+    avail = width - cells.label_width(rows)
+    widths = [cells.col_width(j, rows) + GAP for j in range(n)]
+    if sum(widths) <= avail:
+        return list(range(n))
+    tail = [j for j in (n - 2, n - 1) if j >= 0]
+    room = avail - sum(widths[j] for j in tail) - (len(ELLIPSIS) + GAP)
+    head: list[int] = []
+    for j in range(n - len(tail)):
+        if room < widths[j]:
+            break
+        head.append(j)
+        room -= widths[j]
+    return [*head, None, *tail]
+
+
+def _blocks(cells: Cells, rows: list[int | None], width: int) -> list[list[int | None]]:
+    """Every column, in blocks that each fit `width` characters (at least one column per block)."""
+    avail = width - cells.label_width(rows)
+    blocks: list[list[int | None]] = [[]]
+    used = 0
+    for j in range(cells.shape[1]):
+        w = cells.col_width(j, rows) + GAP
+        if blocks[-1] and used + w > avail:
+            blocks.append([])
+            used = 0
+        blocks[-1].append(j)
+        used += w
+    return blocks
+
+
+def _table(title: str, cells: Cells, rows: list[int | None], cols: list[int | None]) -> Table:
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, min_width=len(title))
+    t.add_column("", justify="left", overflow="fold")
+    for j in cols:
+        head = ELLIPSIS if j is None else cells.cols[j]
+        t.add_column(head, justify="right", overflow="fold", min_width=len(head))
+    for i in rows:
+        label = ELLIPSIS if i is None else cells.rows[i]
+        t.add_row(label, *(ELLIPSIS if i is None or j is None else cells.text[i][j] for j in cols))
     return t
 
 
-def columns_for_width(width: int) -> int:
-    """How many matrix columns fit a terminal of this width (label column plus ~9 per number)."""
-    return max(4, min(MAX_COLS, (width - 16) // 9))
-
-
-def walkthrough_renderables(w: Walkthrough, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> list[RenderableType]:
-    """The walkthrough for a terminal."""
-    out: list[RenderableType] = [Text(_header(w), style="bold")]
-    for n, step in enumerate(w.steps, 1):
-        parts: list[RenderableType] = [Text(f"\n{n}. {step.title}  ({step.stage})", style="bold cyan")]
-        if step.text:
-            parts.append(Text(step.text))
-        if step.shape:
-            parts.append(Text(f"shape {step.shape}", style="dim"))
-        for name, arr in step.arrays.items():
-            rows = step.row_labels if np.atleast_2d(arr).shape[0] == len(step.row_labels or []) else None
-            parts.append(matrix_table(name, arr, rows, _cols(step, arr), max_rows, max_cols))
-        out.append(Group(*parts))
-    if w.check:
-        out.append(Text("\n" + check_line(w), style="bold green" if w.check.get("ok") else "bold red"))
+def matrix_renderables(name: str, arr: np.ndarray, rows: list[str] | None = None, cols: list[str] | None = None,
+                       width: int = 120, full: bool = False) -> list[RenderableType]:
+    """One array as tables that fit `width`: every row and column when full, else a visible, named elision."""
+    cells = Cells(arr, rows, cols)
+    n_rows, n_cols = cells.shape
+    shown: list[int | None] = list(range(n_rows)) if full else _keep(n_rows, MAX_ROWS)
+    title = f"{name} {list(cells.shape)}"
+    if full:
+        blocks = _blocks(cells, shown, width)
+        if len(blocks) == 1:
+            return [_table(title, cells, shown, blocks[0])]
+        return [_table(f"{title}, columns {b[0]}..{b[-1]}", cells, shown, b) for b in blocks]
+    cols_shown = _fit(cells, shown, width)
+    out: list[RenderableType] = [_table(title, cells, shown, cols_shown)]
+    notes = [n for n in (_elided("rows", shown, n_rows), _elided("columns", cols_shown, n_cols)) if n]
+    if notes:
+        out.append(Text(f"{'; '.join(notes)}: `attnscope explain --full` prints them all", style="dim"))
     return out
+
+
+def _step_heading(n: int, step: Step) -> str:
+    return f"{step.number or n}. {step.title}  ({step.stage})"
+
+
+def _rows(step: Step, arr: np.ndarray) -> list[str] | None:
+    return step.row_labels if np.atleast_2d(arr).shape[0] == len(step.row_labels or []) else None
 
 
 def _cols(step: Step, arr: np.ndarray) -> list[str] | None:
@@ -89,12 +151,32 @@ def _cols(step: Step, arr: np.ndarray) -> list[str] | None:
     return step.col_labels if step.col_labels and a.shape[1] == len(step.col_labels) else None
 
 
+def walkthrough_renderables(w: Walkthrough, width: int = 120, full: bool = False) -> list[RenderableType]:
+    """The walkthrough for a terminal `width` characters wide."""
+    out: list[RenderableType] = [Text(_header(w), style="bold")]
+    for n, step in enumerate(w.steps, 1):
+        parts: list[RenderableType] = [Text(f"\n{_step_heading(n, step)}", style="bold cyan")]
+        if step.text:
+            parts.append(Text(step.text))
+        if step.shape:
+            parts.append(Text(f"shape {step.shape}", style="dim"))
+        for name, arr in step.arrays.items():
+            parts += matrix_renderables(name, arr, _rows(step, arr), _cols(step, arr), width, full)
+        if any(Cells(a, None, None).has_min for a in step.arrays.values()):
+            parts.append(Text(MIN_NOTE, style="dim"))
+        out.append(Group(*parts))
+    if w.check:
+        out.append(Text("\n" + check_line(w), style="bold green" if w.check.get("ok") else "bold red"))
+    return out
+
+
 def _header(w: Walkthrough) -> str:
-    name = w.model.get("name", "?")
     if w.model.get("name") == "toy example":
-        return "Self-attention by hand: the 3-input toy example"
+        causal = ", causal" if w.model.get("causal") else ""
+        return (f"Self-attention by hand: the 3-input toy example{causal} (steps numbered as the classic 7; "
+                "inputs counted from 1, as the tutorials do)")
     focus = "" if w.token is None else f", query token {w.token}"
-    return (f"{name}: layer {w.layer}, head {w.head}{focus} (0-indexed; "
+    return (f"{w.model.get('name', '?')}: layer {w.layer}, head {w.head}{focus} (0-indexed; "
             f"{w.model.get('layers')} layers x {w.model.get('heads')} heads)")
 
 
@@ -104,23 +186,34 @@ def check_line(w: Walkthrough) -> str:
         return f"check: {c['unsupported']}; captured numbers shown as the model produced them"
     verdict = "OK" if c.get("ok") else "FAILED"
     return (f"check: {verdict}: every stage of layer {w.layer} head {w.head} recomputed from the layer's "
-            f"weights matches the model's forward pass: max abs error {c.get('head_max_error', 0):.2e} "
-            f"(tolerance {c.get('tolerance', 0):.0e})")
+            f"weights matches the model's forward pass: max error {error(c.get('head_max_error') or 0.0)} "
+            f"(tolerance {error(c.get('tolerance', 0.0))}; whole trace {error(c.get('max_error') or 0.0)})")
 
 
-def walkthrough_markdown(w: Walkthrough, max_rows: int = MAX_ROWS, max_cols: int = MAX_COLS) -> str:
+def _md_table(name: str, cells: Cells, full: bool) -> list[str]:
+    rows: list[int | None] = list(range(cells.shape[0])) if full else _keep(cells.shape[0], MAX_ROWS)
+    cols: list[int | None] = list(range(cells.shape[1])) if full else _keep(cells.shape[1], MD_COLS)
+    header = ["", *(ELLIPSIS if j is None else cells.cols[j] for j in cols)]
+    body = [[ELLIPSIS if i is None else cells.rows[i],
+             *(ELLIPSIS if i is None or j is None else cells.text[i][j] for j in cols)] for i in rows]
+    notes = [n for n in (_elided("rows", rows, cells.shape[0]), _elided("columns", cols, cells.shape[1])) if n]
+    lines = [f"`{name}` {list(cells.shape)}", "", _md_row(header), _md_row(["---"] * len(header)),
+             *map(_md_row, body), ""]
+    return lines + ([f"*{'; '.join(notes)}: `--full` prints them all*", ""] if notes else [])
+
+
+def walkthrough_markdown(w: Walkthrough, full: bool = False) -> str:
     lines = [f"# {_header(w)}", ""]
     for n, step in enumerate(w.steps, 1):
-        lines += [f"## {n}. {step.title} (`{step.stage}`)", ""]
+        lines += [f"## {step.number or n}. {step.title} (`{step.stage}`)", ""]
         if step.text:
             lines += [step.text, ""]
         if step.shape:
             lines += [f"Shape: `{step.shape}`", ""]
         for name, arr in step.arrays.items():
-            rows = step.row_labels if np.atleast_2d(arr).shape[0] == len(step.row_labels or []) else None
-            header, body = _grid(arr, rows, _cols(step, arr), max_rows, max_cols)
-            lines += [f"`{name}` {list(np.atleast_2d(arr).shape)}", "", _md_row(header),
-                      _md_row(["---"] * len(header)), *(_md_row(r) for r in body), ""]
+            cells = Cells(arr, _rows(step, arr), _cols(step, arr))
+            lines += _md_table(name, cells, full)
+            lines += [MIN_NOTE, ""] if cells.has_min else []
     if w.check:
         lines += [f"**{check_line(w)}**", ""]
     return "\n".join(lines)
@@ -136,10 +229,10 @@ def walkthrough_json(w: Walkthrough) -> dict[str, Any]:
     return {
         "model": w.model, "layer": w.layer, "head": w.head, "token": w.token, "tokens": w.tokens,
         "steps": [
-            {"stage": s.stage, "title": s.title, "text": s.text, "shape": s.shape,
+            {"stage": s.stage, "number": s.number or str(n), "title": s.title, "text": s.text, "shape": s.shape,
              "row_labels": s.row_labels, "col_labels": s.col_labels,
              "arrays": {k: _json_array(v) for k, v in s.arrays.items()}}
-            for s in w.steps
+            for n, s in enumerate(w.steps, 1)
         ],
         "check": w.check,
     }
@@ -153,14 +246,27 @@ def _json_array(arr: np.ndarray) -> Any:
     return a.tolist()
 
 
+def _extent(report: CheckReport) -> tuple[int, int]:
+    """(layers, heads) the comparisons cover."""
+    shapes = [c.errors.shape for c in report.comparisons]
+    return max(s[0] for s in shapes), max(s[1] for s in shapes)
+
+
+def compared(report: CheckReport) -> str:
+    """What a check compared: '9 stage comparisons x 6 layers x 12 heads' (a stage may be compared twice)."""
+    layers, heads = _extent(report)
+    return f"{len(report.comparisons)} stage comparisons x {layers} layers x {heads} heads"
+
+
 def check_table(report: CheckReport, n_layers: int) -> Table:
     """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads."""
-    t = Table(title="max error per layer (over heads): captured vs recompute and vs the model's own outputs",
-              title_justify="left")
-    t.add_column("stage", no_wrap=True)
-    t.add_column("vs", no_wrap=True)
+    t = Table(title="max error per layer (0-indexed, max over heads): captured vs the independent recompute "
+              "and vs the model's own outputs", title_justify="left", caption=REL_NOTE, caption_justify="left",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t.add_column("stage", overflow="fold")
+    t.add_column("vs", overflow="fold")
     for layer in range(n_layers):
-        t.add_column(f"L{layer}", justify="right", no_wrap=True)
+        t.add_column(f"L{layer}", justify="right", overflow="fold")
     for c in report.comparisons:
         name = f"{c.stage} (rel)" if c.relative else c.stage
         t.add_row(name, c.source, *(_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers)))
@@ -169,23 +275,28 @@ def check_table(report: CheckReport, n_layers: int) -> Table:
 
 def _err(e: float, tol: float) -> str:
     style = "green" if e <= tol else "bold red"
-    return f"[{style}]{e:.0e}[/{style}]"
+    return f"[{style}]{error(e)}[/{style}]"
 
 
 def check_summary(report: CheckReport) -> str:
     if not report.comparisons and report.unsupported:
-        return f"not verified: {report.unsupported}"
-    verdict = "PASS" if report.ok else "FAIL"
+        return f"NOT VERIFIED: {report.unsupported}"
+    verdict = report.status  # PASS, FAIL or NOT VERIFIED (nothing recomputed: never PASS)
+    if verdict == "NOT VERIFIED":
+        return (f"NOT VERIFIED: {report.unsupported or 'nothing was recomputed'} (the captured numbers only match "
+                f"the model's own outputs: max error {error(report.max_error)} over {compared(report)})")
     extra = f"; {report.unsupported}" if report.unsupported else ""
-    return (f"{verdict}: max error {report.max_error:.2e} over {len(report.comparisons)} comparisons "
-            f"(tolerance {report.tolerance:.0e}){extra}")
+    return (f"{verdict}: max error {error(report.max_error)} over {compared(report)} "
+            f"(tolerance {error(report.tolerance)}){extra}")
 
 
-def check_markdown(report: CheckReport, n_layers: int) -> str:
-    heads = ["layer", *(f"{c.stage} ({c.source})" for c in report.comparisons)]
-    rows = [[str(i), *(f"{float(c.errors[i].max()):.1e}" for c in report.comparisons)] for i in range(n_layers)]
-    return "\n".join([_md_row(heads), _md_row(["---"] * len(heads)), *map(_md_row, rows), "",
-                      check_summary(report), ""])
+def check_markdown(report: CheckReport, n_layers: int, header: str = "") -> str:
+    """The check as Markdown: the header line (model, tokens), a table per layer, the notes and the verdict."""
+    heads = ["layer", *(f"{c.stage}{' (rel)' if c.relative else ''} vs {c.source}" for c in report.comparisons)]
+    rows = [[str(i), *(error(float(c.errors[i].max())) for c in report.comparisons)] for i in range(n_layers)]
+    top = [header, ""] if header else []
+    table = [_md_row(heads), _md_row(["---"] * len(heads)), *map(_md_row, rows), "", REL_NOTE, ""]
+    return "\n".join([*top, *(table if report.comparisons else []), check_summary(report), ""])
 
 
 def to_text(renderables: list[RenderableType], width: int = 120) -> str:

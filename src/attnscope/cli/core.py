@@ -19,12 +19,15 @@ def register(sub: Any) -> None:
     add_text_args(p)
     p.add_argument("--layer", type=int, default=0, help="layer, 0-indexed (default 0)")
     p.add_argument("--head", type=int, default=0, help="head, 0-indexed (default 0)")
-    p.add_argument("--token", type=int, default=None, help="focus on one query token (0-indexed)")
+    p.add_argument("--token", type=int, default=None,
+                   help="focus on one query token (0-indexed): adds its weighted values and their sum")
+    p.add_argument("--full", action="store_true", help="print every row and column (wide tables in blocks)")
     add_format(p)
     p.set_defaults(func=run_explain)
 
     p = sub.add_parser("toy", help="the classic 3-input self-attention example, computed by hand")
     p.add_argument("--no-scale", action="store_true", help="skip the / sqrt(d_k) step, as many tutorials do")
+    p.add_argument("--causal", action="store_true", help="a decoder's causal mask: -inf above the diagonal")
     add_format(p)
     p.set_defaults(func=run_toy)
 
@@ -61,27 +64,27 @@ def run_explain(args: argparse.Namespace) -> int:
     from attnscope.models import load_model
 
     w = walkthrough(tr, args.layer, args.head, args.token, model=load_model(args.model))
-    emit_walkthrough(w, args.format)
+    emit_walkthrough(w, args.format, args.full)
     return 0
 
 
 def run_toy(args: argparse.Namespace) -> int:
     from attnscope.toy import toy_walkthrough
 
-    emit_walkthrough(toy_walkthrough(scale=not args.no_scale), args.format)
+    emit_walkthrough(toy_walkthrough(scale=not args.no_scale, causal=args.causal), args.format, full=True)
     return 0
 
 
-def emit_walkthrough(w: Any, fmt: str) -> None:
-    from attnscope.render import columns_for_width, walkthrough_json, walkthrough_markdown, walkthrough_renderables
+def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
+    from attnscope.render import walkthrough_json, walkthrough_markdown, walkthrough_renderables
 
     if fmt == "json":
         print_json(walkthrough_json(w))
     elif fmt == "markdown":
-        sys.stdout.write(walkthrough_markdown(w))
+        sys.stdout.write(walkthrough_markdown(w, full))
     else:
         out = console()
-        out.print(*walkthrough_renderables(w, max_cols=columns_for_width(out.width)))
+        out.print(*walkthrough_renderables(w, width=out.width, full=full))
 
 
 def run_trace(args: argparse.Namespace) -> int:
@@ -107,12 +110,16 @@ def run_check(args: argparse.Namespace) -> int:
     if args.format == "json":
         print_json({"model": tr.model, "tokens": tr.token_strings, **report.to_dict()})
     elif args.format == "markdown":
-        sys.stdout.write(check_markdown(report, tr.n_layers))
+        sys.stdout.write(check_markdown(report, tr.n_layers, f"**{_check_header(tr)}**"))
     else:
         out = console()
-        out.print(f"{tr.model['name']} ({tr.model['architecture']}): {tr.n_tokens} tokens, "
-                  f"{tr.n_layers} layers x {tr.n_heads} heads")
+        out.print(_check_header(tr))
         if report.comparisons:
             out.print(check_table(report, tr.n_layers))
         out.print(check_summary(report))
     return 0 if report.ok else 1
+
+
+def _check_header(tr: Trace) -> str:
+    return (f"{tr.model['name']} ({tr.model['architecture']}): {tr.n_tokens} tokens, "
+            f"{tr.n_layers} layers x {tr.n_heads} heads")
