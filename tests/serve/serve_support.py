@@ -22,7 +22,7 @@ ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "serve"
 MAX_TOKENS = 32
 MAX_CHARS = 2000
 MAX_BODY = 16 * 1024
-_URL = re.compile(r"serving .* on (http://\S+/)")
+_URL = re.compile(r"serving .* on (http://\S+/)(?:\?token=(\S+))?")
 
 
 @dataclass
@@ -32,12 +32,21 @@ class Server:
     process: subprocess.Popen[str]
     url: str
     stderr: list[str] = field(default_factory=list)
+    token: str | None = None  # the access token printed in the start-up URL, if any
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.token}"} if self.token else {}
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
 
     def client(self, timeout: float = 60.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
+        return httpx.Client(base_url=self.url, timeout=timeout, headers=self.auth)
 
     def health(self) -> dict[str, Any]:
-        return dict(httpx.get(self.url + "healthz", timeout=10).json())
+        return dict(httpx.get(self.url + "healthz", timeout=10, headers=self.auth).json())
 
     def stop(self) -> int:
         """Ctrl-C, as a person would; uvicorn shuts down gracefully."""
@@ -67,7 +76,7 @@ def start_server(*args: str, timeout: float = 120.0) -> Server:
     for line in proc.stdout:
         found = _URL.search(line)
         if found:
-            server.url = found.group(1)
+            server.url, server.token = found.group(1), found.group(2)
             break
     if not server.url:
         proc.wait(timeout=10)
@@ -75,7 +84,7 @@ def start_server(*args: str, timeout: float = 120.0) -> Server:
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     while time.monotonic() < deadline:
         try:
-            if httpx.get(server.url + "healthz", timeout=5).status_code == 200:
+            if httpx.get(server.url + "healthz", timeout=5, headers=server.auth).status_code == 200:
                 return server
         except httpx.TransportError:
             time.sleep(0.2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,10 +15,12 @@ from serve_support import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, decode
 import attnscope
 from attnscope.explain import walkthrough
 from attnscope.render import walkthrough_json
-from attnscope.stages import ARRAY_AXES
+from attnscope.report import RELATIVE
+from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.views import neuron_block
 
 TOL = 1e-5
+ROUNDING = re.compile(r"\d\.\de-\d\d")  # a measured float32 difference, e.g. 5.2e-08
 TEXT = "The cat sat on the mat."
 PAIR = "It was tired."
 
@@ -52,7 +55,18 @@ def test_trace_returns_every_stage_by_its_saved_name(http: httpx.Client, local: 
     for name in stages:
         got = data["arrays"][name]
         assert got["axes"] == list(ARRAY_AXES[name])
-        np.testing.assert_allclose(decode(got), local.arrays[name], rtol=0, atol=TOL, err_msg=name)
+        if name in RELATIVE:  # the server's one torch thread blocks q k^T differently: the check's own measure
+            assert relative_error(decode(got), local) <= TOL
+        else:
+            np.testing.assert_allclose(decode(got), local.arrays[name], rtol=0, atol=TOL, err_msg=name)
+
+
+def relative_error(scores: np.ndarray, local: attnscope.Trace) -> float:
+    """max |a - b| / max(1, |q| |k|) over [layer, head, query, key], as attnscope.check measures scores."""
+    q = np.linalg.norm(local.arrays["q"].astype(np.float64), axis=-1)  # [layer, head, query]
+    k = np.linalg.norm(local.arrays["k"].astype(np.float64), axis=-1)  # [layer, head, key]
+    bound = np.maximum(1.0, q[..., :, None] * k[..., None, :])  # [layer, head, query, key]
+    return float(np.max(np.abs(scores.astype(np.float64) - local.arrays["scores"]) / bound))
 
 
 def test_list_encoding_equals_base64(http: httpx.Client) -> None:
@@ -73,7 +87,8 @@ def test_explain_is_the_cli_walkthrough(http: httpx.Client, local: attnscope.Tra
     assert got["tokens"] == json.loads(json.dumps(want["tokens"]))
     assert [s["stage"] for s in got["steps"]] == [s["stage"] for s in want["steps"]]
     for g, w in zip(got["steps"], want["steps"], strict=True):
-        assert (g["title"], g["text"], g["shape"]) == (w["title"], w["text"], w["shape"])
+        assert (g["title"], g["shape"]) == (w["title"], w["shape"])
+        assert ROUNDING.sub("#", g["text"]) == ROUNDING.sub("#", w["text"])  # measured float32 differences vary
         assert list(g["arrays"]) == list(w["arrays"])
         for name in w["arrays"]:
             np.testing.assert_allclose(np.asarray(g["arrays"][name], dtype=np.float64),
@@ -148,7 +163,7 @@ BAD_BODIES: list[tuple[str, Any, str]] = [
     ("/api/trace", {"text": "a", "model": "gpt2"}, "field 'model' must be one of"),
     ("/api/trace", {"text": "a", "encoding": "hex"}, "field 'encoding' must be one of"),
     ("/api/trace", {"text": "a" * (MAX_CHARS + 1)}, f"over the limit of {MAX_CHARS}"),
-    ("/api/trace", {"text": "a", "sources": ["weights"]}, "the choices are norm_head, norm_layer, rollout, flow"),
+    ("/api/trace", {"text": "a", "sources": ["weights"]}, f"the choices are {', '.join(DERIVED)}"),
     ("/api/explain", {"text": "a", "layer": 6}, "must be from 0 to 5"),
     ("/api/explain", {"text": "a", "head": -1}, "must be from 0 to 11"),
     ("/api/explain", {"text": "two words", "token": 9}, "token 9 is out of range: this text has 4 tokens"),

@@ -51,13 +51,19 @@ def test_a_taken_port_fails_before_loading_anything(run: Run) -> None:
 
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
-    ("--workers", "0", "workers must be an integer of at least 1, got 0"),
-    ("--timeout", "0", "timeout must be a positive number of seconds, got 0.0"),
-    ("--max-tokens", "1", "max_tokens must be an integer of at least 2, got 1"),
+    ("--workers", "0", "--workers must be an integer of at least 1, got 0"),
+    ("--timeout", "0", "--timeout must be a positive number of seconds, got 0.0"),
+    ("--max-tokens", "1", "--max-tokens must be an integer of at least 2, got 1"),
+    ("--max-body", "10", "--max-body must be an integer of at least 1024, got 10"),
+    ("--header-timeout", "-1", "--header-timeout must be a positive number of seconds, got -1.0"),
+    ("--max-connections", "0", "--max-connections must be an integer of at least 1, got 0"),
+    ("--max-memory", "0", "--max-memory must be at least 1 (MiB), got 0"),
+    ("--token", "short", "--token must be at least 8 characters long"),
+    ("--allow-host", "*", "--allow-host '*' answers any Host"),
 ])
 def test_bad_limits_are_one_line_errors(run: Run, flag: str, value: str, message: str) -> None:
     done = run(flag, value)
-    assert done.returncode == 2 and done.stderr.strip() == f"attnscope: error: {message}"
+    assert done.returncode == 2 and done.stderr.strip().startswith(f"attnscope: error: {message}")
 
 
 @pytest.mark.parametrize(("host", "local"), [("127.0.0.1", True), ("localhost", True), ("::1", True),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import secrets
 import socket
 import sys
 from typing import Any
@@ -32,7 +33,28 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                    help="per-request deadline, waiting included; beyond, 504 (default 30)")
     p.add_argument("--cache", type=int, default=16, metavar="N", help="recent traces kept (default 16)")
+    add_guard_args(p)
     p.set_defaults(func=run_serve)
+
+
+def add_guard_args(p: Any) -> None:
+    """Who may use the server, and the deadlines and budgets that bound it (docs/serve.md)."""
+    p.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="also answer to this Host name (NAME or NAME:PORT; '*' for any, only with a token); "
+                        "always allowed: 127.0.0.1, localhost, [::1] and --host, on this port")
+    p.add_argument("--token", default=None, help="access token every request must carry (default: a random one "
+                   "when --host is not loopback, none on loopback)")
+    p.add_argument("--no-token", action="store_true", help="no access token even off loopback (not advised)")
+    p.add_argument("--header-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="time to send a request's headers; then the connection is closed (default 60)")
+    p.add_argument("--body-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="time to send a request's body; then 408 (default 60)")
+    p.add_argument("--max-connections", type=int, default=64, metavar="N",
+                   help="open connections; a request beyond gets 503 (default 64)")
+    p.add_argument("--max-response", type=int, default=256, metavar="MIB",
+                   help="largest response in MiB; larger ones are refused with 422 (default 256)")
+    p.add_argument("--max-memory", type=int, default=4096, metavar="MIB",
+                   help="resident memory ceiling in MiB: beyond, the cache is emptied, then 503 (default 4096)")
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -44,12 +66,21 @@ def run_serve(args: argparse.Namespace) -> int:
                              ) from exc
     from attnscope.serve.settings import Settings
 
+    token = None if args.no_token else args.token or (None if is_loopback(args.host) else secrets.token_urlsafe(24))
+    if "*" in args.allow_host and token is None:
+        raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
+                             "use it with a token (drop --no-token)")
     settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
                         max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
-                        queue=args.queue, timeout=args.timeout, cache_entries=args.cache)
+                        queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
+                        allow_hosts=(args.host, *args.allow_host), token=token, header_timeout=args.header_timeout,
+                        body_timeout=args.body_timeout, max_connections=args.max_connections,
+                        max_response_bytes=_mib("--max-response", args.max_response),
+                        max_memory_bytes=_mib("--max-memory", args.max_memory))
     if not is_loopback(args.host):
+        guard = "only with the token in the URL below" if token else "with no token (--no-token)"
         print(f"attnscope: warning: listening on {args.host}: anyone who can reach this machine can use the "
-              "server and its CPU; use --host 127.0.0.1 to keep it local", file=sys.stderr)
+              f"server and its CPU, {guard}; use --host 127.0.0.1 to keep it local", file=sys.stderr)
     sock = bind(args.host, args.port)  # before loading models: a taken port fails at once
     from attnscope.serve.app import create_app
 
@@ -57,13 +88,28 @@ def run_serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     names = ", ".join(m["name"] for m in app.state.server.service.model_list())
-    print(f"attnscope: serving {names} on http://{shown}:{port}/ (Ctrl-C to stop)", flush=True)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5)
+    query = f"?token={token}" if token else ""
+    print(f"attnscope: serving {names} on http://{shown}:{port}/{query} (Ctrl-C to stop)", flush=True)
+    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5, **uvicorn_limits(settings))
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: uvicorn has shut down gracefully
         print("attnscope: stopped", file=sys.stderr)
     return 0
+
+
+def _mib(flag: str, value: int) -> int:
+    if value < 1:
+        raise AttnscopeError(f"{flag} must be at least 1 (MiB), got {value}")
+    return value * 2**20
+
+
+def uvicorn_limits(settings: Any) -> dict[str, Any]:
+    """uvicorn's side of the limits: the header deadline (serve.connections) and the connection cap."""
+    from attnscope.serve.connections import protocol
+
+    return {"http": protocol(settings.header_timeout), "limit_concurrency": settings.max_connections,
+            "timeout_keep_alive": 5}
 
 
 def bind(host: str, port: int) -> socket.socket:

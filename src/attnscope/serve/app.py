@@ -1,7 +1,9 @@
 """The Starlette app: routes, limits, the worker pool and errors as one-line JSON.
 
-Every refusal is `{"error": "<one line>"}` with its status: 413 body too large, 422 bad
-JSON or fields or an untraceable text, 503 queue full, 504 past the deadline, 404/405.
+Every refusal is `{"error": "<one line>"}` with its status: 403 not this server's page or
+client (serve.guard), 408 body too slow, 413 body too large, 415 not JSON, 422 bad JSON or
+fields or an untraceable text, 503 queue full, 504 past the deadline, 404/405; 500 says only
+"internal error" and the request id.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -29,6 +32,7 @@ from attnscope.serve.api import (
     trace_fields,
 )
 from attnscope.serve.fields import RequestError, parse_body, parse_json
+from attnscope.serve.guard import Guard
 from attnscope.serve.openapi import document
 from attnscope.serve.pool import InferencePool, PoolBusy, PoolTimeout
 from attnscope.serve.service import Service
@@ -121,11 +125,6 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
 
-async def _server_error(_request: Request, exc: Exception) -> Response:
-    log.error("internal error: %s", exc, exc_info=exc)
-    return JSONResponse({"error": f"internal error ({type(exc).__name__}): {exc}"}, status_code=500)
-
-
 def create_app(settings: Settings | None = None) -> Starlette:
     """The web app: the page at /, the JSON API under /api, /healthz and /openapi.json.
 
@@ -147,7 +146,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),
     ]
-    handlers = {RequestError: _request_error, HTTPException: _http_error, Exception: _server_error}
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)  # type: ignore[arg-type]
+    handlers = {RequestError: _request_error, HTTPException: _http_error}  # anything else: the guard's 500
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan,  # type: ignore[arg-type]
+                    middleware=[Middleware(Guard, settings=server.settings)])
     app.state.server = server
     return app
