@@ -61,7 +61,8 @@ def test_json_with_a_charset_is_json(server: Server) -> None:
 
 def test_the_preflight_is_refused(server: Server) -> None:
     with server.client() as c:
-        r = c.options("/api/explain", headers={"Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+        r = c.options("/api/explain", headers={"Origin": "https://evil.example",
+                                               "Access-Control-Request-Method": "POST",
                                                "Access-Control-Request-Headers": "content-type"})
     assert r.status_code == 403
     assert not [h for h in r.headers if h.lower().startswith("access-control-")]
