@@ -1,0 +1,195 @@
+"""ablate, patch, knockout and importance: which heads and edges matter for the model's output."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from attnscope.cli.common import add_format, add_model_args, add_text_args, print_json, read_text
+from attnscope.errors import AttnscopeError, require_text
+
+# torch, transformers and the interventions are imported when a command runs, so --help stays instant.
+TOP = 8  # heads listed under a grid
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("ablate", help="remove heads (zero or mean) and measure the effect on the output")
+    add_text_args(p, pair=False)
+    p.add_argument("--heads", metavar="L.H[,L.H...]", help="heads to remove together, layer.head, 0-indexed")
+    p.add_argument("--mode", choices=("zero", "mean"), default="zero",
+                   help="zero the heads' context, or set it to its mean over --reference (default zero)")
+    p.add_argument("--reference", metavar="PATH", help="--mode mean: texts to average over, one per line "
+                   "(default: TEXT itself)")
+    _add_target(p)
+    p.add_argument("--each", action="store_true",
+                   help="also remove every head alone (one batched forward): a layer x head grid")
+    p.add_argument("--html", metavar="FILE", help="--each: also write the grid as an HTML heatmap")
+    add_format(p)
+    p.set_defaults(func=run_ablate)
+
+    p = sub.add_parser("patch", help="activation patching: each head from the clean run into the corrupt run")
+    p.add_argument("clean", metavar="CLEAN", help="the clean sentence")
+    p.add_argument("corrupt", metavar="CORRUPT", help="the corrupted sentence, of the same token length")
+    add_model_args(p)
+    _add_target(p)
+    p.add_argument("--contrast", metavar="TEXT", help="the corrupt answer token (default: the corrupt run's top token)")
+    p.add_argument("--html", metavar="FILE", help="also write the grids as an HTML heatmap")
+    add_format(p)
+    p.set_defaults(func=run_patch)
+
+    p = sub.add_parser("knockout", help="block attention edges from token I to token J and measure the effect")
+    add_text_args(p, pair=False)
+    p.add_argument("--from", dest="from_tokens", required=True, metavar="I[,I...]",
+                   help="the tokens whose information is blocked (keys), 0-indexed")
+    p.add_argument("--to", dest="to_tokens", required=True, metavar="J[,J...]",
+                   help="the tokens that stop reading them (queries), 0-indexed")
+    p.add_argument("--layers", metavar="L[,L...]", help="layers to block in, 0-indexed (default all)")
+    _add_target(p)
+    add_format(p)
+    p.set_defaults(func=run_knockout)
+
+
+def _add_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", metavar="TEXT", help="the continuation whose log-probability is measured "
+                   "(causal LMs; default the model's greedy next token), or the word at the mask (masked LMs)")
+
+
+def numbers(value: str | None, flag: str) -> list[int] | None:
+    """"1,2" -> [1, 2]; a one-line error naming the flag for anything else."""
+    if value is None:
+        return None
+    try:
+        return [int(s) for s in value.split(",") if s.strip()]
+    except ValueError as exc:
+        raise AttnscopeError(f"{flag} takes whole numbers separated by commas (0-indexed), got {value!r}") from exc
+
+
+def run_ablate(args: argparse.Namespace) -> int:
+    from attnscope.cli.common import read_text_file
+
+    text = require_text(read_text(args))
+    if args.heads is None and not args.each:
+        raise AttnscopeError("give --heads L.H[,L.H...] (0-indexed), --each, or both")
+    if args.html and not args.each:
+        raise AttnscopeError("--html writes the --each grid: add --each")
+    reference = None
+    if args.reference is not None:
+        if args.mode != "mean":
+            raise AttnscopeError("--reference is read only with --mode mean")
+        reference = [line for line in read_text_file(args.reference).splitlines() if line.strip()]
+    from attnscope.interventions import ablate, parse_heads
+    from attnscope.models import load_model
+
+    heads = parse_heads(args.heads, "--heads") if args.heads is not None else []
+    m = load_model(args.model)
+    result = ablate(text, heads, model=m, mode=args.mode, target=args.target, each=args.each,
+                    reference=reference, max_length=args.max_length)
+    if args.html:
+        _write_html(args.html, result, m, text, args.max_length)
+    _emit(result.to_dict(), args.format, _ablate_lines)
+    return 0
+
+
+def run_patch(args: argparse.Namespace) -> int:
+    clean = require_text(args.clean, "clean text (CLEAN)")
+    corrupt = require_text(args.corrupt, "corrupt text (CORRUPT)")
+    from attnscope.interventions.patch import patch
+    from attnscope.models import load_model
+
+    m = load_model(args.model)
+    result = patch(clean, corrupt, model=m, target=args.target, contrast=args.contrast, max_length=args.max_length)
+    if args.html:
+        _write_html(args.html, result, m, clean, args.max_length)
+    _emit(result.to_dict(), args.format, _patch_lines)
+    return 0
+
+
+def run_knockout(args: argparse.Namespace) -> int:
+    text = require_text(read_text(args))
+    sources, sinks = numbers(args.from_tokens, "--from"), numbers(args.to_tokens, "--to")
+    layers = numbers(args.layers, "--layers")
+    from attnscope.interventions.knockout import knockout
+    from attnscope.models import load_model
+
+    result = knockout(text, sources or [], sinks or [], layers, model=load_model(args.model), target=args.target,
+                      max_length=args.max_length)
+    _emit(result.to_dict(), args.format, _knockout_lines)
+    return 0
+
+
+def _write_html(path: str, result: Any, m: Any, text: str, max_length: int) -> None:
+    """The grid's heatmap, with the text's trace for the head and neuron views a click opens."""
+    from pathlib import Path
+
+    from attnscope.tracing import trace
+    from attnscope.views.effects import effects_html
+
+    out = Path(path)
+    out.write_text(effects_html(result, trace(text, model=m, max_length=max_length)), encoding="utf-8")
+    sys.stderr.write(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)\n")
+
+
+def _emit(payload: dict[str, Any], fmt: str, lines: Any) -> None:
+    if fmt == "json":
+        print_json(payload)
+        return
+    sys.stdout.write("\n".join(lines(payload, fmt == "markdown")) + "\n")  # plain text: no wrapping
+
+
+def _measures(values: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:+.4f}" if k.startswith("d_") else f"{k} {v:.4f}" for k, v in values.items())
+
+
+def _ablate_lines(d: dict[str, Any], md: bool) -> list[str]:
+    heads = ",".join(f"{la}.{h}" for la, h in d["heads"])
+    what = f"heads {heads} (layer.head, 0-indexed)" if heads else "each head alone"
+    out = [f"{'# ' if md else ''}{d['model']} ({d['kind']}): {d['mode']} ablation, {what}", ""]
+    if d["target"] is not None:
+        out.append(f"target {d['target']!r}; untouched: {_measures(d['clean'])}")
+    if d["ablated"] is not None:
+        out.append(f"ablated: {_measures(d['ablated'])}")
+    if d["token_change"] is not None:
+        out.append("each token's final-state change: " + ", ".join(
+            f"{t} {c:.3f}" for t, c in zip(d["tokens"], d["token_change"], strict=True)))
+    if d["grid"] is not None:
+        out += ["", *grid_lines(d["grid"][d["primary"]], f"{d['primary']}, each head removed alone", md)]
+    return out
+
+
+def _patch_lines(d: dict[str, Any], md: bool) -> list[str]:
+    what = (f"logit difference {d['answer']!r} - {d['contrast']!r}" if d["answer"] is not None
+            else "pooled embedding's cosine similarity to the clean run")
+    out = [f"{'# ' if md else ''}{d['model']} ({d['kind']}): activation patching, {what}", "",
+           f"clean {d['clean']:.4f}, corrupt {d['corrupt']:.4f}", ""]
+    out += grid_lines(d["denoised"], "recovered: each clean head patched into the corrupt run", md)
+    out += ["", *grid_lines(d["noised"], "lost: each corrupt head patched into the clean run", md)]
+    return out
+
+
+def _knockout_lines(d: dict[str, Any], md: bool) -> list[str]:
+    edges = ", ".join(f"{i} {d['tokens'][i]!r} -> {j} {d['tokens'][j]!r}" for i, j in d["edges"])
+    out = [f"{'# ' if md else ''}{d['model']} ({d['kind']}): knockout of {edges} (tokens 0-indexed)", "",
+           f"layers {','.join(map(str, d['layers']))}: {_measures(d['knocked'])}"]
+    if d["target"] is not None:
+        out.insert(2, f"target {d['target']!r}; untouched: {_measures(d['clean'])}")
+    values = d["per_layer"][d["primary"]]
+    out += ["", f"{d['primary']} with each layer alone:"]
+    out += [f"  layer {la}: {v:+.4f}" for la, v in zip(d["layers"], values, strict=True)]
+    return out
+
+
+def grid_lines(grid: list[list[float]], title: str, md: bool) -> list[str]:
+    """A layer x head table (0-indexed) and the heads with the largest |value|."""
+    n_heads = len(grid[0])
+    lines = [f"{title} (rows: layers, columns: heads, 0-indexed)", ""]
+    cells = [[f"{v:+.4f}" for v in row] for row in grid]
+    if md:
+        lines += ["| layer | " + " | ".join(map(str, range(n_heads))) + " |", "|---:" * (n_heads + 1) + "|"]
+        lines += [f"| {la} | " + " | ".join(row) + " |" for la, row in enumerate(cells)]
+    else:
+        lines.append("layer " + " ".join(f"{h:>7}" for h in range(n_heads)))
+        lines += [f"{la:>5} " + " ".join(f"{c:>7}" for c in row) for la, row in enumerate(cells)]
+    ranked = sorted(((abs(v), la, h, v) for la, row in enumerate(grid) for h, v in enumerate(row)), reverse=True)
+    lines += ["", "largest: " + ", ".join(f"{la}.{h} {v:+.4f}" for _, la, h, v in ranked[:TOP])]
+    return lines
