@@ -1,0 +1,76 @@
+"""ablate, patch and knockout on the command line: real output, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import attnscope
+import test_interventions_models
+from attnscope.cli.main import main
+from attnscope.interventions import ablate
+
+lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(lm_heads: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random-weight GPT-2 with its LM head, saved as a checkpoint directory for --model."""
+    m = lm_heads("gpt2")
+    where = tmp_path_factory.mktemp("gpt2")
+    m.model.save_pretrained(where)
+    m.tokenizer.save_pretrained(where)
+    return str(where)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_ablate_json_on_minilm(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:
+    code, out, _ = _run(capsys, "ablate", "The cat sat on the mat.", "--heads", "5.11,5.3", "--format", "json")
+    d = json.loads(out)
+    assert code == 0 and d["heads"] == [[5, 11], [5, 3]]
+    direct = ablate("The cat sat on the mat.", [(5, 11), (5, 3)], model=minilm)
+    assert direct.ablated is not None
+    assert d["ablated"]["embedding_distance"] == pytest.approx(direct.ablated["embedding_distance"], abs=1e-6)
+    assert len(d["token_change"]) == len(d["tokens"])
+
+
+def test_causal_commands(capsys: pytest.CaptureFixture[str], gpt2_dir: str, tmp_path: Path) -> None:
+    code, out, _ = _run(capsys, "ablate", "the cat sat on the", "--model", gpt2_dir, "--each",
+                        "--target", "mat", "--html", str(tmp_path / "g.html"))
+    assert code == 0 and "d_target_logprob, each head removed alone" in out and "largest: " in out
+    assert (tmp_path / "g.html").stat().st_size > 1000
+    code, out, _ = _run(capsys, "patch", "the cat sat on the", "the dog ran on the", "--model", gpt2_dir,
+                        "--target", "mat", "--contrast", "dog", "--format", "markdown")
+    assert code == 0 and "recovered: each clean head" in out and "| layer |" in out
+    code, out, _ = _run(capsys, "knockout", "the cat sat on the", "--from", "1", "--to", "4", "--model", gpt2_dir)
+    assert code == 0 and "layer 1:" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["ablate", "a cat", "--heads", "6.0"], "layer 6 is out of range"),
+    (["ablate", "a cat", "--heads", "0.12"], "head 12 is out of range"),
+    (["ablate", "a cat", "--heads", "0-1"], "--heads '0-1' is not layer.head"),
+    (["ablate", "a cat"], "give --heads"),
+    (["knockout", "a cat", "--from", "9", "--to", "0"], "token 9 is out of range"),
+    (["knockout", "a cat", "--from", "x", "--to", "0"], "--from takes whole numbers"),
+    (["patch", "the cat", "the big dog barks"], "the clean text is 4 tokens and the corrupt text 7 tokens"),
+    (["ablate", "  ", "--heads", "0.0"], "is empty"),
+])
+def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model,
+                                     argv: list[str], message: str) -> None:
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err
+
+
+def test_target_that_tokenizes_to_nothing(capsys: pytest.CaptureFixture[str], gpt2_dir: str) -> None:
+    code, _, err = _run(capsys, "ablate", "the cat", "--heads", "0.0", "--model", gpt2_dir, "--target", " ")
+    assert code == 2 and "tokenizes to nothing" in err and err.count("\n") == 1
