@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from views_support import decode_source, page_payload
+from views_support import decode_block, decode_source, page_payload
 
 import attnscope
 from attnscope.bertviz import UNVERIFIED, head_view, model_view
@@ -98,3 +98,42 @@ def test_encoder_attention_alone_is_self_attention() -> None:
                                   html_action="return").data)  # type: ignore[union-attr]
     assert data["tokens"] == ["x", "y", "z"]
     assert np.abs(decode_source(data["sources"][0])[0] - enc[0][0].numpy()).max() <= 1 / 510 + 1e-7
+
+
+TUTORIAL = '''
+from transformers import BertModel, BertTokenizer
+from attnscope.bertviz.neuron_view import show  # the one changed line: was `from bertviz.neuron_view import show`
+
+model_version = MODEL_PATH
+model = BertModel.from_pretrained(model_version, output_attentions=True)
+tokenizer = BertTokenizer.from_pretrained(model_version, do_lower_case=True)
+sentence_a = "The cat sat on the mat"
+sentence_b = "The cat lay on the rug"
+html = show(model, "bert", tokenizer, sentence_a, sentence_b, display_mode="light", layer=0, head=0,
+            html_action="return")
+'''
+
+
+def test_the_tutorials_neuron_view_call_runs_with_only_the_import_changed(minilm: attnscope.Model) -> None:
+    from attnscope.models import bundled_model_path
+
+    scope: dict[str, Any] = {"MODEL_PATH": str(bundled_model_path())}  # offline: the bundled BERT-family model
+    exec(TUTORIAL, scope)  # the tutorial's own code, as a learner runs it
+    data = page_payload(scope["html"].data)
+    assert data["initial"] == {**data["initial"], "view": "neuron", "layer": 0, "head": 0, "theme": "light"}
+    assert data["check"]["ok"] is True  # traced from the model itself: verified, unlike weights passed in
+    assert data["tokens"][:3] == ["[CLS]", "the", "cat"] and 1 in data["segments"]
+    block = data["neuron"]["blocks"][0]
+    assert (block["layer"], block["head"]) == (0, 0) and block["stages"][-2:] == ["v", "context"]
+    tr = attnscope.trace("The cat sat on the mat", "The cat lay on the rug", model=minilm)
+    got = decode_block(block, tr.n_tokens)
+    assert np.array_equal(got["weights"], tr.weights[0, 0]) and np.array_equal(got["v"], tr.arrays["v"][0, 0])
+
+
+def test_neuron_view_show_rejects_unknown_options(minilm: attnscope.Model) -> None:
+    from attnscope.bertviz.neuron_view import show
+
+    with pytest.raises(AttnscopeError, match="model_type 'xlnet' is not one of bertviz's"):
+        show(minilm.model, "xlnet", minilm.tokenizer, "hi")
+    with pytest.raises(AttnscopeError, match="head 12 is out of range"):
+        show(minilm.model, "bert", minilm.tokenizer, "hi", head=12, html_action="return")

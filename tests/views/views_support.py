@@ -36,10 +36,11 @@ def decode_source(spec: dict[str, Any]) -> np.ndarray:
 
 
 def decode_block(block: dict[str, Any], n: int) -> dict[str, np.ndarray]:
-    """A neuron block back to its float32 q, k [token, d_head] and scores, weights [query, key]."""
+    """A neuron block back to its float32 q, k, v, context [token, d_head] and scores, weights [query, key]."""
     f = np.frombuffer(unpack(block["encoding"], block["data"]), dtype="<f4")
     d = block["d_head"]
-    sizes = {"q": (n, d), "k": (n, d), "scores": (n, n), "weights": (n, n)}
+    stages = block.get("stages", ["q", "k", "scores", "weights"])
+    sizes = {s: (n, n) if s in ("scores", "weights") else (n, d) for s in stages}
     out, at = {}, 0
     for name, shape in sizes.items():
         count = shape[0] * shape[1]

@@ -28,6 +28,7 @@ VIEWS = ("head", "model", "neuron", "matrix", "all")
 NOT_SOURCES = ("scores",)  # logits, signed: shown exactly in the neuron view instead
 NEURON_BUDGET = 2_000_000  # raw float32 bytes of neuron data a page carries by default
 NEURON_STAGES = ("q", "k", "scores", "weights")
+NEURON_EXTRA = ("v", "context")  # the weighted values' parts, carried when the trace has them
 NeuronChoice = str | Sequence[tuple[int, int]]  # "budget", "all", "none" or explicit (layer, head) pairs
 
 
@@ -133,7 +134,7 @@ def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tupl
         if choice != "budget":
             raise AttnscopeError(f"neuron={choice!r} is not understood: use 'budget', 'all', 'none' "
                                  "or (layer, head) pairs")
-        per_pair = sum(trace.arrays[s][0, 0].nbytes for s in NEURON_STAGES)
+        per_pair = sum(trace.arrays[s][0, 0].nbytes for s in block_stages(trace))
         return everything[: max(1, NEURON_BUDGET // max(per_pair, 1))]
     pairs = [(int(layer), int(head)) for layer, head in choice]
     for layer, head in pairs:
@@ -141,16 +142,24 @@ def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tupl
     return pairs
 
 
+def block_stages(trace: Trace) -> list[str]:
+    """The stages a neuron block carries, in order: q, k, scores, weights, then v and context when traced."""
+    return [*NEURON_STAGES, *(s for s in NEURON_EXTRA if s in trace.arrays)]
+
+
 def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True) -> dict[str, Any]:
-    """Exact float32 q, k [token, d_head] and scores, weights [query, key] of one head, concatenated."""
+    """Exact float32 q, k [token, d_head], scores, weights [query, key] (then v, context [token, d_head]
+    when traced) of one head, concatenated in the order of its "stages"."""
     trace.validate(layer=layer, head=head)
     missing = [s for s in NEURON_STAGES if s not in trace.arrays]
     if missing:
         raise AttnscopeError(f"this trace has no {', '.join(missing)}: the neuron view needs q and k (trace a model)")
-    parts = [np.ascontiguousarray(trace.arrays[s][layer, head], dtype="<f4") for s in NEURON_STAGES]
+    stages = block_stages(trace)
+    parts = [np.ascontiguousarray(trace.arrays[s][layer, head], dtype="<f4") for s in stages]
     suffix, data = encode_bytes(b"".join(p.tobytes() for p in parts), compress)
     return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]),
-            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data}
+            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data,
+            "stages": stages}
 
 
 def _json_number(x: float) -> float | str:

@@ -44,7 +44,7 @@
     const c = ctx.model.check;
     const overall = c && c.ok !== null
       ? el("span", { class: `as-badge as-${c.ok ? "ok" : "fail"}`, title: c.unsupported || "every layer, head and stage",
-                     text: `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmt(c.max_error, 2)}` })
+                     text: `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmtError(c.max_error)}` })
       : el("span", { class: "as-badge as-none", text: `not verified: ${(c && c.unsupported) || "no check"}`,
                      title: A.describeCheck(ctx.model, ctx.model.layers[0], ctx.model.heads).title });
     return el("header", { class: "as-header" }, [

@@ -183,7 +183,7 @@
     const c = model.check;
     if (!c || c.ok === null) {
       const partial = c && c.max_error !== null ? `The captured numbers match the model's own outputs within ` +
-        `${A.fmt(c.max_error, 2)}, but nothing recomputed them independently.` : "";
+        `${A.fmtError(c.max_error)}, but nothing recomputed them independently.` : "";
       return { kind: "none", text: `not verified: ${(c && c.unsupported) || "no check"}`, title: partial };
     }
     if (!heads.length) return { kind: "none", text: "no head selected", title: "" };
@@ -194,9 +194,11 @@
     const where = heads.length === 1 ? `layer ${layer}, head ${heads[0]}` : `layer ${layer}, ${heads.length} heads`;
     return {
       kind: ok ? "ok" : "fail",
-      text: `${ok ? "✓ verified" : "✗ check failed"} · max error ${A.fmt(worst, 2)} ${ok ? "≤" : ">"} ${A.fmt(c.tolerance, 2)}`,
+      text: `${ok ? "✓ verified" : "✗ check failed"} · ${where}: max error ${A.fmtError(worst)} ${ok ? "≤" : ">"} ` +
+        `${A.fmtError(c.tolerance)}`,
       title: `${where}: captured vs independent recompute and vs the model's own outputs, every stage ` +
-        `(scores relative). Whole trace: max error ${A.fmt(c.max_error, 2)}${c.unsupported ? "; " + c.unsupported : ""}`,
+        `(scores relative). Whole trace, as \`attnscope check\` reports it: max error ${A.fmtError(c.max_error)}` +
+        `${c.unsupported ? "; " + c.unsupported : ""}`,
     };
   }
   A.describeCheck = describeCheck;

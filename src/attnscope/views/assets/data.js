@@ -61,14 +61,16 @@
     };
   }
 
-  // Exact float32 numbers of one head for the neuron view: q, k [token, d_head]; scores, weights [query, key].
+  // Exact float32 numbers of one head for the neuron view, in the block's order of stages: q, k, v, context
+  // [token, d_head]; scores, weights [query, key] (older blocks carry q, k, scores, weights only).
   async function decodeBlock(block, n) {
     const bytes = await unpack(block.encoding, block.data);
     const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
     const d = block.d_head;
     const parts = {};
     let at = 0;
-    for (const [name, len] of [["q", n * d], ["k", n * d], ["scores", n * n], ["weights", n * n]]) {
+    const stages = block.stages || ["q", "k", "scores", "weights"];
+    for (const [name, len] of stages.map((s) => [s, s === "scores" || s === "weights" ? n * n : n * d])) {
       parts[name] = f.subarray(at, at + len);
       at += len;
     }
@@ -120,14 +122,23 @@
 
   // ---- numbers and colours -------------------------------------------------------------
 
-  A.fmt = function (v, digits) {
-    digits = digits || 4;
+  // One number format (attnscope.numbers): values with 4 decimals, errors as 5.4e-07 (2 significant digits).
+  A.fmt = function (v) {
     if (typeof v === "string") return v;
-    if (!Number.isFinite(v)) return String(v);
-    if (v === 0) return "0";
-    const a = Math.abs(v);
-    if (a >= 1e5 || a < 1e-3) return v.toExponential(digits - 1);
-    return String(Number(v.toPrecision(digits)));
+    if (Number.isNaN(v)) return "nan";
+    if (!Number.isFinite(v)) return v < 0 ? "-inf" : "inf";
+    return v.toFixed(4);
+  };
+  A.fmtError = function (e) {
+    if (typeof e === "string") return e;
+    const [m, x] = e.toExponential(1).split("e");
+    return `${m}e${x[0]}${x.slice(1).padStart(2, "0")}`;
+  };
+  A.SCALING_RULE = "÷ sqrt(d_head) = × 1/sqrt(d_head)";
+  A.scalingText = function (d, scaling) {
+    const root = Math.sqrt(d);
+    if (Math.abs(scaling - 1 / root) < 1e-7) return `${A.SCALING_RULE}: ÷ sqrt(${d}) = × ${A.fmt(1 / root)}`;
+    return `× ${A.fmt(scaling)} (this layer's own scaling)`;
   };
 
   function hexRgb(hex) {

@@ -171,7 +171,7 @@
         ? { side: "q", index: ctx.state.query } : null);
       const paint = () => {
         const floor = draw(canvas, ctx, focus(), band());
-        status.textContent = floor > 0 ? `Lines fainter than ${A.fmt(floor, 2)} are left out here (the ` +
+        status.textContent = floor > 0 ? `Lines fainter than ${A.fmt(floor)} are left out here (the ` +
           `${MAX_LINES} strongest are drawn); hover a token to see all of its lines.` : "";
       };
       const later = (f) => {

@@ -117,11 +117,11 @@
     const { model } = ctx;
     const lines = [`query ${A.tokenLabel(model, q)} → key ${A.tokenLabel(model, k)}`];
     if (model.causal && k > q) return lines.concat(["masked: a causal model's query never sees later keys"]);
-    const v = where.src.value(where.layer, where.head, q, k);
-    lines.push(`${where.src.label}: ≈ ${A.fmt(v)} (±${A.fmt(where.src.step(where.layer, where.head), 1)}, 8-bit)`);
     const exact = where.src.name === "weights" ? model.readyBlock(where.layer, where.head) : null;
-    if (exact) lines.push(`exact: ${A.fmt(exact.weights[q * model.n + k], 6)}`);
-    return lines;
+    if (exact) return lines.concat([`${where.src.label}: ${A.fmt(exact.weights[q * model.n + k])}`]);
+    const v = where.src.value(where.layer, where.head, q, k);
+    const step = A.fmt(where.src.step(where.layer, where.head));
+    return lines.concat([`${where.src.label}: ${A.fmt(v)} (8-bit approximation, within ±${step})`]);
   }
 
   function legend(ctx, where) {

@@ -1,7 +1,9 @@
 /* attnscope views: the neuron view. For one layer, head and query token: the q vector, every key's k
-   vector, q*k elementwise, q.k, the scaled score and the softmax weight. q, k, q.k (the trace's
-   "scores") and the weights are the trace's own float32 numbers; q*k and scores*scaling are
-   rounded to float32 (Math.fround), which reproduces numpy's float32 arithmetic exactly. */
+   vector, q*k elementwise, q.k, the scaled score and the softmax weight; then every key's v vector,
+   weight x v and their sum, which is the context row. q, k, v, q.k (the trace's "scores"), the
+   weights and the context are the trace's own float32 numbers; q*k, scores*scaling and weight*v are
+   rounded to float32 (Math.fround), which reproduces numpy's float32 arithmetic exactly. The two
+   parts sit side by side when the pane is wide enough and wrap below each other when it is not. */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -56,10 +58,10 @@
   }
 
   // A CSS grid whose put(node, row, column, rowSpan) places cells; the vector canvases span every key row.
-  function grid(n, d, cw) {
+  function grid(n, d, cw, numbers, extraRows) {
     const node = el("div", { class: "as-neuron" });
-    node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(3, max-content)`;
-    node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n}, ${ROW}px)`;
+    node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(${numbers}, max-content)`;
+    node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n + (extraRows || 0)}, ${ROW}px)`;
     const put = (cell, row, col, span) => {
       cell.style.gridRow = span ? `${row} / span ${span}` : String(row);
       cell.style.gridColumn = String(col);
@@ -82,27 +84,32 @@
     put(el("span", { "data-key": key, class: `as-weight ${off}` }, [bar, number("weights", v.weight)]), row, 6);
   }
 
-  function table(ctx, b, query, order, tip) {
+  // Cell width of the vector canvases: two canvases and ~26em of numbers fit the pane (2..10 px a dimension).
+  function cellWidth(d, width) {
+    return Math.max(2, Math.min(10, Math.floor((Math.max(width, 360) - 440) / (2 * d))));
+  }
+
+  function table(ctx, b, query, order, tip, width) {
     const { model } = ctx;
     const [n, d] = [model.n, b.d];
-    const cw = Math.max(3, Math.min(10, Math.floor(320 / d)));
+    const cw = cellWidth(d, width);
     const keys = orderKeys(model, b, query, order);
     const q = b.q.subarray(query * d, (query + 1) * d);
     const k = (j, t) => b.k[j * d + t];
     const row = b.weights.subarray(query * n, (query + 1) * n);
     const widest = Math.max(...row); // bars are relative to this query's largest weight
-    const { node, put } = grid(n, d, cw);
-    const titles = ["key", "k", "q × k (elementwise)", "q · k", `scaled (× ${A.fmt(b.scaling)})`,
+    const { node, put } = grid(n, d, cw, 3);
+    const titles = ["key", "k", "q × k (elementwise)", "q · k", "scaled",
                     "softmax weight (bar: / row max)"];
     ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
     titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
     const who = (r) => `key ${A.tokenLabel(model, keys[r])}`;
     const vectors = [
-      [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t], 6)}`], 2],
-      [n, (r, t) => k(keys[r], t), "k vectors of every key", (r, t) => [who(r), `k[${t}] = ${A.fmt(k(keys[r], t), 6)}`], 4],
+      [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t])}`], 2],
+      [n, (r, t) => k(keys[r], t), "k vectors of every key", (r, t) => [who(r), `k[${t}] = ${A.fmt(k(keys[r], t))}`], 4],
       [n, (r, t) => f32(q[t] * k(keys[r], t)), "q times k, elementwise",
-       (r, t) => [who(r), `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)), 6)}`], 4],
+       (r, t) => [who(r), `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)))}`], 4],
     ];
     vectors.forEach(([rows, value, label, describe, at], i) => {
       const canvas = vectorCanvas(rows, d, cw, value, ctx.theme(), label);
@@ -114,7 +121,48 @@
       key: j, label: A.tokenLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
       scaled: f32(b.scores[query * n + j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
     }, 4 + r));
-    return node;
+    const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` });
+    const parts = el("div", { class: "as-neuron-parts" }, [el("div", { class: "as-neuron-scores" }, [rule, node])]);
+    if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip));
+    return parts;
+  }
+
+  // Every key's v, weight × v (float32) and their sum over keys, next to the trace's context row.
+  function valuesPart(ctx, b, query, keys, cw, tip) {
+    const { model } = ctx;
+    const [n, d] = [model.n, b.d];
+    const w = (j) => b.weights[query * n + j];
+    const v = (j, t) => b.v[j * d + t];
+    const wv = (j, t) => f32(w(j) * v(j, t));
+    const context = b.context.subarray(query * d, (query + 1) * d);
+    const { node, put } = grid(n, d, cw, 1, 1);
+    put(el("span", { class: "as-th", text: "query" }), 1, 1);
+    put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
+    ["key", "v", "weight × v", "weight"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+    const who = (r) => `key ${A.tokenLabel(model, keys[r])}`;
+    const vectors = [
+      [(r, t) => v(keys[r], t), "v vectors of every key", (r, t) => [who(r), `v[${t}] = ${A.fmt(v(keys[r], t))}`]],
+      [(r, t) => wv(keys[r], t), "weight times v", (r, t) => [who(r), `${A.fmt(w(keys[r]))} × v[${t}] = ${A.fmt(wv(keys[r], t))}`]],
+    ];
+    vectors.forEach(([value, label, describe], i) => {
+      const canvas = vectorCanvas(n, d, cw, value, ctx.theme(), label);
+      hoverValues(canvas, tip, d, cw, describe);
+      put(canvas, 4, i + 2, n);
+    });
+    keys.forEach((j, r) => {
+      const off = model.causal && j > query ? "as-off" : "";
+      put(el("span", { class: `as-tok-cell ${off}`, "data-key": String(j), text: A.tokenLabel(model, j) }), 4 + r, 1);
+      put(el("span", { "data-key": String(j), class: off }, [number("weights", w(j))]), 4 + r, 4);
+    });
+    const sum = [...Array(d).keys()].map((t) => keys.reduce((s, j) => s + wv(j, t), 0));
+    const diff = Math.max(...sum.map((s, t) => Math.abs(s - context[t])));
+    put(el("span", { class: "as-th", text: "sum = context" }), 4 + n, 1);
+    const canvas = vectorCanvas(1, d, cw, (r, t) => context[t], ctx.theme(), `context row of query ${query}`);
+    hoverValues(canvas, tip, d, cw, (r, t) => [`context[${t}] = ${A.fmt(context[t])}`, `sum of weight × v[${t}] = ${A.fmt(sum[t])}`]);
+    put(canvas, 4 + n, 3);
+    const note = el("p", { class: "as-hint as-context-note", text: `The sum over keys of weight × v is the trace's ` +
+      `context row (the head's output for this query), within float32 rounding: max difference ${A.fmtError(diff)}.` });
+    return el("div", { class: "as-neuron-values" }, [node, note]);
   }
 
   function firstWord(model) {
@@ -135,8 +183,8 @@
         A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
       ]));
       panel.append(el("p", { class: "as-hint", text: "One layer, head and query (0-indexed): q · k is the trace's " +
-        "scores, scaled = scores × scaling, the weight is the softmax output, all the trace's own float32 numbers. " +
-        "Hover the coloured cells for their values." }));
+        "scores, scaled = scores × scaling, the weight is the softmax output; weight × v summed over the keys is " +
+        "the context, all the trace's own float32 numbers. Hover the coloured cells for their values." }));
       const content = el("div", { class: "as-neuron-body" });
       panel.append(content);
       const tip = A.tooltip(content);
@@ -147,7 +195,7 @@
         const block = await blockFor(ctx, layer, head, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
-        if (block) content.append(table(ctx, block, query, order.value, tip));
+        if (block) content.append(table(ctx, block, query, order.value, tip, content.clientWidth || 1280));
         else content.append(missing(ctx, layer, head));
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
       };

@@ -1,6 +1,7 @@
-"""bertviz's `head_view` and `model_view`, with bertviz's own arguments, drawn by attnscope's views.
+"""bertviz's `head_view`, `model_view` and `neuron_view.show`, with bertviz's own arguments, drawn by attnscope.
 
-Switch with one import: `from attnscope.bertviz import head_view, model_view`. The page is
+Switch with one import: `from attnscope.bertviz import head_view, model_view`, and
+`from attnscope.bertviz.neuron_view import show` (which traces the model, so its page is verified). The page is
 self-contained (no CDN), compact (uint8 maps) and isolated in an iframe in Jupyter.
 `html_action="view"` displays it in Jupyter; `"return"` returns an object whose `.data` is
 the HTML, as bertviz's IPython HTML object has. Weights passed in this way come without the

@@ -1,0 +1,63 @@
+"""Layouts in real headless Chromium at the widths people use: 1280x900 (the web app's ~740 px pane) and 760 px."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from attnscope.tracing import Trace
+from attnscope.views import bundle, payload, to_html
+from attnscope.views.page import json_for_script
+
+pytestmark = pytest.mark.browser
+
+OVERFLOW = ("() => [...document.querySelectorAll('.as-neuron-parts > div')].map(d => "
+            "[d.scrollWidth - d.clientWidth, d.getBoundingClientRect().right])")
+
+
+def hosted(data: dict[str, Any], width: int, options: str) -> str:
+    """A page that draws the views in a pane `width` px wide, as the web app does beside its explanation."""
+    return (f"<!doctype html><meta charset=utf-8><title>pane</title>{bundle()}"
+            f"<main style='width:{width}px'><div id=attnscope-root></div></main>"
+            f"<script>attnscope.render(document.getElementById('attnscope-root'), {json_for_script(data)}, "
+            f"{options});</script>")
+
+
+@pytest.mark.parametrize("viewport, pane", [(1280, 740), (760, 720)])
+def test_neuron_view_fits_its_pane(pair_trace: Trace, open_page: Callable[..., Any], viewport: int,
+                                   pane: int) -> None:
+    data = payload(pair_trace, initial={"view": "neuron", "layer": 2, "head": 5, "query": 6})
+    opened = open_page(hosted(data, pane, "{}"), f"neuron-pane-{pane}", width=viewport)
+    page = opened.page
+    page.wait_for_selector(".as-neuron-values")
+    for spill, right in page.evaluate(OVERFLOW):
+        assert spill <= 0 and right <= pane + 8  # nothing scrolls sideways, nothing sticks out of the pane
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= viewport
+    scores, values = page.query_selector_all(".as-neuron-parts > div")
+    assert values.bounding_box()["y"] > scores.bounding_box()["y"] + 100  # the weighted values wrapped below
+    opened.shot(f"neuron-pane-{pane}")
+    assert opened.errors == []
+
+
+def test_weighted_values_and_their_sum_are_the_trace_numbers(pair_trace: Trace,
+                                                              open_page: Callable[..., Any]) -> None:
+    opened = open_page(to_html(pair_trace, "neuron", layer=1, head=3, query=4), "neuron-values", width=1280)
+    page = opened.page
+    page.wait_for_selector(".as-neuron-values")
+    canvases = page.query_selector_all(".as-neuron-values canvas.as-vec")  # v, weight x v, context
+    v, weights = pair_trace.arrays["v"][1, 3], pair_trace.weights[1, 3, 4]
+    box = canvases[1].bounding_box()
+    cw = box["width"] / v.shape[1]
+    page.mouse.move(box["x"] + 5.5 * cw, box["y"] + 2.5 * 22)  # key 2, dimension 5
+    tip = page.inner_text(".as-tip")
+    assert tip.startswith("key 2: ") and f"{weights[2]:.4f} × v[5] = " in tip, tip
+    assert float(tip.split("= ")[-1]) == pytest.approx(float(weights[2] * v[2, 5]), abs=5e-5)
+    note = page.inner_text(".as-context-note")
+    diff = float(note.rsplit("difference ", 1)[1].rstrip("."))
+    assert diff <= 1e-6  # the sum of weight x v is the trace's context row
+    context = pair_trace.arrays["context"][1, 3, 4]
+    assert np.abs((weights[:, None] * v).sum(0) - context).max() <= 1e-6
+    assert opened.errors == []
