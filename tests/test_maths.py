@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import maths
-from attnscope.stages import STAGES
+from attnscope.stages import OPTIONAL_STAGES, STAGES
 from attnscope.toy import toy_stages
 
 TOL = 1e-5
@@ -64,7 +64,7 @@ def test_every_stage_is_returned_with_named_shapes() -> None:
     p = maths.AttentionParams(*(torch.randn(d_model, d_model) if i % 2 == 0 else torch.randn(d_model)
                                 for i in range(8)), n_heads=heads, scaling=0.5)
     st = maths.multi_head_attention(torch.randn(n, d_model), p)
-    assert tuple(st) == STAGES
+    assert tuple(st) == tuple(s for s in STAGES if s not in OPTIONAL_STAGES)  # no rotation, no soft-capping
     assert st["q"].shape == (heads, n, d_model // heads)  # [head, token, d_head]
     assert st["scores"].shape == (heads, n, n)  # [head, query, key]
     assert st["merged"].shape == (n, d_model)
@@ -92,3 +92,84 @@ def test_toy_example_matches_the_hand_computation() -> None:
 def test_softmax_keeps_nan_visible() -> None:
     s = torch.tensor([[0.0, float("nan"), 1.0]])
     assert torch.isnan(maths.softmax(s)).all()  # never silently replaced
+
+
+def _rope_params(d_model: int = 16, heads: int = 4, kv_heads: int = 2, d_rot: int = 4,
+                 **options: object) -> maths.AttentionParams:
+    g = torch.Generator().manual_seed(3)
+    d_head = d_model // heads
+    w = [torch.randn(d_model, width, generator=g) for width in (heads * d_head, kv_heads * d_head, kv_heads * d_head)]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d_rot, 2, dtype=torch.float) / d_rot))
+    return maths.AttentionParams(w[0], None, w[1], None, w[2], None, torch.randn(heads * d_head, d_model, generator=g),
+                                 None, heads, d_head**-0.5, n_kv_heads=kv_heads, rope=maths.Rope(inv_freq),
+                                 **options)  # type: ignore[arg-type]
+
+
+def test_rotation_turns_each_pair_by_position_times_theta() -> None:
+    p = _rope_params()
+    st = maths.multi_head_attention(torch.randn(5, 16), p)
+    theta = p.rope.inv_freq if p.rope else torch.empty(0)  # [d_rot / 2]
+    for pos in range(5):
+        for i in range(2):  # pair (i, i + 2) of the 4 rotated dims turns by pos * theta_i
+            a, b = st["q_pre"][1, pos, i], st["q_pre"][1, pos, i + 2]
+            angle = pos * float(theta[i])
+            want = (a * math.cos(angle) - b * math.sin(angle), a * math.sin(angle) + b * math.cos(angle))
+            got = (st["q"][1, pos, i], st["q"][1, pos, i + 2])
+            assert abs(float(got[0] - want[0])) <= TOL and abs(float(got[1] - want[1])) <= TOL
+    assert torch.equal(st["q"][..., 4:], st["q_pre"][..., 4:])  # partial rotary: dims past d_rot pass unchanged
+    assert torch.equal(st["position_ids"], torch.arange(5))
+
+
+def test_rotated_scores_depend_on_relative_position_only() -> None:
+    p = _rope_params(d_rot=4)
+    x = torch.randn(1, 16).repeat(6, 1)  # the same token at positions 0..5
+    st = maths.multi_head_attention(x, p)
+    s = st["scores"][0]  # [query, key]
+    assert abs(float(s[3, 1] - s[5, 3])) <= 1e-4 and abs(float(s[2, 2] - s[4, 4])) <= 1e-4
+
+
+def test_grouped_query_heads_read_their_kv_head() -> None:
+    p = _rope_params(heads=4, kv_heads=2)
+    st = maths.multi_head_attention(torch.randn(5, 16), p)
+    assert st["k"].shape == (2, 5, 4) and st["v"].shape == (2, 5, 4)  # [kv_head, token, d_head], not repeated
+    for h in range(4):
+        want, _ = maths.attention(st["q"][h], st["k"][h // 2], st["v"][h // 2], scaling=p.scaling)
+        assert (st["context"][h] - want).abs().max() <= TOL
+
+
+def test_window_mask_matches_its_definition() -> None:
+    n = 6
+    for window in (maths.Window(None, 0), maths.Window(2, 0), maths.Window(1, 1)):
+        mask = maths.window_mask(n, window)
+        assert mask is not None
+        for i in range(n):
+            for j in range(n):
+                after_start = window.before is None or j >= i - window.before
+                seen = after_start and (window.after is None or j <= i + window.after)
+                assert (mask[i, j] == 0) == seen
+    assert maths.window_mask(n, maths.Window()) is None
+    assert torch.equal(maths.window_mask(n, maths.Window(None, 0)), maths.causal_mask(n))  # type: ignore[arg-type]
+
+
+def test_soft_cap_and_qk_norm_follow_their_definitions() -> None:
+    norm = maths.QKNorm(torch.linspace(0.5, 2.0, 4), 1e-6, per_head=True)
+    p = _rope_params(softcap=2.0, q_norm=norm, k_norm=norm)
+    st = maths.multi_head_attention(torch.randn(5, 16) * 10, p)
+    assert (st["capped"] - 2.0 * torch.tanh(st["scaled"] / 2.0)).abs().max() <= TOL
+    assert st["capped"].abs().max() < 2.0
+    raw = maths.split_heads(torch.randn(5, 16) @ p.w_q, 4)
+    normed = maths.rms_norm(raw, norm)
+    rms = raw.pow(2).mean(-1, keepdim=True).sqrt()
+    assert (normed - raw / rms * norm.weight).abs().max() <= 1e-4
+
+
+def test_in_place_and_kept_stages_give_the_same_numbers() -> None:
+    p = _rope_params(softcap=3.0)
+    x = torch.randn(2, 5, 16)
+    mask = maths.combine_masks(maths.padding_mask(torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))[:, None],
+                               maths.causal_mask(5))
+    full = maths.multi_head_attention(x, p, mask)
+    lean = maths.multi_head_attention(x, p, mask, keep=("q", "weights", "output"), in_place=True)
+    assert tuple(lean) == ("q", "weights", "output")
+    for name, t in lean.items():
+        assert torch.equal(t, full[name]), name

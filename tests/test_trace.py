@@ -136,12 +136,20 @@ def test_albert_shares_one_set_of_weights_across_layers(tiny_model: Callable[[st
     assert not np.allclose(tr.weights[0], tr.weights[1])  # same weights, different inputs
 
 
-def test_other_families_are_captured_but_not_recomputed(tiny_model: Callable[[str], attnscope.Model]) -> None:
-    tr = attnscope.trace(SENTENCE, model=tiny_model("llama"))
-    assert tr.unsupported == "independent recompute not supported for LlamaModel"
+def test_other_families_are_traced_but_never_pass(minilm: attnscope.Model) -> None:
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Starcoder2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             intermediate_size=128, vocab_size=30522)
+    m = attnscope.load_model(T.Starcoder2Model(cfg).eval(), tokenizer=minilm.tokenizer)
+    tr = attnscope.trace(SENTENCE, model=m)
+    assert tr.unsupported is not None and "'starcoder2' (Starcoder2Model)" in tr.unsupported
     assert tr.weights.shape == (2, 4, 7, 7) and tr.causal
-    assert tr.arrays["k"].shape == tr.arrays["q"].shape  # grouped k/v heads expanded per query head
-    assert [c.source for c in tr.check().comparisons] == ["model"]
+    assert tr.arrays["k"].shape[1] == 2 and tr.kv_heads == 2  # k/v kept per k/v head, not repeated
+    report = tr.check()
+    assert [c.source for c in report.comparisons] == ["model"] and report.ok
+    assert not report.verified and report.status == "NOT VERIFIED"  # the captured weights equal themselves
 
 
 def test_the_check_catches_a_model_that_differs_from_the_maths(tiny_model: Callable[[str], attnscope.Model]) -> None:

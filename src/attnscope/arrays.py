@@ -82,8 +82,10 @@ def row_arrays(layers: dict[str, list[torch.Tensor]], row: int, n_tokens: int) -
 
 
 def _scores(arrays: TraceArrays) -> np.ndarray:
-    """q k^T: [layer, head, query, d_head] x [layer, head, d_head, key] -> [layer, head, query, key]."""
+    """q k^T: [layer, head, query, d_head] x [layer, head, d_head, key] -> [layer, head, query, key]
+    (k [layer, kv_head, key, d_head] repeated for the query heads that share each k/v head)."""
     q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1) if k.shape[1] != q.shape[1] else k
     out = np.empty((*q.shape[:-1], k.shape[-2]), dtype=arrays["q"].dtype)
     torch.matmul(q, k.transpose(-1, -2), out=torch.from_numpy(out))
     return out

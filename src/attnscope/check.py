@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnscope.maths import AttentionParams
+from attnscope.maths import AttentionParams, expand_kv
 from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, recompute_layers, row_chunks
 from attnscope.report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
 PER_HEAD = ("q", "k", "v", "scores", "weights", "context")  # arrays [layer, head, ...]
 PER_LAYER = ("x", "output")  # arrays [layer, token, d_model]
+PER_KV_HEAD = ("k", "v")  # arrays [layer, kv_head, ...]: an error counts for every query head that reads it
 
 
 class ErrorTable:
@@ -59,6 +60,7 @@ class ErrorTable:
         """The trace's scores, q k^T of the captured q and k [rows, head, token, d_head], against the
         recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|)."""
         shape = recomputed.shape
+        k = expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # [rows, head, key, d_head]
         diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
         bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
         self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
@@ -72,7 +74,13 @@ class ErrorTable:
         if self.padded:  # a fill rather than a product: padding drops out, a NaN in real positions stays
             diff.masked_fill_(~self._valid(stage)[rows], 0.0)
         reduced = diff.flatten(2).amax(2) if stage in PER_HEAD else diff.flatten(1).amax(1, keepdim=True)
-        return reduced.numpy()
+        return self._per_query_head(stage, reduced.numpy())
+
+    def _per_query_head(self, stage: str, errors: np.ndarray) -> np.ndarray:
+        """[rows, kv_head] -> [rows, head]: query head h reads k/v head h // groups."""
+        if stage not in PER_KV_HEAD or errors.shape[1] == self.n_heads:
+            return errors
+        return np.repeat(errors, self.n_heads // errors.shape[1], axis=1)
 
     def _same(self, stage: str, t: torch.Tensor) -> np.ndarray:
         """|a - a| without the subtraction: 0, or NaN where a real position holds NaN or infinity."""
@@ -81,7 +89,7 @@ class ErrorTable:
         flat = t.flatten(2) if stage in PER_HEAD else t.flatten(1).unsqueeze(1)
         # NaN propagates through amin and amax, and an infinity shows at one end (torch.aminmax is 10x slower)
         ends = flat.amin(2).isfinite() & flat.amax(2).isfinite()
-        return np.where(ends.numpy(), 0.0, np.nan)
+        return self._per_query_head(stage, np.where(ends.numpy(), 0.0, np.nan))
 
     def scratch(self, name: str, shape: torch.Size) -> torch.Tensor:
         """A float32 buffer reused from chunk to chunk and layer to layer (a fresh big tensor costs a page
@@ -98,8 +106,7 @@ class ErrorTable:
 
 
 def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
-                 params: list[AttentionParams] | None, causal: bool, keep: torch.Tensor,
-                 ) -> ErrorTable:
+                 params: list[AttentionParams] | None, keep: torch.Tensor) -> ErrorTable:
     """Recompute each layer of a padded batch from its captured input and compare, one layer at a time.
 
     captured and reference hold, by stage, one [batch, ...] tensor per layer; keep is the
@@ -109,7 +116,7 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     table = ErrorTable(keep, n_layers, n_heads)
     if params is not None and "x" in captured:
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
-        for layer, rows, rec in recompute_layers(captured["x"], params, causal, keep, CHUNK_BYTES):
+        for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
             for stage in RECOMPUTED_STAGES:
                 if stage in RELATIVE:
                     table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
@@ -121,5 +128,5 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     return table
 
 
-__all__ = ["PER_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
+__all__ = ["PER_HEAD", "PER_KV_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
            "report_from_dict", "verify_batch"]

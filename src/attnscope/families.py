@@ -1,20 +1,29 @@
-"""One small adapter per model family: where attention lives and how to read its weights.
+"""One small adapter per model family: the only module that knows architecture details.
 
-Capture works for any model whose attention goes through transformers' attention
-registry; the adapter is needed only for the independent recompute (parameters in the
-x @ W convention) and for naming the output projection that gives the `output` stage.
+Capture works for any model whose attention goes through transformers' attention registry;
+the adapter is needed for the independent recompute (parameters in the x @ W convention, the
+rotation, grouped k/v heads, QK-norm, soft-capping, windows), for naming the output projection
+that gives the `output` stage, and for the config keys, causality and weight sharing of each
+family. Base models and head models (*ForCausalLM, *ForMaskedLM) are read the same way.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnscope.maths import AttentionParams
+from attnscope.maths import AttentionParams, QKNorm, Rope, Window
+
+SCALED_ROPE = ("linear", "dynamic", "llama3", "yarn")  # rope_type values recomputed besides "default"
+
+
+class Unsupported(Exception):
+    """A step of a layer that attnscope cannot recompute; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -24,10 +33,12 @@ class Family:
     name: str
     attention_classes: tuple[str, ...]  # modules that call the attention function
     causal: bool
-    params: Callable[[nn.Module, Any, int], AttentionParams]  # (model, attention module, layer)
+    params: Callable[[nn.Module, Any, int], AttentionParams]  # (model, attention module, layer), no rotation yet
     out_proj: Callable[[nn.Module, Any], nn.Module]  # (model, attention module) -> projection
     x_source: str  # one line for the walkthrough: where the attention input x comes from
-    pre_attention: str | None = None  # module applied to the hidden state to give x, "{layer}" filled in
+    pre_attention: str | None = None  # base-model module applied to the hidden state to give x, "{layer}" filled in
+    rotary: bool = False  # RoPE from config.rope_parameters
+    shared_layers: bool = False  # one attention module serves every layer (ALBERT)
 
 
 def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -76,6 +87,86 @@ def _gpt2_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     return AttentionParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, int(m.num_heads), scaling)
 
 
+# Modern families: sizes and options come from the config, never from the module's own attributes,
+# so a module that computes something else shows up in the check.
+def _head_dim(cfg: Any) -> int:
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
+def _kv_heads(cfg: Any) -> int:
+    return int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+
+
+def _scaling(cfg: Any) -> float:
+    scalar = getattr(cfg, "query_pre_attn_scalar", None)  # Gemma 2 scales by it instead of d_head
+    return float(float(scalar if scalar is not None else _head_dim(cfg)) ** -0.5)
+
+
+def _window(cfg: Any, layer: int, causal: bool) -> Window:
+    """The keys a layer sees: layer_types name the sliding layers; otherwise sliding_window applies to all."""
+    size = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    if size is None or (types is not None and types[layer] != "sliding_attention"):
+        return Window() if not causal else Window(None, 0)
+    if not causal:  # ModernBERT: |i - j| <= sliding_window (half of local_attention)
+        return Window(int(size), int(size))
+    return Window(int(size) - 1, 0)  # transformers: key j > i - sliding_window
+
+
+def _qk_norm(norm: Any, per_head: bool) -> QKNorm:
+    return QKNorm(norm.weight.detach(), float(norm.variance_epsilon), per_head)
+
+
+def _split_params(model: nn.Module, m: Any, layer: int, w: tuple[torch.Tensor, ...],
+                  b: tuple[torch.Tensor | None, ...], out: nn.Module) -> AttentionParams:
+    """W_Q, W_K, W_V [d_model, width] and their biases, with the family's options from the config."""
+    cfg: Any = model.config
+    w_o, b_o = _linear_t(out)
+    # Qwen3 normalises each head ([d_head] weight), OLMo2 the whole projection ([head * d_head])
+    q_norm, k_norm = (_qk_norm(getattr(m, n), int(getattr(m, n).weight.shape[0]) == _head_dim(cfg))
+                      if hasattr(m, n) else None for n in ("q_norm", "k_norm"))
+    causal = FAMILIES[str(cfg.model_type)].causal
+    return AttentionParams(
+        w[0], b[0], w[1], b[1], w[2], b[2], w_o, b_o, int(cfg.num_attention_heads), _scaling(cfg),
+        n_kv_heads=_kv_heads(cfg), q_norm=q_norm, k_norm=k_norm, softcap=getattr(cfg, "attn_logit_softcapping", None),
+        window=_window(cfg, layer, causal),
+    )
+
+
+def _qkv_proj_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """Llama, Mistral, Qwen2/3, Gemma 2, OLMo2: q_proj, k_proj, v_proj, o_proj."""
+    (w_q, b_q), (w_k, b_k), (w_v, b_v) = (_linear_t(p) for p in (m.q_proj, m.k_proj, m.v_proj))
+    return _split_params(model, m, layer, (w_q, w_k, w_v), (b_q, b_k, b_v), m.o_proj)
+
+
+def _phi3_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """Phi-3's qkv_proj fuses [q | k | v] along its output: head * d_head, then kv_head * d_head twice."""
+    cfg: Any = model.config
+    w, b = _linear_t(m.qkv_proj)  # [d_model, (head + 2 kv_head) d_head]
+    sizes = [int(cfg.num_attention_heads) * _head_dim(cfg), *[_kv_heads(cfg) * _head_dim(cfg)] * 2]
+    biases = (None,) * 3 if b is None else tuple(torch.split(b, sizes))
+    return _split_params(model, m, layer, tuple(torch.split(w, sizes, dim=1)), biases, m.o_proj)
+
+
+def _neox_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """GPT-NeoX's query_key_value is per head [q_h | k_h | v_h]: gather each kind's columns head by head."""
+    cfg: Any = model.config
+    w, b = _linear_t(m.query_key_value)  # [d_model, head * 3 d_head]
+    d, h = _head_dim(cfg), int(cfg.num_attention_heads)
+    cols = torch.arange(h * 3 * d).view(h, 3, d)  # [head, q|k|v, d_head]
+    ws = tuple(w[:, cols[:, i].reshape(-1)] for i in range(3))
+    bs = (None,) * 3 if b is None else tuple(b[cols[:, i].reshape(-1)] for i in range(3))
+    return _split_params(model, m, layer, ws, bs, m.dense)
+
+
+def _modernbert_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """ModernBERT's Wqkv is [q | k | v] along its output, each head * d_head wide."""
+    w, b = _linear_t(m.Wqkv)
+    width = w.shape[1] // 3
+    biases = (None,) * 3 if b is None else tuple(torch.split(b, width))
+    return _split_params(model, m, layer, tuple(torch.split(w, width, dim=1)), biases, m.Wo)
+
+
 def _bert_family(name: str, cls_prefix: str) -> Family:
     return Family(
         name=name,
@@ -86,6 +177,17 @@ def _bert_family(name: str, cls_prefix: str) -> Family:
         x_source="layer 0: token + position + segment embeddings, then LayerNorm; "
         "layer l > 0: the output of layer l-1",
     )
+
+
+_DECODER_X = ("{norm} of the residual stream: the token embeddings{scaled} for layer 0, the output of "
+              "layer l-1 after that (positions enter through the rotation of q and k, not through x)")
+
+
+def _decoder(name: str, cls: str, params: Callable[[nn.Module, Any, int], AttentionParams] = _qkv_proj_params,
+             out: str = "o_proj", norm: str = "input_layernorm (RMSNorm)", scaled: str = "",
+             pre: str | None = "layers.{layer}.input_layernorm") -> Family:
+    return Family(name, (cls,), True, params, lambda model, m: getattr(m, out),
+                  _DECODER_X.format(norm=norm, scaled=scaled), pre_attention=pre, rotary=True)
 
 
 FAMILIES: dict[str, Family] = {
@@ -108,6 +210,7 @@ FAMILIES: dict[str, Family] = {
         out_proj=lambda model, m: m.dense,
         x_source="layer 0: token + position + segment embeddings, LayerNorm, then the embedding-to-hidden "
         "projection; layer l > 0: the output of layer l-1 (all layers share one set of weights)",
+        shared_layers=True,
     ),
     "gpt2": Family(
         name="gpt2",
@@ -119,17 +222,148 @@ FAMILIES: dict[str, Family] = {
         "the output of layer l-1 after that",
         pre_attention="h.{layer}.ln_1",
     ),
+    "llama": _decoder("llama", "LlamaAttention"),
+    "mistral": _decoder("mistral", "MistralAttention"),
+    "qwen2": _decoder("qwen2", "Qwen2Attention"),
+    "qwen3": _decoder("qwen3", "Qwen3Attention"),
+    "gemma2": _decoder("gemma2", "Gemma2Attention", scaled=" times sqrt(d_model)"),
+    "phi3": _decoder("phi3", "Phi3Attention", params=_phi3_params),
+    "gpt_neox": _decoder("gpt_neox", "GPTNeoXAttention", params=_neox_params, out="dense",
+                         norm="input_layernorm (LayerNorm)"),
+    "olmo2": _decoder("olmo2", "Olmo2Attention", norm="no norm (OLMo2 normalises after attention): x is",
+                      pre=None),
+    "modernbert": Family(
+        name="modernbert",
+        attention_classes=("ModernBertAttention",),
+        causal=False,
+        params=_modernbert_params,
+        out_proj=lambda model, m: m.Wo,
+        x_source="layer 0: token embeddings, then LayerNorm; layer l > 0: attn_norm (LayerNorm) of the output "
+        "of layer l-1 (positions enter through the rotation of q and k)",
+        pre_attention="layers.{layer}.attn_norm",
+        rotary=True,
+    ),
 }
 
 
 def family_of(model: nn.Module) -> Family | None:
-    """The family adapter for a model, or None when attnscope cannot recompute it."""
+    """The family adapter for a model (base or head model), or None when attnscope cannot recompute it."""
     return FAMILIES.get(str(getattr(model.config, "model_type", "")))
 
 
-def is_causal(model: nn.Module) -> bool:
-    """Whether the model's self-attention hides future tokens."""
+def base_of(model: nn.Module) -> nn.Module:
+    """The base model under a head model (LlamaForCausalLM -> LlamaModel); the model itself otherwise."""
+    base = getattr(model, "base_model", None)
+    return base if isinstance(base, nn.Module) else model
+
+
+def n_layers(config: Any) -> int:
+    return int(getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 0) or 0)
+
+
+def n_heads(config: Any) -> int:
+    return int(getattr(config, "num_attention_heads", None) or getattr(config, "n_head", 0) or 0)
+
+
+def max_positions(config: Any) -> int:
+    return int(getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512)
+
+
+def is_causal(model: nn.Module, module: nn.Module | None = None) -> bool:
+    """Whether the model's self-attention hides future tokens (for other families: the attention module's
+    own is_causal flag when one is given, else the config and class name)."""
     fam = family_of(model)
     if fam is not None:
         return fam.causal
+    if module is not None and hasattr(module, "is_causal"):
+        return bool(module.is_causal)
     return bool(getattr(model.config, "is_decoder", False)) or "CausalLM" in type(model).__name__
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules that call the attention function, once each, for a family attnscope knows."""
+    fam = family_of(model)
+    if fam is None:
+        return []
+    return [m for m in model.modules() if type(m).__name__ in fam.attention_classes]
+
+
+def layer_modules(model: nn.Module) -> list[nn.Module]:
+    """One attention module per layer: ALBERT's single shared module repeated for each layer."""
+    fam, mods = family_of(model), attention_modules(model)
+    if fam is not None and fam.shared_layers and len(mods) == 1:
+        return mods * max(1, n_layers(model.config))
+    return mods
+
+
+def eager_attention(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """The eager attention function of the module's own modeling file (BERT's when it has none)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if callable(fn):
+        return fn  # type: ignore[no-any-return]
+    from transformers.models.bert import modeling_bert
+
+    return modeling_bert.eager_attention_forward
+
+
+def pre_attention(model: nn.Module, layer: int) -> nn.Module | None:
+    """The module that turns layer's hidden state into its attention input, or None when x is the hidden state."""
+    fam = family_of(model)
+    if fam is None or fam.pre_attention is None:
+        return None
+    return base_of(model).get_submodule(fam.pre_attention.format(layer=layer))
+
+
+def rope(config: Any, layer: int, n_positions: int) -> Rope:
+    """The layer's rotary frequencies theta_i for a text of n_positions tokens (dynamic scaling depends on it)."""
+    rp = dict(config.rope_parameters or {})
+    layer_type = None
+    if "rope_type" not in rp and getattr(config, "layer_types", None):  # ModernBERT: one set per layer type
+        layer_type = config.layer_types[layer]
+        rp = dict(rp[layer_type])
+    kind = str(rp.get("rope_type", "default"))
+    if kind == "default":
+        dim = int(_head_dim(config) * float(rp.get("partial_rotary_factor", 1.0)))
+        inv_freq = 1.0 / (float(rp["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return Rope(inv_freq, 1.0, kind)
+    if kind not in SCALED_ROPE:
+        raise Unsupported(f"RoPE scaling {kind!r} (recomputed: default, {', '.join(SCALED_ROPE)})")
+    # the scaled variants' frequencies as transformers computes them; the rotation itself is attnscope's
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    extra = {"layer_type": layer_type} if layer_type is not None else {}
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[kind](config, None, seq_len=n_positions, **extra)
+    return Rope(inv_freq.float(), float(factor), kind)
+
+
+def why_unsupported(model: nn.Module) -> str | None:
+    """None when attnscope recomputes every layer of this model; otherwise the step it cannot recompute."""
+    fam = family_of(model)
+    if fam is None:
+        kind = getattr(model.config, "model_type", "?")
+        known = ", ".join(sorted(FAMILIES))
+        return (f"no attnscope adapter for model type {kind!r} ({type(model).__name__}): the projections q, k, v "
+                f"(and every step after them) are not recomputed; recomputed families: {known}")
+    if not attention_modules(model):
+        return f"no {'/'.join(fam.attention_classes)} module found in {type(model).__name__}"
+    if fam.rotary:
+        try:
+            for layer in range(n_layers(model.config)):
+                rope(model.config, layer, 1)
+        except Unsupported as exc:
+            return f"{exc} is not recomputed"
+    return None
+
+
+def layer_params(model: nn.Module, n_positions: int = 1) -> list[AttentionParams] | None:
+    """Each layer's attention parameters, with the rotation for texts of n_positions tokens, or None when
+    the model cannot be recomputed (why_unsupported says why)."""
+    fam = family_of(model)
+    if fam is None or why_unsupported(model) is not None:
+        return None
+    params = [fam.params(model, m, layer) for layer, m in enumerate(layer_modules(model))]
+    if fam.causal:  # a decoder sees no key after its query
+        params = [replace(p, window=Window(p.window.before, 0)) for p in params]
+    if fam.rotary:
+        params = [replace(p, rope=rope(model.config, layer, n_positions)) for layer, p in enumerate(params)]
+    return params

@@ -1,21 +1,66 @@
 """Scaled dot-product attention from scratch, as pure functions of tensors.
 
 Every function takes and returns plain tensors; nothing here knows about models.
-Stage names follow the project vocabulary (attnscope.stages): x, q, k, v, scores, scaled,
-masked, weights, context, merged, output.
+Stage names follow the project vocabulary (attnscope.stages): x, q_pre, k_pre, position_ids,
+cos, sin, q, k, v, scores, scaled, capped, masked, weights, context, merged, output.
 
 Why divide by sqrt(d_head)? If the entries of q and k are independent with mean 0
 and variance 1, their dot product over d_head terms has variance d_head. Dividing by
 sqrt(d_head) brings the scores back to unit variance, so the softmax does not
 saturate into a near one-hot distribution with vanishing gradients.
+
+Why rotate q and k (RoPE)? Turning each pair of dimensions (i, i + d_rot/2) of a query at
+position m by the angle m theta_i, and of a key at position n by n theta_i, makes their dot
+product depend on m - n only: the scores see relative positions without a position embedding.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
+
+from attnscope.stages import STAGES
+
+
+@dataclass(frozen=True)
+class QKNorm:
+    """RMSNorm of the queries or keys before the rotation (QK-norm: Qwen3, OLMo2)."""
+
+    weight: torch.Tensor  # [d_head] when per_head, else [head * d_head]
+    eps: float
+    per_head: bool  # True: over each head's d_head (Qwen3); False: over the whole projection (OLMo2)
+
+
+@dataclass(frozen=True)
+class Rope:
+    """Rotary position embedding: dimension pairs (i, i + d_rot/2) of each head turn by position x theta_i.
+
+    The first d_rot = 2 * len(inv_freq) dimensions of each head rotate; the rest pass unchanged
+    (partial rotary, as in GPT-NeoX and Phi).
+    """
+
+    inv_freq: torch.Tensor  # [d_rot / 2]: theta_i, after the family's scaling (linear, dynamic, llama3, yarn)
+    attention_scaling: float = 1.0  # cos and sin are multiplied by this (YaRN's attention factor)
+    kind: str = "default"  # the rope_type the frequencies were computed for
+
+    @property
+    def d_rot(self) -> int:
+        return 2 * int(self.inv_freq.shape[0])
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which keys a query sees: key j is visible from query i when i - before <= j <= i + after.
+
+    None is unlimited. A decoder has after = 0; a sliding window of W keys (Mistral) has
+    before = W - 1; a local window of radius r around the query (ModernBERT) has before = after = r.
+    """
+
+    before: int | None = None
+    after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -31,11 +76,26 @@ class AttentionParams:
     w_o: torch.Tensor  # [head * d_head, d_model]
     b_o: torch.Tensor | None  # [d_model]
     n_heads: int
-    scaling: float  # usually 1 / sqrt(d_head)
+    scaling: float  # usually 1 / sqrt(d_head); Gemma 2: query_pre_attn_scalar ** -0.5
+    n_kv_heads: int | None = None  # grouped-query attention: fewer k/v heads than query heads (None: as many)
+    q_norm: QKNorm | None = None
+    k_norm: QKNorm | None = None
+    rope: Rope | None = None
+    softcap: float | None = None  # Gemma 2: scores pass through softcap * tanh(scores / softcap)
+    window: Window = Window()  # the keys each query sees (before the padding mask)
 
     @property
     def d_head(self) -> int:
         return int(self.w_q.shape[1]) // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def groups(self) -> int:
+        """Query heads per k/v head: query head h reads k/v head h // groups."""
+        return self.n_heads // self.kv_heads
 
 
 def project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
@@ -66,6 +126,52 @@ def scale(scores: torch.Tensor, scaling: float) -> torch.Tensor:
     return scores * scaling
 
 
+def rms_norm(t: torch.Tensor, norm: QKNorm) -> torch.Tensor:
+    """QK-norm: t / sqrt(mean(t^2) + eps) * weight over the last axis.  [..., d] -> [..., d]"""
+    return norm.weight * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + norm.eps))
+
+
+def rope_tables(positions: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of position x theta_i, each angle written twice (for dims i and i + d_rot/2).
+
+    positions: [..., token] -> cos, sin [..., token, d_rot]
+    """
+    angles = positions[..., None].float() * rope.inv_freq.float()  # [..., token, d_rot / 2]
+    both = torch.cat((angles, angles), dim=-1)  # [..., token, d_rot]
+    return both.cos() * rope.attention_scaling, both.sin() * rope.attention_scaling
+
+
+def rotate_half(t: torch.Tensor) -> torch.Tensor:
+    """(a, b) -> (-b, a) on the two halves of the last axis: a 90-degree turn of each pair (i, i + d/2)."""
+    a, b = t[..., : t.shape[-1] // 2], t[..., t.shape[-1] // 2 :]
+    return torch.cat((-b, a), dim=-1)
+
+
+def rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn each pair (t_i, t_{i + d_rot/2}) by its angle: t cos + rotate_half(t) sin on the first d_rot dims.
+
+    t: [..., head, token, d_head]; cos, sin: [token, d_rot] -> [..., head, token, d_head]
+    """
+    d_rot = cos.shape[-1]
+    if d_rot == t.shape[-1]:
+        return t * cos + rotate_half(t) * sin
+    turned, kept = t[..., :d_rot], t[..., d_rot:]  # partial rotary: the rest pass unchanged
+    return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
+
+
+def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
+    """Grouped-query attention: each k/v head serves `groups` query heads in a row.
+
+    [..., kv_head, token, d_head] -> [..., kv_head * groups, token, d_head]
+    """
+    return t if groups == 1 else t.repeat_interleave(groups, dim=-3)
+
+
+def soft_cap(scaled: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(scores / cap): scores stay in (-cap, cap), nearly unchanged when small (Gemma 2)."""
+    return torch.tanh(scaled / cap) * cap
+
+
 def padding_mask(keep: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Additive mask from a keep-vector: 0 where kept, the dtype's minimum where padded.
 
@@ -80,6 +186,19 @@ def causal_mask(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Additive mask that hides future keys: [query, key], 0 on and below the diagonal."""
     future = torch.ones(n, n, dtype=torch.bool).triu(1)
     return torch.zeros(n, n, dtype=dtype).masked_fill(future, torch.finfo(dtype).min)
+
+
+def window_mask(n: int, window: Window, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """Additive mask hiding the keys outside the window: [query, key], or None when every key is seen."""
+    if window.before is None and window.after is None:
+        return None
+    offset = torch.arange(n)[:, None] - torch.arange(n)[None, :]  # [query, key]: i - j
+    hidden = torch.zeros(n, n, dtype=torch.bool)
+    if window.before is not None:
+        hidden |= offset > window.before
+    if window.after is not None:
+        hidden |= -offset > window.after
+    return torch.zeros(n, n, dtype=dtype).masked_fill(hidden, torch.finfo(dtype).min)
 
 
 def combine_masks(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -127,27 +246,61 @@ def attention(
 
 
 def multi_head_attention(
-    x: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None = None
+    x: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None, keep: Collection[str] | None = None, in_place: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Every stage of one multi-head self-attention layer, by name.
 
-    x: [..., token, d_model]; mask: additive, broadcastable to [..., head, query, key].
-    Returns x, q, k, v [..., head, token, d_head]; scores, scaled, masked, weights
-    [..., head, query, key]; context [..., head, token, d_head]; merged
-    [..., token, head * d_head]; output [..., token, d_model].
+    x: [..., token, d_model]; mask: additive, broadcastable to [..., head, query, key] (padding, causal,
+    window: see window_mask); positions: [token], 0..n-1 by default (for RoPE).
+    Returns x; q_pre, k_pre (before the rotation, after QK-norm) [..., head|kv_head, token, d_head],
+    position_ids [token], cos, sin [token, d_rot] when the family rotates; q [..., head, token, d_head];
+    k, v [..., kv_head, token, d_head]; scores, scaled, capped (when soft-capped), masked, weights
+    [..., head, query, key]; context [..., head, token, d_head]; merged [..., token, head * d_head];
+    output [..., token, d_model].
+    keep: the stage names to return (default all). in_place=True forms scaled, capped and masked in one
+    fresh tensor that the softmax then overwrites (same numbers, less memory): they are not returned.
     """
-    h = params.n_heads
-    q = split_heads(project(x, params.w_q, params.b_q), h)  # [..., head, token, d_head]
-    k = split_heads(project(x, params.w_k, params.b_k), h)
-    v = split_heads(project(x, params.w_v, params.b_v), h)
-    scores = dot_scores(q, k)  # [..., head, query, key]
-    scaled = scale(scores, params.scaling)
-    masked = apply_mask(scaled, mask)
-    weights = softmax(masked)
-    context = attend(weights, v)  # [..., head, query, d_head]
-    merged = merge_heads(context)  # [..., query, head * d_head]
-    output = project(merged, params.w_o, params.b_o)  # [..., query, d_model]
-    return {
-        "x": x, "q": q, "k": k, "v": v, "scores": scores, "scaled": scaled, "masked": masked,
-        "weights": weights, "context": context, "merged": merged, "output": output,
-    }
+    st: dict[str, torch.Tensor] = {"x": x}
+    _project_qkv(st, x, params, positions)
+    k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
+    st["scores"] = dot_scores(st["q"], k)  # [..., head, query, key]
+    logits = scale(st["scores"], params.scaling)
+    if params.softcap is not None:
+        st["scaled"], logits = logits, soft_cap(logits, params.softcap)
+        st["capped"] = logits
+    else:
+        st["scaled"] = logits
+    if in_place:
+        logits = logits if mask is None else logits.add_(mask)  # the same sum as apply_mask, in place
+        st.pop("scaled"), st.pop("capped", None)
+    else:
+        logits = st["masked"] = apply_mask(logits, mask)
+    st["weights"] = softmax(logits, in_place=in_place)
+    st["context"] = attend(st["weights"], v)  # [..., head, query, d_head]
+    st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
+    st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
+    return {name: st[name] for name in STAGES if name in st and (keep is None or name in keep)}
+
+
+def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,
+                 positions: torch.Tensor | None) -> None:
+    """q, k, v of one layer into st: projection, QK-norm, split into heads, rotation."""
+    q, k = project(x, p.w_q, p.b_q), project(x, p.w_k, p.b_k)  # [..., token, head|kv_head * d_head]
+    if p.q_norm is not None and not p.q_norm.per_head:
+        q = rms_norm(q, p.q_norm)  # OLMo2: over the whole projection, before the split
+    if p.k_norm is not None and not p.k_norm.per_head:
+        k = rms_norm(k, p.k_norm)
+    q, k = split_heads(q, p.n_heads), split_heads(k, p.kv_heads)  # [..., head|kv_head, token, d_head]
+    if p.q_norm is not None and p.q_norm.per_head:
+        q = rms_norm(q, p.q_norm)  # Qwen3: each head's d_head on its own
+    if p.k_norm is not None and p.k_norm.per_head:
+        k = rms_norm(k, p.k_norm)
+    st["v"] = split_heads(project(x, p.w_v, p.b_v), p.kv_heads)  # [..., kv_head, token, d_head]
+    if p.rope is None:
+        st["q"], st["k"] = q, k
+        return
+    n = int(x.shape[-2])
+    pos = torch.arange(n) if positions is None else positions  # [token]
+    cos, sin = rope_tables(pos, p.rope)  # [token, d_rot]
+    st.update(q_pre=q, k_pre=k, position_ids=pos, cos=cos, sin=sin, q=rotate(q, cos, sin), k=rotate(k, cos, sin))

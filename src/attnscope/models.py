@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from attnscope import families
 from attnscope.errors import AttnscopeError
 
 log = logging.getLogger(__name__)
@@ -46,18 +47,15 @@ class Model:
 
     @property
     def n_layers(self) -> int:
-        cfg = self.model.config
-        return int(getattr(cfg, "num_hidden_layers", getattr(cfg, "n_layer", 0)))
+        return families.n_layers(self.model.config)
 
     @property
     def n_heads(self) -> int:
-        cfg = self.model.config
-        return int(getattr(cfg, "num_attention_heads", getattr(cfg, "n_head", 0)))
+        return families.n_heads(self.model.config)
 
     @property
     def max_positions(self) -> int:
-        cfg = self.model.config
-        return int(getattr(cfg, "max_position_embeddings", getattr(cfg, "n_positions", 512)))
+        return families.max_positions(self.model.config)
 
 
 def _rebuild(name: str, cls: type[PreTrainedModel], config: Any, state: dict[str, torch.Tensor],

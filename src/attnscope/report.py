@@ -12,6 +12,10 @@ import numpy as np
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
 
+# The verdicts of a check, and the exit codes of `attnscope check` for each (2 is bad input).
+PASS, FAIL, NOT_VERIFIED = "PASS", "FAIL", "NOT VERIFIED"
+EXIT_CODES = {PASS: 0, FAIL: 1, NOT_VERIFIED: 3}
+
 # A score q.k sums d_head products; float32 rounds it to within a few ulps of sum |q_i k_i| <= |q| |k|
 # (reaching 400 on real text, where float32 steps are 3e-5). So score errors are measured relative to
 # that bound, |a - b| / max(1, |q| |k|); every other stage is compared in absolute terms.
@@ -46,6 +50,19 @@ class CheckReport:
         return all(bool(np.all(c.errors <= self.tolerance)) for c in self.comparisons)
 
     @property
+    def verified(self) -> bool:
+        """True when the independent recompute ran: comparing captured numbers with the model's own
+        outputs alone proves nothing about the maths."""
+        return self.unsupported is None and any(c.source == "recompute" for c in self.comparisons)
+
+    @property
+    def status(self) -> str:
+        """FAIL when any comparison exceeds the tolerance; else NOT VERIFIED without a recompute; else PASS."""
+        if not self.ok:
+            return FAIL
+        return PASS if self.verified else NOT_VERIFIED
+
+    @property
     def max_error(self) -> float:
         return max((c.max_error for c in self.comparisons), default=0.0)
 
@@ -63,6 +80,8 @@ class CheckReport:
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
+            "status": self.status,
+            "verified": self.verified,
             "tolerance": self.tolerance,
             "max_error": self.max_error,
             "unsupported": self.unsupported,

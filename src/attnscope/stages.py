@@ -4,7 +4,8 @@ Imports neither torch nor transformers, so views, the web app's request fields a
 readers use it without loading a model stack. Code, saved traces, JSON, HTML and docs all use
 these names.
 
-Axes: batch, layer, head, query, key, token, d_model, d_head. Layers, heads and tokens are
+Axes: batch, layer, head, kv_head, query, key, token, d_model, d_head, d_rot. Query head h reads
+k/v head h // (heads / kv_heads) (grouped-query attention; kv_head = head otherwise). Layers, heads and tokens are
 0-indexed everywhere.
 """
 
@@ -13,17 +14,26 @@ from __future__ import annotations
 # The steps of one attention layer, in order (attnscope.maths computes each one).
 STAGES: tuple[str, ...] = (
     "x",  # the attention input [token, d_model]
-    "q",  # x W_Q + b_Q, split into heads [head, token, d_head]
-    "k",
-    "v",
+    "q_pre",  # x W_Q + b_Q (then QK-norm) split into heads, before the rotation (RoPE families) [head, token, d_head]
+    "k_pre",  # the same for keys [kv_head, token, d_head]
+    "position_ids",  # each token's position (RoPE) [token]
+    "cos",  # cos(position x theta_i), each angle twice (dims i and i + d_rot/2) [token, d_rot]
+    "sin",  # sin(position x theta_i) [token, d_rot]
+    "q",  # the queries whose dot products are the scores: x W_Q + b_Q split into heads (rotated) [head, token, d_head]
+    "k",  # the keys, one per k/v head (grouped-query attention shares each among several query heads)
+    "v",  # x W_V + b_V per k/v head [kv_head, token, d_head]
     "scores",  # q k^T [head, query, key]
     "scaled",  # scores x scaling (1 / sqrt(d_head) usually)
-    "masked",  # scaled + the additive mask (padding, future keys)
+    "capped",  # softcap x tanh(scaled / softcap) (Gemma 2's logit soft-capping)
+    "masked",  # scaled (or capped) + the additive mask (padding, future keys, sliding window)
     "weights",  # softmax over keys
     "context",  # weights v [head, query, d_head]
     "merged",  # heads concatenated [token, head * d_head]
     "output",  # merged W_O + b_O [token, d_model]
 )
+
+# Stages only some families have: the rotation (RoPE) and logit soft-capping.
+OPTIONAL_STAGES: tuple[str, ...] = ("q_pre", "k_pre", "position_ids", "cos", "sin", "capped")
 
 # The stages a trace keeps, and their axes (saved traces, JSON, views), in stage order.
 TRACE_STAGES: tuple[str, ...] = ("x", "q", "k", "v", "scores", "weights", "context", "output")
@@ -36,8 +46,8 @@ DERIVED: tuple[str, ...] = ("norm_head", "rollout", "norm_layer", "flow")
 ARRAY_AXES: dict[str, tuple[str, ...]] = {
     "x": ("layer", "token", "d_model"),
     "q": ("layer", "head", "token", "d_head"),
-    "k": ("layer", "head", "token", "d_head"),
-    "v": ("layer", "head", "token", "d_head"),
+    "k": ("layer", "kv_head", "token", "d_head"),  # kv_head = head unless grouped-query attention
+    "v": ("layer", "kv_head", "token", "d_head"),
     "scores": ("layer", "head", "query", "key"),
     "weights": ("layer", "head", "query", "key"),
     "context": ("layer", "head", "token", "d_head"),

@@ -48,6 +48,15 @@ class Trace:
         return int(self.arrays["weights"].shape[1])
 
     @property
+    def kv_heads(self) -> int:
+        """k/v heads: fewer than n_heads with grouped-query attention (k and v are [layer, kv_head, ...])."""
+        return int(self.arrays["k"].shape[1]) if "k" in self.arrays else self.n_heads
+
+    def kv_head(self, head: int) -> int:
+        """The k/v head query head `head` reads (0-indexed): head // (n_heads / kv_heads)."""
+        return head // max(1, self.n_heads // self.kv_heads)
+
+    @property
     def n_tokens(self) -> int:
         return len(self.tokens)
 
@@ -134,7 +143,10 @@ class Trace:
             if self.output_projection is None:
                 raise AttnscopeError(f"norm-based attention needs the layers' output projections: "
                                      f"{self.unsupported or 'trace the text again with the model at hand'}")
-            self.arrays.update(norm_attention(self.arrays["v"], self.arrays["weights"], self.output_projection))
+            v = self.arrays["v"]  # [layer, kv_head, key, d_head]
+            if self.kv_heads != self.n_heads:  # grouped-query attention: one per query head
+                v = np.repeat(v, self.n_heads // self.kv_heads, axis=1)
+            self.arrays.update(norm_attention(v, self.arrays["weights"], self.output_projection))
         return {k: self.arrays[k] for k in ("norm_head", "norm_layer")}
 
     def save(self, path: str | os.PathLike[str]) -> None:

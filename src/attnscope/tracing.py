@@ -71,7 +71,7 @@ def trace(
     if recompute:
         reference = _model_outputs(m, out, len(cap.calls))
         table = checking.verify_batch(layers, reference, params, enc.inputs["attention_mask"])
-    info, scaling = _model_info(m, cap), [c.scaling for c in cap.calls]
+    info, scaling = _model_info(m, cap, params), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
     unsupported = _why_unverified(m, recompute, params, layers)
     traces = [
@@ -139,8 +139,9 @@ def _x_from_hidden(m: Model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _model_info(m: Model, cap: LayerCapture) -> dict[str, Any]:
+def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | None) -> dict[str, Any]:
     info = describe(m)
+    rope = params[0].rope if params else None
     fam = families.family_of(m.model)
     q, k = (cap.calls[0].q, cap.calls[0].k) if cap.calls else (None, None)
     info.update(
@@ -151,6 +152,8 @@ def _model_info(m: Model, cap: LayerCapture) -> dict[str, Any]:
         d_model=int(cap.x[0].shape[-1]) if cap.x else None,
         kv_heads=int(k.shape[1]) if k is not None else None,  # query head h reads k/v head h // (heads / kv_heads)
         layers=len(cap.calls),
+        rope=rope.kind if rope else None,  # the rotation's variant (default, linear, dynamic, llama3, yarn)
+        d_rot=rope.d_rot if rope else None,  # how many dims of each head rotate (partial rotary: fewer than d_head)
     )
     return info
 

@@ -37,7 +37,10 @@ def register(sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=run_trace)
 
-    p = sub.add_parser("check", help="verify the captured attention against an independent recompute")
+    p = sub.add_parser("check", help="verify the captured attention against an independent recompute",
+                       epilog="exit status: 0 PASS; 1 FAIL (a number differs beyond the tolerance); 2 bad input; "
+                       "3 NOT VERIFIED (traced, but a step of this model's attention is not recomputed: the "
+                       "message names it)")
     add_text_args(p)
     add_format(p)
     p.set_defaults(func=run_check)
@@ -117,7 +120,9 @@ def run_check(args: argparse.Namespace) -> int:
         if report.comparisons:
             out.print(check_table(report, tr.n_layers))
         out.print(check_summary(report))
-    return 0 if report.ok else 1
+    from attnscope.report import EXIT_CODES
+
+    return EXIT_CODES[report.status]  # 0 PASS, 1 FAIL, 3 NOT VERIFIED (2 is bad input)
 
 
 def _check_header(tr: Trace) -> str:

@@ -1,0 +1,196 @@
+"""Modern families (RoPE, grouped-query attention, sliding windows, QK-norm, soft-capping) on tiny
+random-weight models built from their configs: every stage recomputed and verified within 1e-5."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import attnscope
+from attnscope import families, maths
+from attnscope.capture import capturing
+from attnscope.cli.main import main
+from attnscope.recompute import RECOMPUTED_STAGES, layer_mask, recompute_layers
+
+TOL = attnscope.TOLERANCE
+WINDOW = 4  # tokens: every text below is longer, so the sliding layers hide keys
+LONG = "the quick brown fox jumps over the lazy dog while the cat sleeps"
+SHORT = "a short one"
+SMALL: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                             vocab_size=30522, pad_token_id=0, bos_token_id=101, eos_token_id=102)
+
+
+def _configs() -> dict[str, Callable[[], Any]]:
+    import transformers as T
+
+    gqa = dict(SMALL, num_key_value_heads=2)
+    return {
+        "llama": lambda: T.LlamaConfig(**gqa),
+        "mistral": lambda: T.MistralConfig(**gqa, sliding_window=WINDOW),
+        "qwen2": lambda: T.Qwen2Config(**gqa, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+        "qwen3": lambda: T.Qwen3Config(**dict(SMALL, num_key_value_heads=1), head_dim=8),  # MQA + QK-norm per head
+        "gemma2": lambda: T.Gemma2Config(**gqa, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
+                                         attn_logit_softcapping=5.0),
+        "phi3": lambda: T.Phi3Config(**gqa, partial_rotary_factor=0.5, sliding_window=WINDOW),
+        "gpt_neox": lambda: T.GPTNeoXConfig(**SMALL),  # rotary_pct 0.25: partial rotary
+        "olmo2": lambda: T.Olmo2Config(**gqa),  # QK-norm over the whole projection
+        "modernbert": lambda: T.ModernBertConfig(**dict(SMALL, num_hidden_layers=3), local_attention=2 * WINDOW,
+                                                 global_attn_every_n_layers=2, cls_token_id=101, sep_token_id=102),
+    }
+
+
+def _build(config: Any, head: str = "") -> torch.nn.Module:
+    import transformers as T
+
+    torch.manual_seed(0)
+    cls = getattr(T, f"{type(config).__name__.removesuffix('Config')}{head or 'Model'}")
+    model: torch.nn.Module = cls(config)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def modern(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in cache:
+            cache[name] = attnscope.load_model(_build(_configs()[name]()), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("family", list(_configs()))
+def test_every_stage_of_every_family_is_verified(family: str, modern: Callable[[str], attnscope.Model]) -> None:
+    m = modern(family)
+    long, short = attnscope.trace([LONG, SHORT], model=m)  # one padded batch: SHORT is padded
+    assert long.n_tokens > WINDOW + 2
+    for tr in (long, short):
+        report = tr.check()
+        assert report.status == "PASS" and report.max_error <= TOL, report.to_dict()
+        assert {c.stage for c in report.comparisons if c.source == "recompute"} == set(RECOMPUTED_STAGES)
+        assert {c.stage for c in report.comparisons if c.source == "model"} >= {"x", "weights"}
+    alone = attnscope.trace(SHORT, model=m)  # padding never changes a number
+    assert np.abs(alone.weights - short.weights).max() <= TOL
+    assert long.model["family"] == family and long.model["rope"] == "default"
+    assert long.arrays["k"].shape[1] == long.kv_heads == families.layer_params(m.model)[0].kv_heads  # type: ignore[index]
+
+
+def test_sliding_windows_hide_the_keys_outside_them(modern: Callable[[str], attnscope.Model]) -> None:
+    mistral = attnscope.trace(LONG, model=modern("mistral"))
+    n = mistral.n_tokens
+    far = np.tril(np.ones((n, n), dtype=bool), -WINDOW)  # keys WINDOW or more before the query
+    assert mistral.weights[:, :, far].max() == 0.0 and mistral.weights[:, :, ~far].min() >= 0.0
+    modernbert = attnscope.trace(LONG, model=modern("modernbert"))
+    local = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) > WINDOW
+    assert modernbert.weights[1][:, local].max() == 0.0  # layer 1 is local (layer 0 global)
+    assert modernbert.weights[0][:, local].min() > 0.0 and not modernbert.causal
+
+
+def test_the_check_recompute_is_the_taught_maths(modern: Callable[[str], attnscope.Model]) -> None:
+    m = modern("gemma2")  # rotation, grouped k/v, soft-capping and a sliding layer
+    enc = m.tokenizer([LONG, SHORT], padding=True, return_tensors="pt")
+    with torch.no_grad(), capturing(m.model) as cap:
+        m.model(**enc)
+    params = families.layer_params(m.model, int(enc["input_ids"].shape[1]))
+    assert params is not None and params[0].softcap == 5.0 and params[0].window == maths.Window(WINDOW - 1, 0)
+    for layer, rows, rec in recompute_layers(cap.x, params, enc["attention_mask"]):
+        mask = layer_mask(int(enc["input_ids"].shape[1]), params[layer].window, enc["attention_mask"])
+        taught = maths.multi_head_attention(cap.x[layer][rows], params[layer], mask)
+        for stage in RECOMPUTED_STAGES:
+            assert torch.equal(rec[stage], taught[stage]), (layer, stage)
+    assert set(taught) >= {"q_pre", "k_pre", "position_ids", "cos", "sin", "capped", "masked"}
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "linear", "factor": 2.0},
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+])
+def test_rope_scaling_variants_match_the_model(rope: dict[str, Any], minilm: attnscope.Model) -> None:
+    import transformers as T
+
+    cfg = T.LlamaConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=16,
+                        rope_parameters={"rope_theta": 10000.0, **rope})
+    model = _build(cfg)
+    n = 40  # past max_position_embeddings: dynamic scaling changes its frequencies
+    pos = torch.arange(n)[None]
+    cos, sin = model.rotary_emb(torch.zeros(1, n, 64), pos)  # the model's own tables [1, token, d_rot]
+    mine = maths.rope_tables(pos[0], families.rope(cfg, 0, n))
+    assert (mine[0] - cos[0]).abs().max() <= TOL and (mine[1] - sin[0]).abs().max() <= TOL
+    tr = attnscope.trace(LONG, model=attnscope.load_model(model, tokenizer=minilm.tokenizer), max_length=16)
+    assert tr.check().status == "PASS" and tr.model["rope"] == rope["rope_type"]
+
+
+def test_an_unsupported_step_is_named_and_never_passes(minilm: attnscope.Model) -> None:
+    import transformers as T
+
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+            "original_max_position_embeddings": 8}
+    cfg = T.Phi3Config(**SMALL, num_key_value_heads=2, max_position_embeddings=32, rope_parameters=rope)
+    m = attnscope.load_model(_build(cfg), tokenizer=minilm.tokenizer)
+    tr = attnscope.trace(SHORT, model=m, max_length=32)
+    report = tr.check()
+    assert tr.unsupported is not None and tr.unsupported.startswith("RoPE scaling 'longrope'")
+    assert report.status == "NOT VERIFIED" and not report.verified
+    assert {c.source for c in report.comparisons} == {"model"}  # x and the weights still match the model's own
+
+
+def test_the_check_catches_a_wrong_rotation(modern: Callable[[str], attnscope.Model]) -> None:
+    m = modern("llama")
+    rotary = m.model.rotary_emb
+    saved = rotary.inv_freq.clone()
+    rotary.inv_freq.mul_(1.001)  # the model now turns q and k by slightly different angles
+    try:
+        report = attnscope.trace(LONG, model=m).check()
+    finally:
+        rotary.inv_freq.copy_(saved)
+    assert report.status == "FAIL"
+    bad = {c.stage for c in report.comparisons if not np.all(c.errors <= report.tolerance)}
+    assert {"q", "k"} <= bad and "v" not in bad
+
+
+@pytest.mark.parametrize(("config", "head"), [("llama", "ForCausalLM"), ("modernbert", "ForMaskedLM")])
+def test_head_models_are_read_like_base_models(config: str, head: str, minilm: attnscope.Model) -> None:
+    model = _build(_configs()[config](), head)
+    assert families.base_of(model) is not model
+    tr = attnscope.trace(LONG, model=attnscope.load_model(model, tokenizer=minilm.tokenizer))
+    report = tr.check()
+    assert report.status == "PASS" and report.worst("x", "model") == 0.0, report.to_dict()
+
+
+def _save(model: torch.nn.Module, minilm: attnscope.Model, where: Path) -> str:
+    model.save_pretrained(where)  # type: ignore[operator]
+    minilm.tokenizer.save_pretrained(where)
+    return str(where)
+
+
+def test_cli_bloom_is_one_line_exit_2(tmp_path: Path, minilm: attnscope.Model,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    import transformers as T
+
+    torch.manual_seed(0)
+    bloom = T.BloomModel(T.BloomConfig(hidden_size=64, n_layer=2, n_head=4, vocab_size=30522)).eval()
+    code = main(["check", "The capital of France is", "--model", _save(bloom, minilm, tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert "BloomModel's attention does not go through transformers' attention registry" in err
+
+
+def test_cli_unverified_family_exits_3(tmp_path: Path, minilm: attnscope.Model,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.Starcoder2Config(**SMALL, num_key_value_heads=2)
+    code = main(["check", "The capital of France is", "--model", _save(_build(cfg), minilm, tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 3 and "PASS" not in out
+    assert "NOT VERIFIED: no attnscope adapter for model type 'starcoder2'" in out
