@@ -56,9 +56,9 @@ def sdpa_forward(model: attnscope.Model, batch: Batch) -> None:
         model.model(**batch.inputs)
 
 
-def stats_forward(model: attnscope.Model, build: Callable[[], Batch], state: StatsState) -> None:
+def stats_forward(model: attnscope.Model, build: Callable[[], Batch], state: StatsState, settings: Settings) -> None:
     """stats: building the batch's unit maps, the forward with metrics and syntax, folding the state."""
-    run_batch(model, build(), state)
+    run_batch(model, build(), state, settings)
 
 
 def naive_documents(model: attnscope.Model, group: list[Prepared]) -> None:
@@ -95,7 +95,7 @@ def paired(model: attnscope.Model, docs: list[Document], settings: Settings, rep
         hf.set_attn_implementation("sdpa")
         seconds["sdpa"] += best_of(partial(sdpa_forward, model, plain), repeats)
         hf.set_attn_implementation("eager")
-        seconds["stats"] += best_of(partial(stats_forward, model, build, state), repeats)
+        seconds["stats"] += best_of(partial(stats_forward, model, build, state, settings), repeats)
         if with_naive:
             seconds["naive"] += best_of(partial(naive_documents, model, group), 1)
     seconds["sdpa"] += shared

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,11 @@ from attnscope.capture import capturing
 from attnscope.errors import AttnscopeError
 from attnscope.norms import norm_attention
 from attnscope.recompute import layer_params
-from attnscope.stats import engine, metrics
+from attnscope.stats import engine
 from attnscope.stats.engine import Settings, process_documents, values_of
-from attnscope.stats.metrics import Units
-from attnscope.stats.norm_metrics import NAMES, NORM_METRICS, OTHER_METRIC, norm_maps, register, share_to
+from attnscope.stats.metric_sets import NORMS, resolve
+from attnscope.stats.metrics import BUILTIN_METRICS, Units
+from attnscope.stats.norm_metrics import NORM_METRICS, OTHER_METRIC, norm_maps, share_to
 from attnscope.stats.sources import Document
 from attnscope.tracing import trace
 
@@ -91,25 +93,25 @@ def test_category_shares_add_up_to_one_on_the_bundled_model(minilm: attnscope.Mo
         assert torch.abs(total - 1).max() <= 1e-9
 
 
-@pytest.fixture()
-def registries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Copies of the metric and input registries, so these tests leave the real ones as they were."""
-    monkeypatch.setattr(metrics, "METRICS", dict(metrics.METRICS))
-    monkeypatch.setattr(engine, "INPUTS", dict(engine.INPUTS))
-
-
-@pytest.mark.usefixtures("registries")
-def test_register_adds_the_norm_metrics_once() -> None:
-    before = set(metrics.METRICS)
-    added = register()
+def test_the_norms_set_adds_the_norm_metrics_for_its_run_only() -> None:
     names = {m.name for m in (*NORM_METRICS, OTHER_METRIC)}
-    assert {m.name for m in added} == names - before
-    assert set(metrics.METRICS) == before | names
-    assert "norm_head" in engine.INPUTS
-    assert register() == []  # a second call adds nothing and raises nothing
-    assert all(metrics.METRICS[m.name].source == "norm_head" for m in NORM_METRICS)
-    assert metrics.METRICS["norm_cls"].applies(causal=False) and not metrics.METRICS["norm_cls"].applies(causal=True)
-    assert metrics.METRICS["norm_sink"].applies(causal=True) and not metrics.METRICS["norm_sink"].applies(causal=False)
+    plain, with_norms = resolve((), causal=False), resolve(("norms",), causal=False)
+    assert set(with_norms.names) == set(plain.names) | (names - {"norm_sink"})
+    assert set(plain.names) == {n for n, m in BUILTIN_METRICS.items() if m.applies(causal=False)}
+    assert "norm_head" in with_norms.inputs and "norm_head" not in plain.inputs
+    assert resolve((NORMS,), causal=False).names == with_norms.names  # by name or as itself
+    assert all(m.source == "norm_head" for m in NORM_METRICS)
+    causal = resolve(("norms",), causal=True).names
+    assert "norm_sink" in causal and "norm_cls" not in causal and "norm_cls" in with_norms.names
+    with pytest.raises(TypeError):
+        BUILTIN_METRICS["norm_cls"] = NORM_METRICS[0]  # type: ignore[index]  # the built-in table is read-only
+
+
+def test_unknown_or_repeated_metric_sets_are_one_line_errors() -> None:
+    with pytest.raises(AttnscopeError, match=r"^metric_sets: 'nroms' is not a metric set: use one of norms"):
+        resolve(("nroms",), causal=False)
+    with pytest.raises(AttnscopeError, match=r"^metric_sets lists 'norms' more than once"):
+        resolve(("norms", NORMS), causal=False)
 
 
 def _cls_share(tr: attnscope.Trace) -> np.ndarray:
@@ -118,11 +120,9 @@ def _cls_share(tr: attnscope.Trace) -> np.ndarray:
     return (norms[..., 0] / norms.sum(-1)).mean(-1)
 
 
-@pytest.mark.usefixtures("registries")
 def test_corpus_run_gives_the_norm_shares_of_each_trace(minilm: attnscope.Model) -> None:
-    register()
     docs = [Document(text, f"test:{i}") for i, text in enumerate(TEXTS)]
-    state = process_documents(minilm, docs, Settings(batch_size=2))  # one padded batch
+    state = process_documents(minilm, docs, Settings(batch_size=2, metric_sets=("norms",)))  # one padded batch
     assert state.documents == 2
     expected = np.mean([_cls_share(trace(text, model=minilm)) for text in TEXTS], axis=0)
     assert np.abs(values_of(state)["norm_cls"]["mean"] - expected).max() <= TOL
@@ -149,24 +149,20 @@ def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path, ud_dev: 
 def test_norms_on_the_command_line_are_for_that_run_only(tmp_path: Path, ud_dev: Path) -> None:
     from attnscope.cli.main import main
 
-    before, inputs = dict(metrics.METRICS), dict(engine.INPUTS)
+    before = dict(BUILTIN_METRICS)
     assert main(["stats", str(ud_dev), "--limit", "4", "--norms", "--no-progress", "-o", str(tmp_path / "a")]) == 0
-    assert before == metrics.METRICS and inputs == engine.INPUTS
+    assert main(["stats", str(ud_dev), "--limit", "4", "--no-progress", "-o", str(tmp_path / "b")]) == 0
+    assert before == BUILTIN_METRICS
     assert "norm_cls_mean" in (tmp_path / "a" / "heads.csv").read_text(encoding="utf-8").splitlines()[0]
+    assert "norm_cls_mean" not in (tmp_path / "b" / "heads.csv").read_text(encoding="utf-8").splitlines()[0]
 
 
-@pytest.mark.usefixtures("registries")
-def test_a_state_with_norm_metrics_registers_them_where_it_runs(minilm: attnscope.Model) -> None:
-    # As in a fresh Ray worker: the state names the norm metrics, this process never called register().
-    register()
-    state = engine.new_state(minilm, Settings(batch_size=2), with_syntax=False)
-    for name in list(metrics.METRICS):
-        if name in NAMES:
-            del metrics.METRICS[name]
-    engine.INPUTS.pop("norm_head")
+def test_the_settings_a_worker_receives_say_what_it_computes(minilm: attnscope.Model) -> None:
+    # As in a fresh Ray worker: the settings arrive pickled, and nothing was set up in the process beforehand.
+    settings = pickle.loads(pickle.dumps(Settings(batch_size=2, metric_sets=("norms",))))
+    state = engine.new_state(minilm, settings, with_syntax=False)
     docs = [Document(text, f"test:{i}") for i, text in enumerate(TEXTS)]
-    done = process_documents(minilm, docs, Settings(batch_size=2), state)
+    done = process_documents(minilm, docs, settings, state)
     assert int(done.count["norm_cls"].min()) == 2 and int(done.count["other"].min()) == 2
-    state.metrics = (*state.metrics, "made_up")
-    with pytest.raises(AttnscopeError, match=r"^metric made_up is not registered in process \d+"):
-        process_documents(minilm, docs, Settings(batch_size=2), state)
+    with pytest.raises(AttnscopeError, match=r"^the state holds the metrics .*norm_cls.* but the settings compute"):
+        process_documents(minilm, docs, Settings(batch_size=2), state)  # settings without the norms

@@ -17,7 +17,7 @@ import pytest
 import attnscope
 from attnscope.cli.main import main
 from attnscope.stats import Settings, Source, run
-from attnscope.stats.engine import CHECKPOINT
+from attnscope.stats.checkpoint import FILE as CHECKPOINT
 
 
 def cli(*args: str) -> list[str]:

@@ -151,20 +151,19 @@ def test_truncation_is_counted_or_refused(minilm: attnscope.Model) -> None:
 
 
 def test_a_metric_with_its_own_input_plugs_in(minilm: attnscope.Model) -> None:
-    """A new per-batch input and a metric reading it run without touching the engine."""
-    from attnscope.stats import INPUTS, METRICS, Metric, register_input, register_metric
+    """A new per-batch input and a metric reading it run without touching the engine: the run's settings
+    name their set, and nothing outside the run changes."""
+    from attnscope.stats import BUILTIN_METRICS, Metric, MetricSet
     from attnscope.stats.metrics import attention_to
 
-    register_input("doubled", lambda view: 2 * view.call.weights)
-    register_metric(Metric("cls_doubled", attention_to("cls"), "twice the attention to [CLS]", "doubled"))
-    register_metric(Metric("orphan", attention_to("cls"), "reads a map nobody provides", "missing"))
-    try:
-        with pytest.raises(AttnscopeError, match="'orphan' reads the map 'missing'"):
-            process_documents(minilm, [Document(TEXTS[1], "t")], Settings())
-        del METRICS["orphan"]
-        state = process_documents(minilm, [Document(TEXTS[1], "t")], Settings())
-        assert np.abs(state.mean("cls_doubled") - 2 * state.mean("cls")).max() <= 1e-9
-    finally:
-        METRICS.pop("orphan", None)
-        METRICS.pop("cls_doubled", None)
-        INPUTS.pop("doubled", None)
+    before = dict(BUILTIN_METRICS)
+    doubled = MetricSet("doubled", (Metric("cls_doubled", attention_to("cls"), "twice the attention to [CLS]",
+                                           "doubled"),), (("doubled", lambda view: 2 * view.call.weights),))
+    orphan = MetricSet("orphan", (Metric("orphan", attention_to("cls"), "reads a map nobody provides", "missing"),))
+    docs = [Document(TEXTS[1], "t")]
+    with pytest.raises(AttnscopeError, match="'orphan' reads the map 'missing'"):
+        process_documents(minilm, docs, Settings(metric_sets=(doubled, orphan)))
+    state = process_documents(minilm, docs, Settings(metric_sets=(doubled,)))
+    assert np.abs(state.mean("cls_doubled") - 2 * state.mean("cls")).max() <= 1e-9
+    assert "cls_doubled" not in process_documents(minilm, docs, Settings()).metrics  # for that run only
+    assert dict(BUILTIN_METRICS) == before

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attnscope.stats.batching import UnitMaps
-from attnscope.stats.metrics import METRICS, Units, clean, head_classes
+from attnscope.stats.metrics import BUILTIN_METRICS, Units, clean, head_classes
 
 TOL = 1e-12
 
@@ -39,7 +39,7 @@ def units(causal: bool = False, width: int = 5, n: int = 4) -> Units:
 
 def value(name: str, maps: torch.Tensor = A, u: Units | None = None) -> float:
     u = u or units()
-    got, ok = METRICS[name].fn(clean(maps, u), u)
+    got, ok = BUILTIN_METRICS[name].fn(clean(maps, u), u)
     assert bool(ok[0])
     return float(got[0, 0])
 
@@ -83,14 +83,14 @@ def test_causal_rows_skip_row_zero_and_use_per_row_baselines() -> None:
 
 def test_a_causal_document_of_one_token_is_not_counted() -> None:
     u = units(causal=True, width=1, n=1)
-    _, ok = METRICS["entropy"].fn(torch.ones(1, 1, 1, 1, dtype=torch.float64), u)
+    _, ok = BUILTIN_METRICS["entropy"].fn(torch.ones(1, 1, 1, 1, dtype=torch.float64), u)
     assert not bool(ok[0])
 
 
 def test_no_cls_leaves_entropy_cls_undefined() -> None:
     u = units()
     u.kinds["cls"][:] = False
-    _, ok = METRICS["entropy_cls"].fn(clean(A, u), u)
+    _, ok = BUILTIN_METRICS["entropy_cls"].fn(clean(A, u), u)
     assert not bool(ok[0])
 
 
@@ -98,7 +98,7 @@ def test_padding_keys_are_dropped_and_nan_is_kept() -> None:
     assert float(clean(A, units())[0, 0, 0, 4]) == 0.0
     broken = A.clone()
     broken[0, 0, 1, 1] = float("nan")
-    got, _ = METRICS["entropy"].fn(clean(broken, units()), units())
+    got, _ = BUILTIN_METRICS["entropy"].fn(clean(broken, units()), units())
     assert math.isnan(float(got[0, 0]))
 
 
@@ -143,7 +143,7 @@ def random_weights(batch: int = 3, heads: int = 2, n: int = 7, seed: int = 0) ->
 def test_concentration_is_the_row_max_and_keeps_nan() -> None:
     u = units(width=7, n=6)
     maps = random_weights()
-    concentration = METRICS["concentration"].per_row
+    concentration = BUILTIN_METRICS["concentration"].per_row
     assert concentration is not None
     assert torch.equal(concentration(maps, u), maps.max(-1).values)
     for nan in (float("nan"), -float("nan"), (torch.zeros(()) / 0.0).item()):  # either sign bit
@@ -159,7 +159,7 @@ def test_row_metrics_averaged_together_equal_each_metric() -> None:
     for causal in (False, True):
         u = units(causal=causal, width=7, n=6)
         maps = clean(random_weights(seed=int(causal)), u)
-        row_metrics = [m for m in METRICS.values() if m.per_row is not None and m.reduce is row_mean]
+        row_metrics = [m for m in BUILTIN_METRICS.values() if m.per_row is not None and m.reduce is row_mean]
         together, ok = row_mean(torch.stack([m.per_row(maps, u) for m in row_metrics]), u)
         for metric, values in zip(row_metrics, together, strict=True):
             alone, alone_ok = metric.fn(maps, u)

@@ -53,7 +53,7 @@ def test_jsonl_reports_bad_rows_with_line_numbers(tmp_path: Path, caplog: pytest
         assert texts(src) == ["one", "two"]
     assert src.malformed == 2
     assert f"{f}:2: not valid JSON" in caplog.text and f"{f}:3: field 'body' is missing" in caplog.text
-    with pytest.raises(AttnscopeError, match=r"c\.jsonl:2: not valid JSON.*--strict"):
+    with pytest.raises(AttnscopeError, match=r"c\.jsonl:2: not valid JSON.*\(strict=True makes malformed rows fatal\)"):
         list(Source(str(f), field="body", strict=True))
 
 
@@ -67,7 +67,7 @@ def test_csv_and_tsv_columns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     t = tmp_path / "c.tsv"
     t.write_text("a\tb\nx\ty\n", encoding="utf-8")
     assert texts(Source(str(t), column="b")) == ["y"]
-    with pytest.raises(AttnscopeError, match="choose one with --column"):
+    with pytest.raises(AttnscopeError, match="choose one with column=NAME"):
         list(Source(str(t)))
     with pytest.raises(AttnscopeError, match="has no column 'c'"):
         list(Source(str(t), column="c"))

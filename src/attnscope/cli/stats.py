@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
+import re
 import sys
-from dataclasses import asdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_model_args, print_json
+from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
-    from attnscope.stats.engine import Progress, RunResult, Settings
+    from attnscope.stats.engine import Progress, RunResult
     from attnscope.stats.outputs import Written
+    from attnscope.stats.settings import Settings
     from attnscope.stats.sources import Source
 
 # torch, transformers and the engine are imported when the command runs, so --help stays instant.
@@ -50,29 +53,67 @@ def register(sub: Any) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    from attnscope.stats.engine import Settings
+    from attnscope.stats.settings import Settings
 
     return Settings(max_length=args.max_length, batch_size=args.batch_size, word_level=args.word_level,
                     truncate=not args.no_truncate, limit=args.limit,
-                    checkpoint_every=max(1, args.checkpoint_every))
+                    checkpoint_every=max(1, args.checkpoint_every), metric_sets=("norms",) if args.norms else ())
+
+
+# The library names its parameters. The one an error is about (AttnscopeError.parameter) becomes its flag in
+# attnscope.cli.main; these are the other parameters a stats message can name, in this command's words.
+FLAGS: tuple[tuple[str, str], ...] = (
+    (r"\bresume=True\b", "--resume"),
+    (r"\btruncate=False\b", "--no-truncate"),
+    (r"\bset truncate=True\b", "drop --no-truncate"),
+    (r"\bstrict=True\b", "--strict"),
+    (r"\bmetric_sets=\('norms',\)", "--norms"),
+    (r"\boutdir\b", "-o OUTDIR"),
+)
+
+
+def as_flags(message: str) -> str:
+    """A library message with the parameters it names besides its own as this command's options."""
+    for pattern, flag in FLAGS:
+        message = re.sub(pattern, flag, message)
+    return message
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from attnscope.stats.norm_metrics import registered
-
-    with registered() if args.norms else contextlib.nullcontext():  # the norm columns for this run only
+    try:
         return _run(args)
+    except AttnscopeError as exc:
+        raise AttnscopeError(as_flags(str(exc)), parameter=exc.parameter) from exc
+
+
+def _runner(args: argparse.Namespace) -> Callable[..., RunResult]:
+    """`attnscope.stats.run`, or the Ray engine's bound to the cluster options (a missing Ray is reported here,
+    before any model loads). Workers load a hub name or the bundled model themselves; a local checkpoint
+    directory is shipped from this process."""
+    if args.engine != "ray":
+        if args.address is not None or args.workers is not None:
+            raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
+        from attnscope.stats.engine import run
+
+        return run
+    from attnscope.models import DEFAULT_MODEL
+    from attnscope.stats.distributed import require_ray
+    from attnscope.stats.distributed import run as run_on_ray
+
+    require_ray("--engine ray")
+    shipped = args.model is not None and Path(args.model).expanduser().exists()
+    return functools.partial(run_on_ray, address=args.address, workers=args.workers,
+                             worker_model=None if shipped else (args.model or DEFAULT_MODEL))
 
 
 def _run(args: argparse.Namespace) -> int:
     from attnscope.models import load_model
-    from attnscope.stats.distributed import cli_runner
     from attnscope.stats.outputs import write_outputs
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
     settings = settings_of(args)
-    run = cli_runner(args.engine, args.address, args.workers, args.model)
+    run = _runner(args)
     model = load_model(args.model)
     bar = None if args.no_progress else _progress_bar(source, settings.limit)
     try:
@@ -87,13 +128,13 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     state = result.state
-    run_info = {"settings": asdict(settings), "seconds": round(result.seconds, 3),
+    run_info = {"settings": settings.to_json(), "seconds": round(result.seconds, 3),
                 "tokens_per_second": (state.tokens - result.resumed_tokens) / result.seconds
                 if result.seconds > 0 else float("nan"),
                 "resumed_from_documents": result.resumed_from, "engine": args.engine,
                 "norms": args.norms}
     written = write_outputs(state, model, args.output, {**source.describe(), "malformed": result.malformed},
-                            run_info)
+                            run_info, settings)
     if args.format == "json":
         print_json({"output": args.output, "documents": state.documents, "tokens": state.tokens,
                     "truncated": state.truncated, "malformed": result.malformed,
@@ -105,13 +146,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _checkpointed(out: str) -> str:
     """What the checkpoint in out holds, for the interruption message."""
-    import json
+    from attnscope.stats.checkpoint import saved_documents
 
-    from attnscope.stats.engine import CHECKPOINT
-
-    try:
-        documents = json.loads((Path(out) / CHECKPOINT).read_text(encoding="utf-8"))["state"]["documents"]
-    except (OSError, ValueError, KeyError, TypeError):
+    documents = saved_documents(out)
+    if documents is None:
         return "nothing was checkpointed yet:"
     return f"{documents:,} documents are checkpointed in {out}:"
 

@@ -2,30 +2,25 @@
 
 `run` streams a Source through a model with statistics computed inside the forward pass;
 `process_documents` turns one list of documents into a mergeable `StatsState` (for
-distributed runs); `write_outputs` writes the tables, plots and report.
+distributed runs); `write_outputs` writes the tables, plots and report. What a run computes
+is the built-in metrics plus the metric sets its `Settings.metric_sets` names ("norms", or a
+`MetricSet` of one's own); checkpoints are `attnscope.stats.checkpoint`.
 """
 
-from attnscope.stats.engine import (
-    INPUTS,
-    LayerView,
-    Progress,
-    RunResult,
-    Settings,
-    new_state,
-    process_documents,
-    register_input,
-    run,
-)
-from attnscope.stats.metrics import METRICS, Metric, Units, register_metric
+from attnscope.stats.engine import Progress, RunResult, new_state, process_documents, run, run_batch
+from attnscope.stats.metric_sets import METRIC_SETS, LayerView, MetricSet, resolve
+from attnscope.stats.metrics import BUILTIN_METRICS, Metric, Units
+from attnscope.stats.settings import Settings
 from attnscope.stats.sources import Document, Source
 from attnscope.stats.state import StatsState, merge_all
 
 __all__ = [
-    "INPUTS",
-    "METRICS",
+    "BUILTIN_METRICS",
+    "METRIC_SETS",
     "Document",
     "LayerView",
     "Metric",
+    "MetricSet",
     "Progress",
     "RunResult",
     "Settings",
@@ -35,7 +30,7 @@ __all__ = [
     "merge_all",
     "new_state",
     "process_documents",
-    "register_input",
-    "register_metric",
+    "resolve",
     "run",
+    "run_batch",
 ]

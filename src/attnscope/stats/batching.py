@@ -1,5 +1,9 @@
 """Documents -> tokens -> length-bucketed, padded batches with the unit maps the metrics read.
 
+`numbered_batches` is the one path from a stream of documents to batches, for the local and the
+Ray engine alike: the first `limit` documents, in chunks of `chunk_documents`, each chunk
+tokenized and cut into length buckets, each batch numbered (chunk, batch) in that order.
+
 A "unit" is what a row and column of an attention map stands for: a token, or with
 --word-level a word (its pieces summed as a key, averaged as a query; special tokens
 stay units of their own). CoNLL-U sentences always get word units too, for the syntax.
@@ -7,16 +11,23 @@ stay units of their own). CoNLL-U sentences always get word units too, for the s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from attnscope.errors import AttnscopeError
+from attnscope.families import is_causal
 from attnscope.stats.metrics import Units
 from attnscope.stats.sources import Document
+
+if TYPE_CHECKING:
+    from attnscope.models import Model
+    from attnscope.stats.settings import Settings
 
 PUNCTUATION = frozenset({".", ","})
 PAD_MULTIPLE = 8
@@ -259,3 +270,44 @@ def unit_maps_for(docs: list[Prepared], width: int, ids: torch.Tensor, kinds: _K
 def _word_text(d: Prepared, token: int) -> str:
     word = d.words[token]
     return d.word_text[word] if word is not None else ""
+
+
+Key = tuple[int, int]  # (chunk, batch): a batch's place in a run
+
+
+def chunks(docs: Iterable[Document], limit: int | None, size: int) -> Iterator[list[Document]]:
+    """The first `limit` documents (all with None), `size` at a time."""
+    stream = iter(docs) if limit is None else itertools.islice(docs, limit)
+    while chunk := list(itertools.islice(stream, size)):
+        yield chunk
+
+
+def numbered_batches(model: Model, docs: Iterable[Document], settings: Settings,
+                     start: Key = (0, 0)) -> Iterator[tuple[Key, Batch]]:
+    """A run's batches from `start` on, each with its (chunk, batch) number."""
+    for c, chunk in enumerate(chunks(docs, settings.limit, settings.chunk_documents)):
+        if c < start[0]:
+            continue
+        skip = start[1] if c == start[0] else 0
+        for j, batch in enumerate(batches(model, chunk, settings, skip=skip)):
+            yield (c, skip + j), batch
+
+
+def batches(model: Model, docs: Sequence[Document], settings: Settings, skip: int = 0) -> Iterator[Batch]:
+    """The length-bucketed batches of one list of documents (one chunk), from the skip-th on."""
+    if not docs:
+        return
+    tok = model.tokenizer
+    prepared = tokenize(tok, docs, settings.max_length)
+    if not settings.truncate:
+        for p in prepared:
+            if p.truncated:
+                raise AttnscopeError(f"{p.doc.where}: the document is over {settings.max_length} tokens: "
+                                     "raise max_length, or set truncate=True to truncate it", parameter="max_length")
+    causal = is_causal(model.model)
+    pad = int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+    for idx in plan(prepared, settings.batch_size, settings.budget)[skip:]:
+        if len({prepared[i].doc.heads is None for i in idx}) > 1:
+            raise AttnscopeError("a corpus mixes documents with and without dependency trees")
+        yield make_batch([prepared[i] for i in idx], pad, settings.word_level, causal,
+                         tok.cls_token_id, tok.sep_token_id, settings.max_length)

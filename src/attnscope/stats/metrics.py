@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from attnscope.errors import AttnscopeError
 
 Values = tuple[torch.Tensor, torch.Tensor]  # ([batch, head] float64, [batch] bool: defined)
 
@@ -225,18 +224,9 @@ def concentration(maps: torch.Tensor, units: Units) -> torch.Tensor:
     return (bits & torch.iinfo(bits.dtype).max).amax(-1).view(maps.dtype)
 
 
-METRICS: dict[str, Metric] = {}
-
-
-def register_metric(metric: Metric) -> Metric:
-    """Add a metric to the registry (its name becomes a column of heads.parquet)."""
-    if metric.name in METRICS:
-        raise AttnscopeError(f"a metric named {metric.name!r} is already registered")
-    METRICS[metric.name] = metric
-    return metric
-
-
-for _m in (
+# The built-in metrics, computed by every run (a run's settings add metric sets to them, see
+# attnscope.stats.metric_sets): a read-only table, never changed at run time.
+BUILTIN_METRICS: Mapping[str, Metric] = MappingProxyType({m.name: m for m in (
     row_metric("cls", row_attention_to("cls"), "attention to [CLS]", models="bidirectional"),
     row_metric("sep", row_attention_to("sep"), "attention to [SEP]", models="bidirectional"),
     row_metric("sink", row_attention_to("sink"), "attention to the first token (the sink)", models="causal"),
@@ -249,12 +239,7 @@ for _m in (
     row_metric("entropy_cls", entropy, "entropy of the [CLS] row (nats)", models="bidirectional", reduce=at_first_cls),
     row_metric("distance", distance, "mean attention distance (tokens)"),
     row_metric("concentration", concentration, "mean of the largest weight of each row"),
-):
-    register_metric(_m)
-
-
-def metrics_for(causal: bool) -> list[Metric]:
-    return [m for m in METRICS.values() if m.applies(causal)]
+)})
 
 
 # Head classes: (name, metric, threshold) meaning mean(metric) > threshold; "broad" compares

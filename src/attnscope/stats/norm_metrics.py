@@ -10,20 +10,22 @@ attnscope.norms) that lands on each category,
 so the numbers compare directly with the weight-based ones (rows of both sum to 1). The
 metrics read the source "norm_head": maps [batch, head, query, key] that `norm_maps` computes
 per layer from what the attention function saw (v and the weights) and the layer's W_O;
-`norm_input` is that computation as a corpus-run input. `register()` adds both.
+`norm_input` is that computation as a corpus-run input. A run computes them when its settings
+name the metric set "norms" (attnscope.stats.metric_sets.NORMS; `attnscope stats --norms`).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from attnscope.errors import AttnscopeError
 from attnscope.families import family_of
-from attnscope.stats import engine, metrics
 from attnscope.stats.metrics import Metric, MetricFn, Units, Values, attention_to, clean
+
+if TYPE_CHECKING:
+    from attnscope.stats.metric_sets import LayerView
 
 NORM_SOURCE = "norm_head"
 OTHER_EXCLUDES = ("cls", "sep", "punct", "sink")
@@ -45,7 +47,7 @@ def norm_maps(v: torch.Tensor, weights: torch.Tensor, w_o: torch.Tensor) -> torc
     return norms
 
 
-def norm_input(view: engine.LayerView) -> torch.Tensor:
+def norm_input(view: LayerView) -> torch.Tensor:
     """The corpus run's "norm_head" input: norm_maps of one layer's attention call, [batch, head, query, key]."""
     fam = family_of(view.model.model)
     if fam is None:
@@ -90,32 +92,6 @@ NORM_METRICS: tuple[Metric, ...] = (
     Metric("norm_punct", share_to("punct"), 'share of norm-based attention to "." and ","', NORM_SOURCE),
     Metric("norm_other", share_to("other"), "share of norm-based attention to all other tokens", NORM_SOURCE),
 )
-# The weight-based "other" category, for comparison with norm_other (the registry has cls, sep, sink, punct).
+# The weight-based "other" category, for comparison with norm_other (the built-in metrics have cls, sep, sink, punct).
 OTHER_METRIC = Metric("other", share_to("other"), "attention to all other tokens")
 
-
-NAMES = frozenset(m.name for m in (*NORM_METRICS, OTHER_METRIC))
-
-
-@contextlib.contextmanager
-def registered() -> Iterator[list[Metric]]:
-    """`register()` for the duration of a block, leaving the registries as they were afterwards
-    (so one `attnscope stats --norms` in a process does not add the columns to later runs)."""
-    saved_metrics, saved_inputs = dict(metrics.METRICS), dict(engine.INPUTS)
-    try:
-        yield register()
-    finally:
-        metrics.METRICS.clear()
-        metrics.METRICS.update(saved_metrics)
-        engine.INPUTS.clear()
-        engine.INPUTS.update(saved_inputs)
-
-
-def register() -> list[Metric]:
-    """Add the "norm_head" input and the norm-weighted metrics (and weight-based "other") to the corpus run.
-
-    Returns the metrics added; what is already registered is kept, so calling it twice is harmless.
-    """
-    if NORM_SOURCE not in engine.INPUTS:
-        engine.register_input(NORM_SOURCE, norm_input)
-    return [metrics.register_metric(m) for m in (*NORM_METRICS, OTHER_METRIC) if m.name not in metrics.METRICS]

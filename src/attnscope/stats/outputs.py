@@ -14,7 +14,9 @@ import numpy as np
 
 from attnscope.families import family_of
 from attnscope.models import Model, describe
-from attnscope.stats.metrics import BROAD_RATIO, CLASS_RULES, METRICS, head_classes
+from attnscope.stats.metric_sets import descriptions
+from attnscope.stats.metrics import BROAD_RATIO, CLASS_RULES, head_classes
+from attnscope.stats.settings import Settings
 from attnscope.stats.state import StatsState
 from attnscope.stats.syntax import DIRECTIONS, OFFSETS, best_heads
 
@@ -70,8 +72,11 @@ def write_table(rows: list[dict[str, Any]], parquet: Path, csv_path: Path | None
             writer.writerows({k: repr(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows)
 
 
-def summary(state: StatsState, model: Model, source: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
-    """Everything about a run in one JSON-able dict (written as summary.json)."""
+def summary(state: StatsState, model: Model, source: dict[str, Any], run: dict[str, Any],
+            settings: Settings | None = None) -> dict[str, Any]:
+    """Everything about a run in one JSON-able dict (written as summary.json); settings name the
+    metric sets whose descriptions it gives (the built-in and named sets are always known)."""
+    described = descriptions(settings.metric_sets if settings is not None else ())
     info = describe(model)
     fam = family_of(model.model)
     info.update(family=fam.name if fam else None, causal=bool(state.settings.get("causal")))
@@ -85,7 +90,7 @@ def summary(state: StatsState, model: Model, source: dict[str, Any], run: dict[s
         "settings": run.get("settings", {}),
         "run": {k: v for k, v in run.items() if k != "settings"},
         "versions": versions(),
-        "metrics": {name: METRICS[name].description for name in state.metrics if name in METRICS},
+        "metrics": {name: described.get(name, name) for name in state.metrics},
         "thresholds": {"broad": f"entropy > {BROAD_RATIO} x entropy_uniform",
                        **{name: f"{metric} > {t}" for name, metric, t in CLASS_RULES}},
         "head_classes": [{"layer": r["layer"], "head": r["head"], "classes": r["classes"].split()}
@@ -144,7 +149,7 @@ class Written:
 
 
 def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: dict[str, Any],
-                  run: dict[str, Any]) -> Written:
+                  run: dict[str, Any], settings: Settings | None = None) -> Written:
     """Write every output file into outdir; returns their paths and the summary."""
     from attnscope.stats.report import report_html
 
@@ -158,12 +163,13 @@ def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: d
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
     images: dict[str, bytes] = {}
+    described = descriptions(settings.metric_sets if settings is not None else ())
     for name in state.metrics:
-        title = f"{METRICS[name].description if name in METRICS else name}: mean over documents"
+        title = f"{described.get(name, name)}: mean over documents"
         images[name] = heatmap_png(state.mean(name), title)
         (plots / f"{name}.png").write_bytes(images[name])
         written.append(plots / f"{name}.png")
-    info = summary(state, model, source, run)
+    info = summary(state, model, source, run, settings)
     written.append(out / "summary.json")
     info["outputs"] = [str(p.relative_to(out)) for p in [*written, out / "report.html"]]
     written[-1].write_text(json.dumps(info, indent=2, allow_nan=True) + "\n", encoding="utf-8")

@@ -86,7 +86,7 @@ class Source:
     def bad(self, where: str, why: str, what: str = "row") -> None:
         """Report one malformed row (or sentence): fatal with strict, else logged and counted."""
         if self.strict:
-            raise AttnscopeError(f"{where}: {why} (--strict makes malformed rows fatal)")
+            raise AttnscopeError(f"{where}: {why} (strict=True makes malformed rows fatal)")
         self.malformed += 1
         if not self.quiet:
             log.warning("%s: %s; %s skipped", where, why, what)
@@ -268,7 +268,8 @@ def _column_index(path: Path, names: list[str], wanted: str | None) -> int:
         return names.index("text")
     if len(names) == 1:
         return 0
-    raise AttnscopeError(f"{path} has several columns ({', '.join(names)}): choose one with --column")
+    raise AttnscopeError(f"{path} has several columns ({', '.join(names)}): choose one with column=NAME",
+                         parameter="column")
 
 
 def _conllu_sentences(path: Path) -> Iterator[tuple[int, list[tuple[int, list[str]]]]]:

@@ -7,7 +7,6 @@ worker actors and returns the same `RunResult`, with the same numbers, as `attns
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -16,19 +15,19 @@ from pathlib import Path
 from types import ModuleType
 
 from attnscope.errors import AttnscopeError
-from attnscope.models import DEFAULT_MODEL, Model
+from attnscope.models import Model
 from attnscope.stats.engine import Progress, RunResult, Settings
 from attnscope.stats.sources import Source
 
 INSTALL = "pip install 'attnscope[ray]'"
 
 
-def require_ray() -> ModuleType:
-    """The ray module, or a one-line error saying how to install it."""
+def require_ray(what: str = "attnscope.stats.distributed") -> ModuleType:
+    """The ray module, or a one-line error saying that `what` needs it and how to install it."""
     try:
         import ray
     except ImportError as exc:
-        raise AttnscopeError(f"--engine ray needs Ray, which is not installed: {INSTALL}") from exc
+        raise AttnscopeError(f"{what} needs Ray, which is not installed: {INSTALL}") from exc
     return ray
 
 
@@ -77,21 +76,4 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
                           workers=workers, threads=threads, worker_model=worker_model)
 
 
-def cli_runner(engine: str, address: str | None, workers: int | None,
-               model: str | None) -> Callable[..., RunResult]:
-    """What `attnscope stats --engine` runs: `attnscope.stats.run`, or this module's `run` bound to the
-    cluster options (a missing Ray is reported here, before any model loads). Workers load a hub name
-    or the bundled model themselves; a local checkpoint directory is shipped from this process."""
-    if engine != "ray":
-        if address is not None or workers is not None:
-            raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
-        from attnscope.stats.engine import run as run_local
-
-        return run_local
-    require_ray()
-    shipped = model is not None and Path(model).expanduser().exists()
-    return functools.partial(run, address=address, workers=workers,
-                             worker_model=None if shipped else (model or DEFAULT_MODEL))
-
-
-__all__ = ["INSTALL", "cli_runner", "connect", "require_ray", "run"]
+__all__ = ["INSTALL", "connect", "require_ray", "run"]

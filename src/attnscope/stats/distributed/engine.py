@@ -1,6 +1,7 @@
 """The Ray run: the driver cuts the local engine's batches, workers compute them, the driver merges.
 
-Batches are the local engine's, numbered (chunk, batch) in its order, so every document is
+Batches come from the local engine's one path (attnscope.stats.batching.numbered_batches),
+numbered (chunk, batch) in its order, so every document is
 padded and bucketed with the same neighbours and every per-document number is bit-for-bit
 the local one. States are exact integer sums, so the merge does not depend on which worker
 finishes first. The checkpoint is the local engine's: the merged state of the longest done
@@ -21,18 +22,16 @@ import ray
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
-from attnscope.stats import engine as local
-from attnscope.stats.batching import Batch
+from attnscope.stats import checkpoint
+from attnscope.stats.batching import Batch, Key, numbered_batches
 from attnscope.stats.distributed import reading
-from attnscope.stats.distributed.workers import Pool, shape
-from attnscope.stats.sources import Document, Source
+from attnscope.stats.distributed.workers import Pool, Work, shape
+from attnscope.stats.engine import Progress, RunResult, Settings, finish, start
+from attnscope.stats.sources import Source
 from attnscope.stats.state import StatsState
 from attnscope.stats.syntax import SyntaxCounts
 
 log = logging.getLogger(__name__)
-
-Key = tuple[int, int]  # (chunk, batch)
-
 
 class Prefix:
     """The merged state of the batches done so far in the local order, and those done out of order."""
@@ -65,62 +64,44 @@ class Prefix:
         return self.state.tokens + sum(s.tokens for s in self.early.values())
 
 
-def numbered_batches(model: Model, docs: Iterator[Document], settings: local.Settings,
-                     start: Key) -> Iterator[tuple[Key, Batch]]:
-    """The local engine's batches from `start` on, each with its (chunk, batch) number."""
-    for c, chunk in enumerate(reading.chunks(docs, settings.limit, settings.chunk_documents)):
-        if c < start[0]:
-            continue
-        skip = start[1] if c == start[0] else 0
-        for j, batch in enumerate(local._batches(model, chunk, settings, skip=skip)):
-            yield (c, skip + j), batch
-
-
-def run(source: Source, model: Model, settings: local.Settings, outdir: str | Path, resume: bool = False,
-        progress: Callable[[local.Progress], None] | None = None, total: int | None = None, *,
+def run(source: Source, model: Model, settings: Settings, outdir: str | Path, resume: bool = False,
+        progress: Callable[[Progress], None] | None = None, total: int | None = None, *,
         workers: int | None = None, threads: int | None = None,
-        worker_model: str | Model | None = None) -> local.RunResult:
+        worker_model: str | Model | None = None) -> RunResult:
     """`attnscope.stats.run` on the Ray runtime this process is connected to (see `connect`).
 
     Workers load `worker_model` (a name or path each node can load; default: `model` itself,
     shipped through Ray's object store). Results equal the local engine's exactly.
     """
-    local.validate_settings(model, settings)
-    out = Path(outdir)
-    identity = local.run_identity(model, source, settings)
-    state, chunk0, batch0 = local._start(out, identity, resume)
-    if state is None:
-        state = local.new_state(model, settings, with_syntax=source.has_trees)
-    before, tokens_before = state.documents, state.tokens
-    prefix = Prefix(state, (chunk0, batch0))
+    begun = start(source, model, settings, outdir, resume)
+    identity, before, tokens_before = begun.identity, begun.state.documents, begun.state.tokens
+    prefix = Prefix(begun.state, begun.position)
     pool = Pool(model if worker_model is None else worker_model, model, shape(workers, threads),
                 f"attnscope-stats-{uuid.uuid4().hex[:8]}")
     for i, info in enumerate(pool.infos):
         log.info("Ray worker %d: pid %d on %s, %d threads", i, info["pid"], info["host"], info["threads"])
     started = time.perf_counter()
-    checkpoints = Checkpoints(out, identity, settings.checkpoint_every)
+    checkpoints = Checkpoints(outdir, identity, settings.checkpoint_every)
 
     def report() -> None:
         if progress is not None:
-            progress(local.Progress(prefix.documents, prefix.tokens, time.perf_counter() - started, total))
+            progress(Progress(prefix.documents, prefix.tokens, time.perf_counter() - started, total))
 
     try:
-        batches = numbered_batches(model, reading.documents(source), settings, (chunk0, batch0))
-        _drive(pool, prefix, batches, ray.put(_empty(state)), checkpoints, report)
+        batches = numbered_batches(model, reading.documents(source), settings, begun.position)
+        _drive(pool, prefix, batches, ray.put(Work(_empty(begun.state), settings)), checkpoints, report)
     except KeyboardInterrupt:
-        local._save(out, identity, prefix.state, prefix.position, complete=False)
+        checkpoint.save(outdir, identity, prefix.state, prefix.position, complete=False)
         raise
     except AttnscopeError as exc:
-        raise local.kept(exc, out, identity, prefix.state, prefix.position, before) from exc
+        raise checkpoint.kept(exc, outdir, identity, prefix.state, prefix.position, before) from exc
     finally:
         pool.close()
-    if prefix.state.documents == 0:  # nothing saved, as in the local engine
-        raise AttnscopeError(f"{source.spec} has no documents to read")
-    local._save(out, identity, prefix.state, prefix.position, complete=True)
-    return local.RunResult(prefix.state, time.perf_counter() - started, before, tokens_before, source.malformed)
+    finish(source, outdir, identity, prefix.state, prefix.position)  # as in the local engine
+    return RunResult(prefix.state, time.perf_counter() - started, before, tokens_before, source.malformed)
 
 
-def _drive(pool: Pool, prefix: Prefix, batches: Iterator[tuple[Key, Batch]], empty: Any,
+def _drive(pool: Pool, prefix: Prefix, batches: Iterator[tuple[Key, Batch]], work: Any,
            checkpoints: Checkpoints, report: Callable[[], None]) -> None:
     """Keep every worker busy until the batches run out, folding results in as they come."""
     pending = True
@@ -131,10 +112,10 @@ def _drive(pool: Pool, prefix: Prefix, batches: Iterator[tuple[Key, Batch]], emp
                 pending = False
                 break
             prefix.expect(nxt[0])
-            pool.submit(nxt[0], nxt[1], empty)
+            pool.submit(nxt[0], nxt[1], work)
         if not pool.jobs:
             break
-        for key, part in pool.next_done(empty):
+        for key, part in pool.next_done(work):
             checkpoints.after(prefix, prefix.done(key, part))
             report()
 
@@ -142,13 +123,13 @@ def _drive(pool: Pool, prefix: Prefix, batches: Iterator[tuple[Key, Batch]], emp
 class Checkpoints:
     """Save the merged prefix every `every` batches merged in this process, as the local engine does."""
 
-    def __init__(self, out: Path, identity: dict[str, Any], every: int):
+    def __init__(self, out: str | Path, identity: dict[str, Any], every: int):
         self.out, self.identity, self.every, self.merged = out, identity, every, 0
 
     def after(self, prefix: Prefix, merged: int) -> None:
         before, self.merged = self.merged, self.merged + merged
         if self.merged // self.every > before // self.every:
-            local._save(self.out, self.identity, prefix.state, prefix.position, complete=False)
+            checkpoint.save(self.out, self.identity, prefix.state, prefix.position, complete=False)
 
 
 def _empty(state: StatsState) -> StatsState:

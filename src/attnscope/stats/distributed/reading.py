@@ -2,16 +2,15 @@
 
 Ray Data streams the file's rows, in order and read on the driver's node (where the file is),
 to the driver, which turns them into Documents with the same rules, messages and line numbers
-as `attnscope.stats.sources.Source`, and cuts them into the local engine's chunks, so both
-engines bucket the same documents into the same batches. Lines are split as Python's universal
-newlines do (not str.splitlines, which Ray's own read_text uses and which also splits at form
-feeds and U+2028), so no document changes.
+as `attnscope.stats.sources.Source`; both engines then batch them on one path
+(attnscope.stats.batching.numbered_batches), so they bucket the same documents into the same
+batches. Lines are split as Python's universal newlines do (not str.splitlines, which Ray's own
+read_text uses and which also splits at form feeds and U+2028), so no document changes.
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import json
 import logging
 from collections.abc import Iterator
@@ -166,11 +165,6 @@ def _parquet_column(path: Path, wanted: str | None) -> str:
         return "text"
     if len(names) == 1:
         return names[0]
-    raise AttnscopeError(f"{path} has several columns ({', '.join(names)}): choose one with --column")
+    raise AttnscopeError(f"{path} has several columns ({', '.join(names)}): choose one with column=NAME",
+                         parameter="column")
 
-
-def chunks(docs: Iterator[Document], limit: int | None, size: int) -> Iterator[list[Document]]:
-    """The local engine's chunks: the first `limit` documents, `size` at a time."""
-    docs = docs if limit is None else itertools.islice(docs, limit)
-    while chunk := list(itertools.islice(docs, size)):
-        yield chunk

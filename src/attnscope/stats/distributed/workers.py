@@ -19,7 +19,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model, load_model
 from attnscope.stats.batching import Batch
-from attnscope.stats.engine import run_batch
+from attnscope.stats.engine import Settings, run_batch
 from attnscope.stats.state import StatsState
 
 RESTARTS = 3  # times Ray restarts a dead worker
@@ -41,8 +41,17 @@ class StatsWorker:
         return {"name": m.name, "layers": m.n_layers, "heads": m.n_heads, "pid": os.getpid(),
                 "host": socket.gethostname(), "threads": torch.get_num_threads()}
 
-    def run(self, batch: Batch, empty: StatsState) -> StatsState:
-        return run_batch(self.model, batch, empty)
+    def run(self, batch: Batch, work: Work) -> StatsState:
+        return run_batch(self.model, batch, work.empty, work.settings)
+
+
+@dataclass(frozen=True)
+class Work:
+    """What every batch of a run needs besides itself (put in the object store once): the empty state a
+    batch is folded into, and the run's settings, which say what the worker computes."""
+
+    empty: StatsState
+    settings: Settings
 
 
 RemoteWorker = ray.remote(max_restarts=RESTARTS, max_task_retries=TASK_RETRIES)(StatsWorker)
@@ -72,9 +81,9 @@ def shape(workers: int | None, threads: int | None = None) -> Shape:
     largest = max(nodes, default=total)
     n = workers if workers is not None else max(1, len(nodes))
     if n < 1:
-        raise AttnscopeError(f"--workers {n} must be at least 1")
+        raise AttnscopeError(f"workers={n} must be at least 1", parameter="workers")
     if threads is not None and threads < 1:
-        raise AttnscopeError(f"threads={threads} must be at least 1")
+        raise AttnscopeError(f"threads={threads} must be at least 1", parameter="threads")
     each = threads or max(1, int(min(largest, total // n)))
     return Shape(n, min(float(each), largest, total / n), each)
 
@@ -113,22 +122,22 @@ class Pool:
     def room(self) -> bool:
         return len(self.jobs) < IN_FLIGHT * len(self.alive)
 
-    def submit(self, key: tuple[int, int], batch: Batch, empty: Any) -> None:
-        self._send(Job(key, ray.put(batch), -1, 0), empty)
+    def submit(self, key: tuple[int, int], batch: Batch, work: Any) -> None:
+        self._send(Job(key, ray.put(batch), -1, 0), work)
 
-    def _send(self, job: Job, empty: Any) -> None:
+    def _send(self, job: Job, work: Any) -> None:
         if not self.alive:
             raise AttnscopeError("every Ray worker has died: see the Ray logs (e.g. out of memory), "
-                                 "then run again with --resume")
+                                 "then run again with resume=True")
         load = {i: 0 for i in self.alive}
         for j in self.jobs.values():
             if j.worker in load:
                 load[j.worker] += 1
         job.worker = min(load, key=lambda i: (load[i], i))
         job.tries += 1
-        self.jobs[self.workers[job.worker].run.remote(job.batch, empty)] = job
+        self.jobs[self.workers[job.worker].run.remote(job.batch, work)] = job
 
-    def next_done(self, empty: Any) -> list[tuple[tuple[int, int], StatsState]]:
+    def next_done(self, work: Any) -> list[tuple[tuple[int, int], StatsState]]:
         """Block until at least one batch is done; resend the batches of workers that are gone."""
         ready, _ = ray.wait(list(self.jobs), num_returns=1)
         done = []
@@ -140,9 +149,9 @@ class Pool:
                 self.alive.discard(job.worker)  # Ray's restarts are used up: this worker is gone
                 if job.tries > RESUBMITS:
                     raise AttnscopeError(f"batch {job.key} was lost with {job.tries} workers "
-                                         f"({type(exc).__name__}): see the Ray logs, then run again with --resume"
+                                         f"({type(exc).__name__}): see the Ray logs, then run again with resume=True"
                                          ) from exc
-                self._send(job, empty)
+                self._send(job, work)
             except RayTaskError as exc:
                 raise _reason(exc) from exc
         return done
