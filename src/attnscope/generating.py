@@ -47,15 +47,17 @@ def validate_settings(max_new_tokens: int, temperature: float | None, top_k: int
                       alternatives: int) -> None:
     """One-line errors for sampling settings out of range (before any model is loaded)."""
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{MAX_NEW_TOKENS}")
+        raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{MAX_NEW_TOKENS}",
+                             parameter="max_new_tokens")
     if temperature is not None and not temperature > 0:
-        raise AttnscopeError(f"temperature {temperature} is out of range: use a number above 0 (1 samples as is)")
+        raise AttnscopeError(f"temperature {temperature} is out of range: use a number above 0 (1 samples as is)",
+                             parameter="temperature")
     if top_k is not None and top_k < 1:
-        raise AttnscopeError(f"top_k {top_k} is out of range: use at least 1")
+        raise AttnscopeError(f"top_k {top_k} is out of range: use at least 1", parameter="top_k")
     if top_p is not None and not 0 < top_p <= 1:
-        raise AttnscopeError(f"top_p {top_p} is out of range: use a number in (0, 1]")
+        raise AttnscopeError(f"top_p {top_p} is out of range: use a number in (0, 1]", parameter="top_p")
     if not 1 <= alternatives <= 100:
-        raise AttnscopeError(f"alternatives {alternatives} is out of range: use 1..100")
+        raise AttnscopeError(f"alternatives {alternatives} is out of range: use 1..100", parameter="alternatives")
 
 
 def require_decoder(m: Model) -> None:
@@ -219,7 +221,7 @@ def _encode_prompt(m: Model, prompt: str, max_new_tokens: int) -> tuple[list[Tok
     if n + max_new_tokens > m.max_positions:
         raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: the prompt has {n} tokens and "
                              f"{m.name} reads at most {m.max_positions} positions, so use at most "
-                             f"{m.max_positions - n}")
+                             f"{m.max_positions - n}", parameter="max_new_tokens")
     return enc.tokens[0], {k: v for k, v in enc.inputs.items() if k in ("input_ids", "attention_mask")}
 
 
@@ -239,7 +241,8 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     layers = assemble(recorder, n_layers, n_steps)
     n_rows = len(prompt_tokens) + n_steps - 1
     new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in steps.steps[: n_steps - 1]]
-    info = {**describe(m), "family": family_of(m.model).name if family_of(m.model) else None,  # type: ignore[union-attr]
+    fam = family_of(m.model)
+    info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
             "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
             "d_model": int(layers["x"][0].shape[-1])}
     scaling = [float(s) for s in _scalings(m, n_layers)]

@@ -22,7 +22,7 @@ import numpy as np
 
 from attnscope import report
 from attnscope.errors import AttnscopeError, validate_index
-from attnscope.stages import ARRAY_AXES
+from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token
 from attnscope.traces import Trace
 
@@ -120,8 +120,29 @@ class GenerationTrace:
         row: np.ndarray = self.trace.weights[:, :, pos, : pos + 1]
         return row
 
+    def attended(self, step: int, layer: int, head: int | None = None, k: int = 3) -> list[tuple[int, float]]:
+        """The k earlier positions the step's query attends to most, with their weight: one head's, or the
+        mean over the layer's heads (head None). Layers and heads are 0-indexed."""
+        self.trace.validate(layer=layer, head=head)
+        w = self.step_weights(step)[layer]  # [head, key]
+        row = w.mean(axis=0) if head is None else w[head]  # [key]
+        top = np.argsort(-row, kind="stable")[:k]
+        return [(int(i), float(row[i])) for i in top]
+
     def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
         return self.trace.check(tolerance)
+
+    def step_trace(self, step: int) -> Trace:
+        """What the step's query saw: a Trace of positions 0 .. its own (the cache, then itself), whose last
+        row is the step's attention. Its check is the whole generation's."""
+        n = self.query_position(step) + 1
+        tr = self.trace
+        kept = [name for name in tr.arrays if name in ARRAY_AXES and name != "flow"]  # flow mixes later rows in
+        arrays = {name: _cut(tr.arrays[name], name, n) for name in kept}
+        sub = Trace(tr.model, tr.text, None, tr.tokens[:n], arrays, tr.scaling, comparisons=tr.comparisons,
+                    unsupported=tr.unsupported)
+        sub.saved_check = tr.saved_check
+        return sub
 
     def metadata(self) -> dict[str, Any]:
         """Everything but the arrays, JSON-able (saved under the "generation" key)."""
@@ -145,6 +166,12 @@ class GenerationTrace:
     def __repr__(self) -> str:
         return (f"GenerationTrace(model={self.model.get('name')!r}, prompt_tokens={self.prompt_length}, "
                 f"steps={self.n_steps}, stopped={self.stopped!r})")
+
+
+def _cut(arr: np.ndarray, name: str, n: int) -> np.ndarray:
+    """The first n positions on every token axis of a [layer, ...] array."""
+    index = tuple(slice(0, n) if axis in TOKEN_AXES else slice(None) for axis in ARRAY_AXES[name])
+    return arr[index]
 
 
 def _file_metadata(g: GenerationTrace) -> dict[str, Any]:

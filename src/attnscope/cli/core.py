@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_format, add_text_args, console, print_json, read_text
+from attnscope.cli.generate import add_step_args
 
 if TYPE_CHECKING:
     from attnscope.tracing import Trace
@@ -22,6 +23,7 @@ def register(sub: Any) -> None:
     p.add_argument("--token", type=int, default=None,
                    help="focus on one query token (0-indexed): adds its weighted values and their sum")
     p.add_argument("--full", action="store_true", help="print every row and column (wide tables in blocks)")
+    add_step_args(p)  # --step N, --generation FILE: one step of a generation (attnscope.cli.generate)
     add_format(p)
     p.set_defaults(func=run_explain)
 
@@ -62,6 +64,10 @@ def traced(args: argparse.Namespace) -> Trace:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if args.step is not None or args.generation is not None:
+        from attnscope.cli.generate import run_explain_step
+
+        return run_explain_step(args)
     tr = traced(args)
     from attnscope.explain import walkthrough
     from attnscope.models import load_model

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "attnscope.cli.rollout",
     "attnscope.cli.view",
     "attnscope.cli.stats",
+    "attnscope.cli.generate",
 )
 
 

@@ -1,0 +1,225 @@
+"""generate: watch a decoder write, one token at a time; and explain --step N on a generation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnscope.cli.common import add_format, console, print_json, read_text
+
+if TYPE_CHECKING:
+    from attnscope.generation import GeneratedToken, GenerationTrace
+
+# Heavy imports (torch, transformers) happen inside the commands, so --help and input errors are instant.
+DEFAULT_GENERATOR = "smollm2"
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("generate", help="generate text one token at a time, every step's attention verified")
+    p.add_argument("text", nargs="?", metavar="PROMPT", help="the prompt to continue")
+    p.add_argument("--text-file", metavar="PATH", help="read PROMPT from a UTF-8 file instead")
+    p.add_argument("--model", metavar="M", default=DEFAULT_GENERATOR,
+                   help=f"a causal LM: Hugging Face id or local checkpoint (default {DEFAULT_GENERATOR})")
+    p.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="at most N new tokens (default 20)")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the top-P probability mass")
+    p.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (repeatable runs)")
+    p.add_argument("--layer", type=int, default=None, metavar="L",
+                   help="layer for the most attended tokens, 0-indexed (default: the last)")
+    p.add_argument("--head", type=int, default=None, metavar="H",
+                   help="one head for the most attended tokens, 0-indexed (default: mean over heads)")
+    p.add_argument("--alternatives", type=int, default=3, metavar="K", help="top alternatives shown per step")
+    p.add_argument("-o", "--output", metavar="FILE", help="save the generation trace: FILE.safetensors or FILE.npz")
+    add_format(p)
+    p.set_defaults(func=run_generate)
+
+
+def add_step_args(p: argparse.ArgumentParser) -> None:
+    """explain's options for one generated step."""
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="explain generation step N (0-indexed) of TEXT as a prompt, or of --generation FILE")
+    p.add_argument("--generation", metavar="FILE", default=None, help="a generation saved by `generate -o FILE`")
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from attnscope.errors import require_text
+
+    prompt = require_text(read_text(args), "prompt")
+    from attnscope.generating import GenerationInterrupted, generate, validate_settings
+
+    validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives)
+    stream = args.format == "text"
+    if stream:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+    status = 0
+    try:
+        g = generate(prompt, model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                     top_k=args.top_k, top_p=args.top_p, seed=args.seed, alternatives=args.alternatives,
+                     on_token=_echo if stream else None)
+    except GenerationInterrupted as exc:
+        if exc.partial is None:
+            raise KeyboardInterrupt from exc
+        g, status = exc.partial, 130
+        print(f"\nattnscope: interrupted: keeping the {g.n_steps} steps generated so far", file=sys.stderr)
+    if args.output:
+        g.save(args.output)
+    _emit(g, args)
+    return status if status else (0 if g.check().ok else 1)
+
+
+def _echo(step: GeneratedToken) -> None:
+    sys.stdout.write(step.piece)
+    sys.stdout.flush()
+
+
+def _emit(g: GenerationTrace, args: argparse.Namespace) -> None:
+    layer = g.trace.n_layers - 1 if args.layer is None else args.layer
+    g.trace.validate(layer=layer, head=args.head)
+    if args.format == "json":
+        print_json(generation_json(g, layer, args.head))
+    elif args.format == "markdown":
+        sys.stdout.write(generation_markdown(g, layer, args.head))
+    else:
+        from attnscope.render import check_summary
+
+        out = console()
+        out.print()
+        out.print(_header(g))
+        out.print(steps_table(g, layer, args.head))
+        out.print(check_overview(g))
+        out.print(check_summary(g.check()))
+        if args.output:
+            out.print(f"wrote {args.output}")
+
+
+def _header(g: GenerationTrace) -> str:
+    how = "greedy" if not g.settings.get("do_sample") else "sampled"
+    return (f"{g.model.get('name')} ({g.model.get('architecture')}): {g.prompt_length} prompt tokens, "
+            f"{g.n_steps} new ({how}; stopped: {g.stopped}); {g.trace.n_layers} layers x {g.trace.n_heads} heads")
+
+
+def _who(g: GenerationTrace, layer: int, head: int | None) -> str:
+    return f"layer {layer}, " + ("mean over heads" if head is None else f"head {head}")
+
+
+def _step_cells(g: GenerationTrace, s: GeneratedToken, layer: int, head: int | None) -> list[str]:
+    tokens = g.tokens
+    alts = ", ".join(f"{a.text!r} {a.probability:.3f}" for a in s.alternatives)
+    seen = ", ".join(f"{i}:{tokens[i].text!r} {w:.2f}" for i, w in g.attended(s.step, layer, head))
+    return [str(s.step), str(s.position), repr(s.piece), f"{s.probability:.3f}", alts, seen]
+
+
+_COLUMNS = ("step", "pos", "token", "p", "top alternatives", "most attended")
+
+
+def steps_table(g: GenerationTrace, layer: int, head: int | None) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"each step (0-indexed): the token, its probability, the alternatives, and the earlier "
+              f"tokens its query attends to most ({_who(g, layer, head)})", title_justify="left")
+    for c in _COLUMNS:
+        t.add_column(c, justify="right" if c in ("step", "pos", "p") else "left")
+    for s in g.steps:
+        t.add_row(*(escape(c) for c in _step_cells(g, s, layer, head)))
+    return t
+
+
+MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "
+           "weight row), relative to the row's scale above")
+
+
+def check_overview(g: GenerationTrace) -> Any:
+    """One line per stage and comparison: the max error and where it is (layers and heads 0-indexed)."""
+    from rich.table import Table
+
+    t = Table(title="every step recomputed from the layer's weights with the cached keys and values (recompute), "
+              "and every row against one forward pass without a cache (no-cache)", title_justify="left",
+              caption=MEASURE, caption_justify="left")
+    for name in ("stage", "vs", "max error", "at"):
+        t.add_column(name, justify="right" if name == "max error" else "left")
+    report = g.check()
+    for c in report.comparisons:
+        worst = 0 if np.isnan(c.errors).all() else int(np.nanargmax(c.errors))
+        layer, head = (int(i) for i in np.unravel_index(worst, c.errors.shape))
+        style = "green" if c.max_error <= report.tolerance else "bold red"
+        where = f"layer {layer}" + (f", head {head}" if c.errors.shape[1] > 1 else "")
+        t.add_row(c.stage, c.source, f"[{style}]{c.max_error:.1e}[/{style}]", where)
+    return t
+
+
+def generation_markdown(g: GenerationTrace, layer: int, head: int | None) -> str:
+    from attnscope.render import check_markdown
+
+    lines = [f"**{_header(g)}**", "", f"> {g.prompt}**{g.completion}**".replace("\n", " "), "",
+             f"Most attended: {_who(g, layer, head)}.", "",
+             "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _step_cells(g, s, layer, head)) + " |" for s in g.steps]
+    return "\n".join(lines) + "\n\n" + check_markdown(g.check(), g.trace.n_layers) + f"\n{MEASURE}.\n"
+
+
+def generation_json(g: GenerationTrace, layer: int, head: int | None) -> dict[str, Any]:
+    steps = [{**s.to_dict(), "attended": [{"position": i, "weight": w} for i, w in g.attended(s.step, layer, head)]}
+             for s in g.steps]
+    return {"model": g.model, **g.metadata(), "steps": steps, "attended_by": {"layer": layer, "head": head},
+            "check": g.check().to_dict()}
+
+
+def run_explain_step(args: argparse.Namespace) -> int:
+    """explain --step N: one generated step, its cached keys and values shown as the cache."""
+    from attnscope.cli.core import emit_walkthrough
+    from attnscope.explain import walkthrough
+    from attnscope.generation import load_generation
+    from attnscope.models import load_model
+
+    if args.step is None:
+        raise_error("--generation FILE explains one step: give --step N too")
+    if args.generation is not None:
+        if args.text is not None or args.text_file:
+            raise_error("give TEXT or --generation FILE, not both")
+        g = load_generation(args.generation)
+        model = load_model(args.model or g.model.get("name"))
+    else:
+        from attnscope.errors import require_text
+        from attnscope.generating import generate
+
+        prompt = require_text(read_text(args), "prompt")
+        model = load_model(args.model or DEFAULT_GENERATOR)
+        g = generate(prompt, model=model, max_new_tokens=max(1, args.step + 1))
+    g.validate_step(args.step)
+    pos = g.query_position(args.step)
+    w = walkthrough(g.step_trace(args.step), args.layer, args.head, pos, model=model)
+    w.steps.insert(1, cache_step(g, args.step, args.layer, args.head))
+    emit_walkthrough(w, args.format)
+    return 0
+
+
+def cache_step(g: GenerationTrace, step: int, layer: int, head: int) -> Any:
+    """The walkthrough's step that shows the KV cache the step's query read, and the row it added."""
+    from attnscope.steps import Step
+
+    pos = g.query_position(step)
+    k, v = g.trace.arrays["k"][layer, head, : pos + 1], g.trace.arrays["v"][layer, head, : pos + 1]  # [key, d_head]
+    tokens = g.tokens
+    labels = [f"{i}:{tokens[i].text} ({'cache' if i < pos else 'new'})" for i in range(pos + 1)]
+    nxt = g.steps[step]
+    made = "the prompt's forward pass (the prefill)" if step == 0 else f"step {step - 1}"
+    text = (f"Step {step} writes token {nxt.position} ({nxt.text!r}, p = {nxt.probability:.3f}). Its query is the "
+            f"last token so far, position {pos}, made by {made}. With a KV cache the model does not recompute "
+            f"the keys and values of positions 0..{pos - 1}: it reads them from the cache (rows marked cache) "
+            f"and computes only row {pos} (marked new). Below: the whole sequence up to position {pos}; the "
+            f"rows for query {pos} are this step's attention.")
+    return Step("cache", f"The KV cache of layer {layer}, head {head}", text,
+                f"[key, d_head] = [{pos + 1}, {k.shape[-1]}]", {"k (cache + new)": k, "v (cache + new)": v},
+                row_labels=labels)
+
+
+def raise_error(message: str) -> None:
+    from attnscope.errors import AttnscopeError
+
+    raise AttnscopeError(message)
