@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -206,3 +208,88 @@ def test_generation_record_is_torch_free() -> None:
 def test_public_api() -> None:
     assert callable(attnscope.generate) and attnscope.generate is generate
     assert attnscope.GenerationTrace is GenerationTrace
+
+
+# --- the CLI: attnscope generate, explain --step ---
+
+@pytest.fixture(scope="session")
+def gpt2_dir(decoder: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The random-weight GPT-2 LM saved as a local checkpoint, for --model."""
+    m = decoder("gpt2")
+    path = tmp_path_factory.mktemp("gpt2-lm")
+    m.model.save_pretrained(path)
+    m.tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    from attnscope.cli.main import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_generate_streams_then_tables(gpt2_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "4"], capsys)
+    assert code == 0, err
+    g = generate(PROMPT, model=gpt2_dir, max_new_tokens=4)
+    assert out.startswith(PROMPT + g.completion)  # the text streamed first, as it was generated
+    assert "most attended" in out and "no-cache" in out and "PASS" in out
+
+
+def test_cli_generate_json_and_explain_step(gpt2_dir: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "gen.npz"
+    code, out, err = _cli(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "3", "--format", "json",
+                           "--layer", "0", "--head", "1", "-o", str(saved)], capsys)
+    assert code == 0, err
+    data = json.loads(out)
+    assert len(data["steps"]) == 3 and data["check"]["ok"] and data["attended_by"] == {"layer": 0, "head": 1}
+    g = load_generation(saved)
+    first = data["steps"][2]["attended"][0]
+    assert first["weight"] == pytest.approx(float(g.step_weights(2)[0, 1].max()))
+    code, out, err = _cli(["explain", "--generation", str(saved), "--step", "2", "--model", gpt2_dir,
+                           "--layer", "1", "--head", "3", "--format", "markdown"], capsys)
+    assert code == 0, err
+    assert "KV cache of layer 1, head 3" in out and f"query token {g.query_position(2)}" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["generate", " "], "the prompt is empty"),
+    (["generate", PROMPT, "--max-new-tokens", "0"], "--max-new-tokens 0 is out of range"),
+    (["generate", PROMPT, "--top-p", "2"], "--top-p 2.0 is out of range"),
+    (["generate", PROMPT, "--model", "minilm"], "is an encoder and cannot generate"),
+    (["explain", "--generation", "missing.npz", "--step", "0"], "missing.npz"),
+])
+def test_cli_bad_input_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _out, err = _cli(argv, capsys)
+    assert code == 2
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+class _InterruptingStdout(io.StringIO):
+    """A terminal where the user presses Ctrl-C while the third piece of text is being written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, s: str) -> int:
+        self.writes += 1
+        if self.writes == 4:  # the prompt, then the pieces of steps 0, 1 and 2
+            raise KeyboardInterrupt
+        return super().write(s)
+
+
+def test_cli_ctrl_c_keeps_what_was_generated(gpt2_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli.main import main
+
+    terminal = _InterruptingStdout()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    code = main(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "20", "-o", str(tmp_path / "g.npz")])
+    assert code == 130
+    assert "interrupted: keeping the 3 steps generated so far" in capsys.readouterr().err
+    assert "PASS" in terminal.getvalue()
+    assert load_generation(tmp_path / "g.npz").n_steps == 3
