@@ -102,7 +102,7 @@ def test_type_trace_switch_views_click_and_read(visit: Visit, local: attnscope.T
     assert shown["title"] == f"Layer {LAYER}, head {HEAD}, query token {QUERY} “{local.tokens[QUERY].text}”"
     assert shown["ok"] == "true" and shown["badge"].startswith("✓ verified")
     assert shown["stages"] == ["tokens", "x", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights",
-                               "context", "merged", "output"]
+                               "weighted", "context", "merged", "output"]
     assert shown["hit"] == [f"{KEY}: {local.tokens[KEY].text}"]
     shown_weights_match(shown, local.weights[LAYER, HEAD, QUERY])
 

@@ -7,7 +7,7 @@
   const $ = (id) => document.getElementById(id);
   const config = JSON.parse($("sv-config").textContent);
   const MAX_ROWS = 12;
-  const MAX_COLS = 8;
+  const MAX_COLS = 64; // the tables scroll inside their box; wider arrays say which columns they leave out
   const KEY_STAGES = ["scores", "scaled", "masked", "weights"]; // arrays whose columns are keys
   const MASK_FLOOR = -1.7e38; // half the most negative float32: the additive mask
 
@@ -97,6 +97,7 @@
     const state = current.controller ? current.controller.state : {};
     const layer = detail.layer ?? state.layer ?? 0;
     const head = detail.head ?? state.head ?? 0;
+    const drawn = detail.view === "head" && Array.isArray(state.heads) ? state.heads.length : 1;
     const seq = ++explainSeq;
     const box = $("sv-explain");
     box.dataset.state = "loading";
@@ -104,8 +105,10 @@
     try {
       const w = await api("/api/explain", Object.assign({ layer: layer, head: head, token: detail.query }, current.request));
       if (seq !== explainSeq) return; // a newer click won
-      box.replaceChildren(...walkthrough(w, detail.key));
+      box.replaceChildren(...walkthrough(w, detail.key, drawn));
       box.dataset.state = "ready";
+      const weights = box.querySelector('.sv-step[data-stage="weights"]');
+      if (weights) weights.scrollIntoView({ block: "start" }); // the step that was clicked, not step 1
     } catch (err) {
       if (seq !== explainSeq) return;
       box.replaceChildren(el("p", { class: "sv-error", text: err.message }));
@@ -122,23 +125,27 @@
     return {
       kind: ok ? "ok" : "fail",
       text: `${ok ? "✓ verified" : "✗ check failed"}: every stage of layer ${w.layer} head ${w.head} recomputed from ` +
-        `the layer's weights matches the model's forward pass: max abs error ${Number(c.head_max_error ?? c.max_error)
-          .toExponential(2)} (tolerance ${Number(c.tolerance).toExponential(0)})`,
+        `the layer's weights matches the model's forward pass: max error ${A.fmtError(Number(c.head_max_error ?? 0))} ` +
+        `(tolerance ${A.fmtError(Number(c.tolerance))}; whole trace ${A.fmtError(Number(c.max_error ?? 0))}, ` +
+        "as `attnscope check` reports it)",
     };
   }
 
-  function walkthrough(w, key) {
+  function walkthrough(w, key, drawn) {
     const tokens = w.tokens.map((t) => t.text);
     const focus = w.token === null ? "every query" : `query token ${w.token} “${tokens[w.token]}”`;
     const check = checkLine(w);
+    const which = drawn > 1 ? el("p", { class: "sv-which", text: `The head view draws ${drawn} heads; this explains ` +
+      `layer ${w.layer}, head ${w.head}, the first of them. Select one head there to explain another.` }) : null;
     const out = [
       el("h2", { class: "sv-explain-title", text: `Layer ${w.layer}, head ${w.head}, ${focus}` }),
+      which,
       el("p", { class: "sv-meta", text: `${w.model.name} · ${w.model.layers} layers × ${w.model.heads} heads · ` +
         "layers, heads and tokens are 0-indexed" }),
       el("p", { class: `sv-badge sv-${check.kind}`, "data-ok": String(check.kind === "ok"), text: check.text }),
     ];
-    w.steps.forEach((step, i) => out.push(stepNode(step, i + 1, w, tokens, key)));
-    return out;
+    w.steps.forEach((step, i) => out.push(stepNode(step, step.number || String(i + 1), w, tokens, key)));
+    return out.filter(Boolean);
   }
 
   function stepNode(step, n, w, tokens, key) {
@@ -167,7 +174,7 @@
   function fmt(v, integers) {
     if (typeof v !== "number") return String(v);
     if (v <= MASK_FLOOR) return "-inf*";
-    return integers ? String(v) : v.toFixed(4);
+    return integers ? String(v) : A.fmt(v);
   }
 
   function rowLabels(rows, w, tokens) {
@@ -195,15 +202,25 @@
     const ci = keep(cols, MAX_COLS, keyCol);
     const head = el("tr", {}, [el("th", { text: "" }), ...ci.map((j) => el("th", {
       class: j !== null && j === keyCol ? "sv-hit" : null, title: j === null ? null : cl ? cl[j] : String(j),
-      text: j === null ? "…" : cl ? cl[j].slice(0, 10) : String(j) }))]);
+      text: j === null ? "…" : cl ? cl[j] : String(j) }))]);
     const body = ri.map((i) => el("tr", {}, [
       el("th", { text: i === null ? "…" : rl ? rl[i] : String(i) }),
       ...ci.map((j) => el("td", { class: j !== null && j === keyCol ? "sv-hit" : null,
                                   text: i === null || j === null ? "…" : fmt(grid[i][j], integers) })),
     ]));
     const caption = el("caption", { text: `${name} [${rows}, ${cols}]` });
-    return el("div", { class: "sv-matrix" }, [el("table", { "data-name": name }, [caption, el("thead", {}, [head]),
-                                                                                    el("tbody", {}, body)])]);
+    const table = el("div", { class: "sv-matrix" }, [el("table", { "data-name": name }, [caption,
+      el("thead", {}, [head]), el("tbody", {}, body)])]);
+    const gaps = [elided("rows", ri, rows), elided("columns", ci, cols)].filter(Boolean);
+    return gaps.length ? el("div", {}, [table, el("p", { class: "sv-elided", text: `${gaps.join("; ")} ` +
+      "(`attnscope explain --full` or the API's JSON has them all)" })]) : table;
+  }
+
+  // "rows 10..381 of 384 not shown (0-indexed)" for the gap (null) in the kept indices, as the terminal says it.
+  function elided(kind, kept, n) {
+    const at = kept.indexOf(null);
+    if (at < 0) return null;
+    return `${kind} ${at === 0 ? 0 : kept[at - 1] + 1}..${kept[at + 1] - 1} of ${n} not shown (0-indexed)`;
   }
 
   // ---- start -------------------------------------------------------------------------------

@@ -58,8 +58,8 @@
   }
 
   // A CSS grid whose put(node, row, column, rowSpan) places cells; the vector canvases span every key row.
-  function grid(n, d, cw, numbers, extraRows) {
-    const node = el("div", { class: "as-neuron" });
+  function grid(n, d, cw, numbers, extraRows, cls) {
+    const node = el("div", { class: cls || "as-neuron" });
     node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(${numbers}, max-content)`;
     node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n + (extraRows || 0)}, ${ROW}px)`;
     const put = (cell, row, col, span) => {
@@ -135,7 +135,7 @@
     const v = (j, t) => b.v[j * d + t];
     const wv = (j, t) => f32(w(j) * v(j, t));
     const context = b.context.subarray(query * d, (query + 1) * d);
-    const { node, put } = grid(n, d, cw, 1, 1);
+    const { node, put } = grid(n, d, cw, 1, 1, "as-neuron-v");
     put(el("span", { class: "as-th", text: "query" }), 1, 1);
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
     ["key", "v", "weight × v", "weight"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
@@ -195,7 +195,8 @@
         const block = await blockFor(ctx, layer, head, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
-        if (block) content.append(table(ctx, block, query, order.value, tip, content.clientWidth || 1280));
+        const width = content.clientWidth || 1280;
+        if (block) content.append(table(ctx, block, query, order.value, tip, width));
         else content.append(missing(ctx, layer, head));
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
       };
