@@ -121,7 +121,7 @@
     if (exact) return lines.concat([`${where.src.label}: ${A.fmt(exact.weights[q * model.n + k])}`]);
     const v = where.src.value(where.layer, where.head, q, k);
     const step = A.fmt(where.src.step(where.layer, where.head));
-    return lines.concat([`${where.src.label}: ${A.fmt(v)} (8-bit approximation, within ±${step})`]);
+    return lines.concat([`${where.src.label}: ≈ ${A.fmt(v)} (8-bit approximation, within ±${step})`]);
   }
 
   function legend(ctx, where) {
