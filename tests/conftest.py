@@ -49,6 +49,8 @@ def _tiny(name: str) -> torch.nn.Module:
         "gpt2": lambda: T.GPT2Model(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522,
                                                  bos_token_id=101, eos_token_id=102)),
         "llama": lambda: T.LlamaModel(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
+        # a family attnscope has no adapter for: traced and shown, never verified
+        "starcoder2": lambda: T.Starcoder2Model(T.Starcoder2Config(**small, num_key_value_heads=2, vocab_size=30522)),
     }
     torch.manual_seed(0)
     model = builders[name]()

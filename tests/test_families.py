@@ -194,3 +194,23 @@ def test_cli_unverified_family_exits_3(tmp_path: Path, minilm: attnscope.Model,
     out = capsys.readouterr().out
     assert code == 3 and "PASS" not in out
     assert "NOT VERIFIED: no attnscope adapter for model type 'starcoder2'" in out
+
+
+def test_views_norms_and_rollout_read_the_shared_kv_head(modern: Callable[[str], attnscope.Model]) -> None:
+    from attnscope.views.payload import neuron_block, payload
+
+    tr = attnscope.trace(LONG, model=modern("llama"))  # 4 query heads, 2 k/v heads
+    assert (tr.kv_heads, tr.kv_head(0), tr.kv_head(1), tr.kv_head(2), tr.kv_head(3)) == (2, 0, 0, 1, 1)
+    assert neuron_block(tr, 1, 3)["kv_head"] == 1
+    check = payload(tr, neuron="none")["check"]
+    assert check["status"] == "PASS" and check["ok"] is True
+    norms = tr.norms()["norm_head"]  # [layer, head, query, key]
+    params = families.layer_params(modern("llama").model)
+    assert params is not None
+    d = params[0].d_head
+    for layer, head in ((0, 1), (1, 2)):
+        w_o = params[layer].w_o[head * d:(head + 1) * d].double().numpy()  # head's rows of W_O
+        f = tr.arrays["v"][layer, tr.kv_head(head)].astype(np.float64) @ w_o  # f^h(x_j) [key, d_model]
+        want = tr.weights[layer, head] * np.linalg.norm(f, axis=-1)[None, :]
+        assert np.abs(norms[layer, head] - want).max() <= 1e-5
+    assert np.allclose(tr.rollout()[-1].sum(-1), 1.0, atol=1e-5)

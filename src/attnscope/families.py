@@ -341,9 +341,8 @@ def why_unsupported(model: nn.Module) -> str | None:
     fam = family_of(model)
     if fam is None:
         kind = getattr(model.config, "model_type", "?")
-        known = ", ".join(sorted(FAMILIES))
-        return (f"no attnscope adapter for model type {kind!r} ({type(model).__name__}): the projections q, k, v "
-                f"(and every step after them) are not recomputed; recomputed families: {known}")
+        return (f"no attnscope adapter for model type {kind!r} ({type(model).__name__}): q, k, v and every "
+                f"later step are not recomputed")
     if not attention_modules(model):
         return f"no {'/'.join(fam.attention_classes)} module found in {type(model).__name__}"
     if fam.rotary:

@@ -221,7 +221,7 @@ def test_hostile_tokens_render_literally(open_page: Callable[..., Any]) -> None:
     opened.page.hover('.as-q .as-tok[data-index="1"]')
     assert opened.page.evaluate("() => [window.pwned, document.querySelectorAll('img, svg, b').length]") == [None, 0]
     assert opened.dialogs == [] and opened.errors == [] and opened.foreign_requests() == []
-    assert opened.page.inner_text(".as-badge") == "not verified: weights passed in directly, without their model: " \
+    assert opened.page.inner_text(".as-badge") == "NOT VERIFIED: weights passed in directly, without their model: " \
         "nothing to verify them against"
     opened.shot("hostile-tokens")
 
@@ -281,16 +281,16 @@ def test_another_page_embeds_the_views(pair_trace: Trace, open_page: Callable[..
 
 def test_unverified_family_and_causal_mask(tiny_model: Callable[[str], attnscope.Model],
                                            open_page: Callable[..., Any]) -> None:
-    tr = trace("the cat sat on the mat", model=tiny_model("llama"))
-    opened = open_page(to_html(tr, "matrix", layer=1, head=2), "llama-matrix")
+    tr = trace("the cat sat on the mat", model=tiny_model("starcoder2"))  # no attnscope adapter
+    opened = open_page(to_html(tr, "matrix", layer=1, head=2), "starcoder2-matrix")
     page = opened.page
     badges = page.eval_on_selector_all(".as-badge", "bs => bs.map(b => b.textContent)")
-    assert badges == ["not verified: independent recompute not supported for LlamaModel"] * 2  # no "verified" badge
+    assert badges == [f"NOT VERIFIED: {tr.unsupported}"] * 2 and "starcoder2" in str(tr.unsupported)  # never "verified"
     page.focus("canvas.as-matrix")
     for key in ("ArrowRight", "ArrowRight", "ArrowDown"):  # query 1, key 2: a later key
         page.keyboard.press(key)
     assert page.inner_text(".as-tip").splitlines()[1] == "masked: a causal model's query never sees later keys"
     page.keyboard.press("ArrowLeft")  # key 1: seen
     assert "≈" in page.inner_text(".as-tip") and tr.causal
-    opened.shot("llama-matrix-causal")
+    opened.shot("starcoder2-matrix-causal")
     assert opened.errors == []

@@ -154,11 +154,13 @@ def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True) -> 
     missing = [s for s in NEURON_STAGES if s not in trace.arrays]
     if missing:
         raise AttnscopeError(f"this trace has no {', '.join(missing)}: the neuron view needs q and k (trace a model)")
+    kv = trace.kv_head(head)  # grouped-query attention: k comes from the k/v head this query head reads
     stages = block_stages(trace)
-    parts = [np.ascontiguousarray(trace.arrays[s][layer, head], dtype="<f4") for s in stages]
+    parts = [np.ascontiguousarray(trace.arrays[s][layer, kv if s in ("k", "v") else head], dtype="<f4")
+             for s in stages]
     suffix, data = encode_bytes(b"".join(p.tobytes() for p in parts), compress)
     return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]),
-            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data,
+            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data, "kv_head": kv,
             "stages": stages}
 
 
@@ -173,7 +175,8 @@ def check_payload(trace: Trace, sel: Selection) -> dict[str, Any]:
     report = trace.check()
     compared = bool(report.comparisons)
     return {
-        "ok": report.ok if compared and not report.unsupported else None,
+        "ok": report.ok if report.verified else None,
+        "status": report.status,  # PASS, FAIL or NOT VERIFIED, as `attnscope check` says
         "tolerance": report.tolerance,
         "max_error": _json_number(report.max_error) if compared else None,
         "unsupported": report.unsupported if report.unsupported or not compared else None,

@@ -45,7 +45,7 @@
     const overall = c && c.ok !== null
       ? el("span", { class: `as-badge as-${c.ok ? "ok" : "fail"}`, title: c.unsupported || "every layer, head and stage",
                      text: `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmtError(c.max_error)}` })
-      : el("span", { class: "as-badge as-none", text: `not verified: ${(c && c.unsupported) || "no check"}`,
+      : el("span", { class: "as-badge as-none", text: `NOT VERIFIED: ${(c && c.unsupported) || "no check"}`,
                      title: A.describeCheck(ctx.model, ctx.model.layers[0], ctx.model.heads).title });
     return el("header", { class: "as-header" }, [
       el("div", { class: "as-title", title: text, text: text }),

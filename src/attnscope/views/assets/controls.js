@@ -184,7 +184,7 @@
     if (!c || c.ok === null) {
       const partial = c && c.max_error !== null ? `The captured numbers match the model's own outputs within ` +
         `${A.fmtError(c.max_error)}, but nothing recomputed them independently.` : "";
-      return { kind: "none", text: `not verified: ${(c && c.unsupported) || "no check"}`, title: partial };
+      return { kind: "none", text: `NOT VERIFIED: ${(c && c.unsupported) || "no check"}`, title: partial };
     }
     if (!heads.length) return { kind: "none", text: "no head selected", title: "" };
     const li = model.layers.indexOf(layer);

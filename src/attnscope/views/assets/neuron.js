@@ -165,6 +165,22 @@
     return el("div", { class: "as-neuron-values" }, [node, note]);
   }
 
+  // RoPE and grouped-query attention in words: q and k shown are the rotated ones; which k/v head this head reads.
+  function modernNote(info, head) {
+    const parts = [];
+    if (info.rope) {
+      parts.push(`q and k are shown after the rotation (RoPE, ${info.rope}: ${info.d_rot} of ${info.d_head} dims ` +
+        "of each head turned by position × θ_i): their dot products are the scores.");
+    }
+    if (info.kv_heads && info.kv_heads < info.heads) {
+      const g = info.heads / info.kv_heads, kv = Math.floor(head / g);
+      const first = kv * g, last = first + g - 1;
+      parts.push(`Grouped-query attention: head ${head} reads k/v head ${kv} (of ${info.kv_heads}), shared by ` +
+        `query heads ${first}..${last}: their k and v are the same numbers.`);
+    }
+    return el("p", { class: "as-hint as-modern", text: parts.join(" ") });
+  }
+
   function firstWord(model) {
     const i = model.special.findIndex((s) => !s);
     return i < 0 ? 0 : i;
@@ -196,7 +212,7 @@
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
         const width = content.clientWidth || 1280;
-        if (block) content.append(table(ctx, block, query, order.value, tip, width));
+        if (block) content.append(modernNote(model.payload.model, head), table(ctx, block, query, order.value, tip, width));
         else content.append(missing(ctx, layer, head));
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
       };
