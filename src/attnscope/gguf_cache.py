@@ -130,7 +130,7 @@ def _read_gguf(gguf: Path) -> tuple[Any, Any]:
     try:
         loaded = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError) as exc:
+    except Exception as exc:  # a damaged file fails deep in the reader (struct.error, ValueError, KeyError, ...)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise AttnscopeError(f"cannot read the GGUF file {gguf}: {first}") from exc
     config = type(loaded.config).from_dict({k: v for k, v in loaded.config.to_dict().items()

@@ -20,7 +20,8 @@ DEVICES = ("cpu", "cuda", "mps")  # cuda may name an index: cuda:1
 def validate_dtype_name(dtype: str) -> str:
     """One of DTYPES, or AttnscopeError."""
     if dtype not in DTYPES:
-        raise AttnscopeError(f"dtype {dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+        raise AttnscopeError(f"dtype={dtype!r} is not supported: use one of {', '.join(DTYPES)}",
+                             parameter="dtype")
     return dtype
 
 
@@ -28,7 +29,7 @@ def validate_device_name(device: str) -> str:
     """cpu, mps, cuda or cuda:N by name (whether it is present is resolve_device's question)."""
     kind, _, index = device.partition(":")
     if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
-        raise AttnscopeError(f"device {device!r} is not supported: use cpu, cuda, cuda:N or mps")
+        raise AttnscopeError(f"device={device!r} is not supported: use cpu, cuda, cuda:N or mps", parameter="device")
     return device
 
 
@@ -53,14 +54,15 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise AttnscopeError(f"device {str(dev)!r} is not available: this torch sees no CUDA GPU "
-                                 "(use device 'cpu')")
+            raise AttnscopeError(f"device={str(dev)!r} is not available: this torch sees no CUDA GPU "
+                                 "(use device='cpu')", parameter="device")
         if (dev.index or 0) >= count:
-            raise AttnscopeError(f"device {str(dev)!r} is not available: this machine has {count} CUDA "
-                                 f"device(s), cuda:0 to cuda:{count - 1}")
+            raise AttnscopeError(f"device={str(dev)!r} is not available: this machine has {count} CUDA "
+                                 f"device(s), cuda:0 to cuda:{count - 1}", parameter="device")
         dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise AttnscopeError("device 'mps' is not available: this torch has no Apple GPU (use device 'cpu')")
+        raise AttnscopeError("device='mps' is not available: this torch has no Apple GPU (use device='cpu')",
+                             parameter="device")
     return dev
 
 

@@ -10,7 +10,24 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.errors import AttnscopeError
+
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
+EPSILON = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}  # each dtype's machine epsilon
+
+
+def tolerance_for(dtype: str = "float32") -> float:
+    """The check's tolerance for a model run in dtype: TOLERANCE in units of the dtype's epsilon.
+
+    float32's 1e-5 is 84 float32 epsilons; bfloat16 and float16 get 84 of theirs (0.66 and 0.082).
+    The model computes each stage in its dtype and the check recomputes it in float32 from the same
+    inputs and weights, so the error measured is the model's own rounding (docs/models.md).
+    """
+    if dtype not in EPSILON:
+        raise AttnscopeError(f"dtype={dtype!r} has no stated tolerance: use one of {', '.join(EPSILON)}",
+                             parameter="dtype")
+    return TOLERANCE * EPSILON[dtype] / EPSILON["float32"]
+
 
 # The verdicts of a check, and the exit codes of `attnscope check` for each (2 is bad input).
 PASS, FAIL, NOT_VERIFIED = "PASS", "FAIL", "NOT VERIFIED"

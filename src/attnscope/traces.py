@@ -88,8 +88,13 @@ class Trace:
         if token is not None:
             validate_index("token", token, self.n_tokens, owner="this text")
 
-    def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
-        """Recompute vs capture vs the model's own outputs, per layer, head and stage."""
+    def check(self, tolerance: float | None = None) -> report.CheckReport:
+        """Recompute vs capture vs the model's own outputs, per layer, head and stage.
+
+        tolerance: by default report.tolerance_for the dtype the model ran in (1e-5 for float32).
+        """
+        if tolerance is None:
+            tolerance = report.tolerance_for(str(self.model.get("dtype") or "float32"))
         if not self.comparisons and self.saved_check is not None:  # a loaded trace: its stored check
             saved = report.report_from_dict(self.saved_check)
             return report.CheckReport(tolerance, saved.comparisons, saved.unsupported)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -14,7 +15,7 @@ from attnscope.arrays import row_arrays
 from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError
 from attnscope.maths import AttentionParams
-from attnscope.models import Model, ModelLike, describe, load_model
+from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
 from attnscope.recompute import layer_params
 from attnscope.tokens import encode, validate_max_length
 from attnscope.traces import Trace
@@ -24,12 +25,13 @@ from attnscope.traces import Trace
 def trace(  # type: ignore[overload-overlap]
     text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int = ...,
     truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ...,
+    device: DeviceLike = ..., dtype: DtypeLike = ...,
 ) -> Trace: ...
 @overload
 def trace(
     text: Sequence[str], text_pair: Sequence[str | None] | None = ..., model: ModelLike = ...,
     max_length: int = ..., truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
-    recompute: bool = ...,
+    recompute: bool = ..., device: DeviceLike = ..., dtype: DtypeLike = ...,
 ) -> list[Trace]: ...
 
 
@@ -41,13 +43,16 @@ def trace(
     truncate: bool = True,
     tokenizer: PreTrainedTokenizerBase | None = None,
     recompute: bool = True,
+    device: DeviceLike = None,
+    dtype: DtypeLike = None,
 ) -> Trace | list[Trace]:
     """Run the model on text (or a list of texts, as one padded batch) and trace its attention.
 
     text_pair gives second sentences (segment B, with token_type_ids). max_length counts
     tokens including special tokens; longer texts are truncated with a warning unless
     truncate=False, which makes them an error. recompute=False keeps only what the forward pass
-    captured (no independent recompute, no norm-based attention).
+    captured (no independent recompute, no norm-based attention). device and dtype place the
+    model (see load_model); the trace's arrays and the check are float32 on the CPU either way.
     """
     single = isinstance(text, str)
     texts = [text] if isinstance(text, str) else list(text)
@@ -58,18 +63,19 @@ def trace(
         pairs = [text_pair] if isinstance(text_pair, str) or text_pair is None else list(text_pair)
     else:
         pairs = list(text_pair) if text_pair is not None and not isinstance(text_pair, str) else None
-    m = load_model(model, tokenizer)
+    m = load_model(model, tokenizer, device=device, dtype=dtype)
     max_length = _usable_max_length(m, max_length)
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
-        out = m.model(**enc.inputs, output_attentions=recompute, output_hidden_states=recompute)
+        inputs = {k: v.to(m.device) for k, v in enc.inputs.items()}
+        out = m.model(**inputs, output_attentions=recompute, output_hidden_states=recompute)
     _require_calls(m, cap)
-    layers = _per_layer(cap)  # stage -> [batch, ...] per layer
+    layers = _on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
     lengths = [len(t) for t in enc.tokens]
-    params = layer_params(m.model, int(enc.inputs["input_ids"].shape[1])) if recompute else None
+    params = _on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
     table = None
     if recompute:
-        reference = _model_outputs(m, out, len(cap.calls))
+        reference = _on_host(_model_outputs(m, out, len(cap.calls)))
         table = checking.verify_batch(layers, reference, params, enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap, params), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
@@ -80,6 +86,25 @@ def trace(
         for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))
     ]
     return traces[0] if single else traces
+
+
+def _on_host(value: Any) -> Any:
+    """Tensors (also in lists, dicts and dataclasses such as AttentionParams) as float32 on the CPU.
+
+    A no-op (the same objects) for a float32 model on the CPU; exact for bfloat16 and float16. So
+    the check recomputes in float32 from the very inputs and weights the model used, and measures
+    the model's own rounding (report.tolerance_for states how much is allowed per dtype).
+    """
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu", torch.float32) if value.is_floating_point() else value.cpu()
+    if isinstance(value, list):
+        return [_on_host(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _on_host(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _on_host(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
+    return value
 
 
 def _usable_max_length(m: Model, max_length: int) -> int:

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from attnscope.errors import AttnscopeError
+from attnscope.placement import DTYPES, validate_device_name
+
+if TYPE_CHECKING:
+    from attnscope.models import Model
 
 FORMATS = ("text", "markdown", "json")
 
@@ -21,15 +25,37 @@ def add_text_args(p: argparse.ArgumentParser, pair: bool = True) -> None:
     p.add_argument("--text-file", metavar="PATH", help="read TEXT from a UTF-8 file instead")
     if pair:
         p.add_argument("--pair", metavar="TEXT_B", help="a second sentence (segment B)")
-    add_model_args(p)
+    add_model_args(p, placement=True)
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, placement: bool = False) -> None:
+    """--model, --max-length, --no-truncate; placement adds --device and --dtype (read by model_of)."""
     p.add_argument("--model", metavar="M", default=None,
-                   help="Hugging Face id or local checkpoint directory (default: the bundled all-MiniLM-L6-v2)")
+                   help="Hugging Face id, local checkpoint directory or .gguf file, or smollm2 (the bundled "
+                        "SmolLM2-135M-Instruct) (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--max-length", type=int, default=256, metavar="N",
                    help="maximum tokens, special tokens included (default 256)")
     p.add_argument("--no-truncate", action="store_true", help="make over-long text an error instead of truncating")
+    if placement:
+        p.add_argument("--device", type=_device, default=None, metavar="D",
+                       help="cpu (default), cuda, cuda:N or mps")
+        p.add_argument("--dtype", choices=DTYPES, default=None,
+                       help="float32 (default), bfloat16 or float16; the check's tolerance follows it "
+                            "(1e-5, 0.66, 0.082: docs/models.md)")
+
+
+def _device(name: str) -> str:
+    try:
+        return validate_device_name(name)
+    except AttnscopeError as exc:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a device: use cpu, cuda, cuda:N or mps") from exc
+
+
+def model_of(args: argparse.Namespace) -> Model:
+    """The model a command's --model, --device and --dtype name (loaded once per process)."""
+    from attnscope.models import load_model
+
+    return load_model(args.model, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None))
 
 
 def add_format(p: argparse.ArgumentParser, choices: tuple[str, ...] = FORMATS) -> None:

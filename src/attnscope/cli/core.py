@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_format, add_text_args, console, print_json, read_text
+from attnscope.cli.common import add_format, add_text_args, console, model_of, print_json, read_text
 from attnscope.cli.generate import add_step_args
 
 if TYPE_CHECKING:
@@ -56,10 +56,9 @@ def traced(args: argparse.Namespace) -> Trace:
     pair: str | None = getattr(args, "pair", None)
     if pair is not None:
         require_text(pair, "second text (--pair)")
-    from attnscope.models import load_model
     from attnscope.tracing import trace
 
-    model = load_model(args.model)
+    model = model_of(args)
     return trace(text, pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
 
 
@@ -70,9 +69,8 @@ def run_explain(args: argparse.Namespace) -> int:
         return run_explain_step(args)
     tr = traced(args)
     from attnscope.explain import walkthrough
-    from attnscope.models import load_model
 
-    w = walkthrough(tr, args.layer, args.head, args.token, model=load_model(args.model))
+    w = walkthrough(tr, args.layer, args.head, args.token, model=model_of(args))
     emit_walkthrough(w, args.format, args.full)
     return 0
 
