@@ -1,10 +1,10 @@
-"""How much does tracing cost next to a plain forward pass? (issue: Core)
+"""How much does tracing cost next to a plain forward pass? (issues: Core, 12)
 
-On 8 texts x 256 tokens with the bundled model, in one process:
+On the bundled MiniLM (8 texts x 256 tokens) and SmolLM2-135M (4 texts x 256 tokens), in one process:
   (a) plain forward with SDPA            (b) eager forward with output_attentions=True
   (c) attnscope.trace, capture only       (d) attnscope.trace with recompute, then check()
 Prints the median time of each, the ratios to (a) and (b), and the peak RSS.
-Targets: (c) <= 1.1x (b); (d) <= 1.5x (b).
+Targets: (c) <= 1.1x (b); (d) <= 1.6x (b) (the issue-12 target; MiniLM had 1.5x before).
 
 A trace's arrays are laid out [layer, ...] per text when first read (check() reads none), so
 two more lines show what (c) leaves for later and what bounds (d) from below:
@@ -12,13 +12,16 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
   (e)  (b) plus the time its own attention sublayers took (the self-attention modules and the
        output projections, timed with hooks inside (b)): a recompute as fast as the model's own
        code, with no comparison at all, would cost this much
+The forward passes are the model attnscope loads: SmolLM2 with its LM head (as trace runs it).
 
-    .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--texts 8] [--tokens 256] [--threads 1]
+    .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--models minilm,smollm2] [--texts 8]
+        [--smollm2-texts 4] [--tokens 256] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import resource
 import statistics
@@ -30,10 +33,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import torch
-from transformers import AutoModel
+from transformers import AutoModel, AutoModelForCausalLM
 
 import attnscope
-from attnscope.models import bundled_model_path
+from attnscope import families
 from corpus import ud_dev
 
 UD_DEV = ud_dev()
@@ -53,16 +56,26 @@ def long_texts(n_texts: int, tokens: int, tokenizer: object) -> list[str]:
     return texts
 
 
+def attention_sublayers(m: attnscope.Model) -> list[torch.nn.Module]:
+    """Each layer's attention module, and its output projection when that lives outside it (BERT)."""
+    fam = families.family_of(m.model)
+    assert fam is not None, f"{m.architecture}: no family adapter"
+    mods = []
+    for mod in families.attention_modules(m.model):
+        proj = fam.out_proj(families.base_of(m.model), mod)
+        mods += [mod] if any(sub is proj for sub in mod.modules()) else [mod, proj]
+    return mods
+
+
 def sublayer_seconds(m: attnscope.Model, forward: Callable[[], object]) -> float:
     """Seconds the forward spends in its self-attention modules and attention output projections."""
     spent = [0.0]
     started: list[float] = []
     hooks = []
-    for layer in m.model.encoder.layer:
-        for mod in (layer.attention.self, layer.attention.output.dense):
-            hooks.append(mod.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())))
-            hooks.append(mod.register_forward_hook(
-                lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - started.pop())))
+    for mod in attention_sublayers(m):
+        hooks.append(mod.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())))
+        hooks.append(mod.register_forward_hook(
+            lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - started.pop())))
     try:
         forward()
     finally:
@@ -85,21 +98,21 @@ def median_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[s
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--texts", type=int, default=8)
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def sdpa_twin(m: attnscope.Model) -> torch.nn.Module:
+    """The same checkpoint with PyTorch's fused attention (SDPA), for line (a)."""
+    auto = AutoModelForCausalLM if m.model is not m.base else AutoModel
+    twin: torch.nn.Module = auto.from_pretrained(str(m.model.name_or_path), attn_implementation="sdpa",
+                                                 dtype=torch.float32)
+    return twin.eval()
 
-    m = attnscope.load_model()
-    sdpa = AutoModel.from_pretrained(str(bundled_model_path()), attn_implementation="sdpa").eval()
-    texts = long_texts(args.texts, args.tokens, m.tokenizer)
-    enc = m.tokenizer(texts, max_length=args.tokens, truncation=True, padding=True, return_tensors="pt")
-    assert enc["input_ids"].shape == (args.texts, args.tokens)
+
+def bench_model(m: attnscope.Model, n_texts: int, tokens: int, repeats: int) -> dict[str, float]:
+    """Median seconds of (a) to (e) on n_texts texts of `tokens` tokens each."""
+    sdpa = sdpa_twin(m)
+    texts = long_texts(n_texts, tokens, m.tokenizer)
+    enc = m.tokenizer(texts, max_length=tokens, truncation=True, padding=True, return_tensors="pt")
+    assert enc["input_ids"].shape == (n_texts, tokens)
+    worst: list[str] = []
 
     def plain_sdpa() -> object:
         with torch.no_grad():
@@ -110,34 +123,56 @@ def main() -> None:
             return m.model(**enc, output_attentions=True)
 
     def capture_only() -> object:
-        return attnscope.trace(texts, model=m, max_length=args.tokens, recompute=False)
+        return attnscope.trace(texts, model=m, max_length=tokens, recompute=False)
 
     def capture_and_read() -> object:
-        traces = attnscope.trace(texts, model=m, max_length=args.tokens, recompute=False)
+        traces = attnscope.trace(texts, model=m, max_length=tokens, recompute=False)
         return [[t.arrays[s] for s in t.arrays] for t in traces]
 
     def recompute_and_check() -> object:
-        traces = attnscope.trace(texts, model=m, max_length=args.tokens)
-        reports = [t.check() for t in traces]
-        assert all(r.ok for r in reports), max(r.max_error for r in reports)
+        reports = [t.check() for t in attnscope.trace(texts, model=m, max_length=tokens)]
+        worst[:] = [f"{r.status} {r.max_error:.1e}" for r in reports]
         return reports
 
-    cases = {"(a) SDPA forward": plain_sdpa, "(b) eager + output_attentions": eager_attentions,
-             "(c) trace, capture only": capture_only, "(c+) (c), every array read": capture_and_read,
-             "(d) trace + recompute + check": recompute_and_check,
-             "sublayers": partial(sublayer_seconds, m, eager_attentions)}
-    times = median_times(cases, args.repeats)
+    cases: dict[str, Callable[[], object]] = {
+        "(a) SDPA forward": plain_sdpa, "(b) eager + output_attentions": eager_attentions,
+        "(c) trace, capture only": capture_only, "(c+) (c), every array read": capture_and_read,
+        "(d) trace + recompute + check": recompute_and_check,
+        "sublayers": partial(sublayer_seconds, m, eager_attentions)}
+    times = median_times(cases, repeats)
+    times["(e) (b) + its attention sublayers"] = times["(b) eager + output_attentions"] + times.pop("sublayers")
+    print(f"bench_trace: {n_texts} texts x {tokens} tokens, {m.name} ({m.architecture}), "
+          f"torch threads {torch.get_num_threads()}, median of {repeats}; checks: {', '.join(worst)}")
+    return times
+
+
+def print_times(times: dict[str, float]) -> None:
     a, b = times["(a) SDPA forward"], times["(b) eager + output_attentions"]
-    times["(e) (b) + its attention sublayers"] = b + times.pop("sublayers")
-    print(f"bench_trace: {args.texts} texts x {args.tokens} tokens, {m.name}, "
-          f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
     for name, t in times.items():
-        print(f"  {name:32s} {t * 1000:8.1f} ms   x{t / a:5.2f} of (a)   x{t / b:5.2f} of (b)")
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"  peak RSS {peak_mib:.0f} MiB")
-    c, d = times["(c) trace, capture only"], times["(d) trace + recompute + check"]
+        print(f"  {name:34s} {t * 1000:8.1f} ms   x{t / a:5.2f} of (a)   x{t / b:5.2f} of (b)")
+    c, d, e = times["(c) trace, capture only"], times["(d) trace + recompute + check"], \
+        times["(e) (b) + its attention sublayers"]
     print(f"  targets: (c)/(b) = {c / b:.2f} (<= 1.1: {'met' if c / b <= 1.1 else 'MISSED'}); "
-          f"(d)/(b) = {d / b:.2f} (<= 1.5: {'met' if d / b <= 1.5 else 'MISSED'})")
+          f"(d)/(b) = {d / b:.2f} (<= 1.6: {'met' if d / b <= 1.6 else 'MISSED'}); floor (e)/(b) = {e / b:.2f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--models", default="minilm,smollm2", help="comma-separated: minilm, smollm2")
+    ap.add_argument("--texts", type=int, default=8, help="MiniLM texts (default 8)")
+    ap.add_argument("--smollm2-texts", type=int, default=4, help="SmolLM2 texts (default 4)")
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.getLogger("attnscope").setLevel(logging.ERROR)  # texts are longer than --tokens on purpose
+    for name in args.models.split(","):
+        n_texts = args.smollm2_texts if name == "smollm2" else args.texts
+        print_times(bench_model(attnscope.load_model(name), n_texts, args.tokens, args.repeats))
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS {peak_mib:.0f} MiB")
 
 
 if __name__ == "__main__":
