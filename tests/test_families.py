@@ -214,3 +214,31 @@ def test_views_norms_and_rollout_read_the_shared_kv_head(modern: Callable[[str],
         want = tr.weights[layer, head] * np.linalg.norm(f, axis=-1)[None, :]
         assert np.abs(norms[layer, head] - want).max() <= 1e-5
     assert np.allclose(tr.rollout()[-1].sum(-1), 1.0, atol=1e-5)
+
+
+def test_explain_shows_the_rotation_and_the_shared_kv_head(modern: Callable[[str], attnscope.Model]) -> None:
+    from attnscope.explain import walkthrough
+
+    m = modern("llama")
+    tr = attnscope.trace(LONG, model=m)
+    w = walkthrough(tr, layer=1, head=3, token=5, model=m)
+    steps = {s.stage: s for s in w.steps}
+    assert "head 3 reads k/v head 1, as do query heads 2..3" in steps["k"].text
+    assert np.array_equal(steps["k"].arrays["k"], tr.arrays["k"][1, 1])  # the shared k/v head's own numbers
+    i, j, pos, angle, a, b, after_a, after_b = steps["rope"].arrays[next(iter(steps["rope"].arrays))][0]
+    assert (i, pos) == (0, 5) and "RoPE (default)" in steps["rope"].text
+    assert abs(after_a - (a * np.cos(angle) - b * np.sin(angle))) <= 1e-5
+    assert abs(after_b - (a * np.sin(angle) + b * np.cos(angle))) <= 1e-5
+    assert abs(after_a - tr.arrays["q"][1, 3, 5, 0]) <= 1e-5 and abs(after_b - tr.arrays["q"][1, 3, 5, int(j)]) <= 1e-5
+
+
+def test_explain_soft_capping_and_windows_reproduce_the_weights(modern: Callable[[str], attnscope.Model]) -> None:
+    from attnscope.explain import walkthrough
+
+    m = modern("gemma2")  # layer 0 slides a window of WINDOW keys, every layer soft-caps
+    tr = attnscope.trace(LONG, model=m)
+    w = walkthrough(tr, layer=0, head=2, model=m)
+    steps = {s.stage: s for s in w.steps}
+    assert "softcap = 5" in steps["capped"].text and "at most 3 positions before it" in steps["masked"].text
+    masked = torch.from_numpy(steps["masked"].arrays["masked"])
+    assert (maths.softmax(masked) - torch.from_numpy(tr.weights[0, 2])).abs().max() <= TOL

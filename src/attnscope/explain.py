@@ -29,9 +29,10 @@ def walkthrough(tr: Trace, layer: int = 0, head: int = 0, token: int | None = No
     sl = slice(None) if token is None else slice(token, token + 1)
     a = {k: v[layer] for k, v in tr.arrays.items()}  # one layer: [head, ...] or [token, d_model]
     d_head = int(a["q"].shape[-1])
+    p = _layer_params(model, layer, tr.n_tokens)  # None without the model, or for a family without a recompute
     steps = [_tokens_step(tr), *_x_steps(tr, a, labels)]
-    steps += _weight_steps(tr, model, layer, head, d_head)
-    steps += _head_steps(tr, a, head, sl, rows, labels, layer)
+    steps += _weight_steps(tr, p, head, d_head)
+    steps += _head_steps(tr, a, head, sl, rows, labels, layer, p)
     steps += _merge_steps(tr, a, head, sl, rows)
     report = tr.check()
     check = {
@@ -63,57 +64,130 @@ def _x_steps(tr: Trace, a: dict[str, np.ndarray], labels: list[str]) -> list[Ste
                  f"[token, d_model] = [{n}, {d}]", {"x": a["x"]}, row_labels=labels)]
 
 
-def _weight_steps(tr: Trace, model: ModelLike | None, layer: int, head: int, d_head: int) -> list[Step]:
+def _layer_params(model: ModelLike | None, layer: int, n_tokens: int) -> maths.AttentionParams | None:
     if model is None:
+        return None
+    params = layer_params(load_model(model).model, n_tokens)
+    return None if params is None else params[layer]
+
+
+def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head: int) -> list[Step]:
+    if p is None:
         return []
-    m = load_model(model)
-    params = layer_params(m.model)
-    if params is None:
-        return []
-    p = params[layer]
     cols = slice(head * d_head, (head + 1) * d_head)
-    arrays = {f"W_{n}[:, {cols.start}:{cols.stop}]": w[:, cols].numpy()
-              for n, w in (("Q", p.w_q), ("K", p.w_k), ("V", p.w_v))}
-    for n, b in (("Q", p.b_q), ("K", p.b_k), ("V", p.b_v)):
+    kv = tr.kv_head(head)
+    kv_cols = slice(kv * d_head, (kv + 1) * d_head)  # grouped-query attention: the k/v head's columns
+    arrays = {f"W_{n}[:, {c.start}:{c.stop}]": w[:, c].numpy()
+              for n, w, c in (("Q", p.w_q, cols), ("K", p.w_k, kv_cols), ("V", p.w_v, kv_cols))}
+    for n, b, c in (("Q", p.b_q, cols), ("K", p.b_k, kv_cols), ("V", p.b_v, kv_cols)):
         if b is not None:
-            arrays[f"b_{n}[{cols.start}:{cols.stop}]"] = b[cols].numpy()[None, :]
+            arrays[f"b_{n}[{c.start}:{c.stop}]"] = b[c].numpy()[None, :]
     d_model = int(p.w_q.shape[0])
     text = (f"Each head owns a slice of the projection matrices: head {head} uses columns "
             f"{cols.start}..{cols.stop - 1} of W_Q, W_K and W_V (d_head = {d_head}).")
+    if tr.kv_heads != tr.n_heads:
+        text = (f"Each head owns a slice of W_Q: head {head} uses columns {cols.start}..{cols.stop - 1}. "
+                f"{_sharing(tr, head)} so its W_K and W_V columns are k/v head {kv}'s, "
+                f"{kv_cols.start}..{kv_cols.stop - 1} (d_head = {d_head}).")
     return [Step("projections", f"Head {head}'s slices of W_Q, W_K, W_V", text,
                  f"[d_model, d_head] = [{d_model}, {d_head}]", arrays)]
 
 
+def _sharing(tr: Trace, head: int) -> str:
+    """Grouped-query attention in words: which k/v head a query head reads, and who else reads it."""
+    kv, groups = tr.kv_head(head), tr.n_heads // tr.kv_heads
+    return (f"Grouped-query attention: {tr.n_heads} query heads share {tr.kv_heads} k/v heads, {groups} each; "
+            f"head {head} reads k/v head {kv}, as do query heads {kv * groups}..{(kv + 1) * groups - 1},")
+
+
+def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | None, h: int, sl: slice,
+                rows: list[str], labels: list[str]) -> list[Step]:
+    """The rotation (RoPE): q and k before and after, and one pair of dimensions turned by position x theta_i."""
+    if p is None or p.rope is None or "x" not in a:
+        return []
+    kv = tr.kv_head(h)
+    st = maths.multi_head_attention(torch.from_numpy(a["x"]), p, keep=("q_pre", "k_pre", "cos", "sin", "q", "k"))
+    q_pre, k_pre, q = st["q_pre"][h].numpy(), st["k_pre"][kv].numpy(), st["q"][h].numpy()
+    diff = float(np.abs(q - a["q"][h]).max())  # the rotation recomputed here vs the q the model used
+    d_rot, theta = p.rope.d_rot, p.rope.inv_freq.double().numpy()  # [d_rot / 2]
+    t = int(sl.start) if sl.start is not None else min(tr.n_tokens - 1, 3)
+    pair = np.asarray([[0, d_rot // 2, t, t * theta[0], q_pre[t, 0], q_pre[t, d_rot // 2], q[t, 0], q[t, d_rot // 2]]])
+    partial = "" if d_rot == q.shape[-1] else f" Only the first {d_rot} of {q.shape[-1]} dims rotate (partial rotary)."
+    text = (f"RoPE ({p.rope.kind}): dims i and i + {d_rot // 2} of each head's q and k form a pair, turned by the "
+            f"angle position x theta_i, theta_i = {theta[0]:.4g}, {theta[1] if len(theta) > 1 else theta[0]:.4g}, "
+            f"... (i = 0, 1, ...). (a, b) becomes (a cos - b sin, a sin + b cos), so q_m . k_n depends on m - n only: "
+            f"positions enter the scores here, not through x.{partial} The row below turns pair 0 of token {t}. "
+            f"The rotated q matches the model's within {diff:.1e}.")
+    d = int(q.shape[-1])
+    return [
+        Step("q_pre", "q and k before the rotation", "x W_Q + b_Q and x W_K + b_K (after QK-norm where the family "
+             "has it), split into heads.", f"[token, d_head] = [{tr.n_tokens}, {d}]",
+             {"q_pre": q_pre[sl], f"k_pre (k/v head {kv})": k_pre}, rows if sl.start is not None else labels),
+        Step("rope", "Rotate q and k by position (RoPE)", text, f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]",
+             {"i, i + d_rot/2, position, angle (rad), before a, before b, after a, after b": pair,
+              "cos": st["cos"].numpy()[sl], "sin": st["sin"].numpy()[sl]}, None),
+    ]
+
+
+def _cap_steps(p: maths.AttentionParams | None, capped: np.ndarray, sl: slice, rows: list[str],
+               labels: list[str]) -> list[Step]:
+    if p is None or p.softcap is None:
+        return []
+    n = capped.shape[-1]
+    text = (f"Logit soft-capping: softcap x tanh(scaled / softcap) with softcap = {p.softcap:g} keeps every score "
+            f"inside (-{p.softcap:g}, {p.softcap:g}) and leaves small ones nearly unchanged.")
+    return [Step("capped", "Soft-capped scores", text, f"[query, key] = [{n}, {n}]", {"capped": capped[sl]},
+                 rows, labels)]
+
+
+def _mask_text(tr: Trace, p: maths.AttentionParams | None) -> str:
+    """What the layer's mask hides, in words: future keys, a sliding or local window, padding."""
+    text = ("The causal mask adds -inf (in float32: its most negative number, shown -inf*) to every "
+            "key after the query, so a token never sees the future: exp(-inf) = 0 in the softmax."
+            if tr.causal else
+            "A single unpadded text has nothing to hide: the additive mask is all zeros. "
+            "(In a padded batch, padded keys get the most negative float32.)")
+    if p is not None and p.window.before is not None and not tr.causal:
+        text = (f"This layer is local: a query sees only the keys within {p.window.before} positions of it; "
+                "the others get the most negative float32 (exp of it is 0 in the softmax).")
+    elif p is not None and p.window.before is not None:
+        text += (f" This layer also slides a window: a query sees only the keys at most {p.window.before} "
+                 f"positions before it{'' if p.window.after == 0 else f' or {p.window.after} after it'}.")
+    return text
+
+
 def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str],
-                labels: list[str], layer: int) -> list[Step]:
+                labels: list[str], layer: int, p: maths.AttentionParams | None = None) -> list[Step]:
     n = tr.n_tokens
     d_head = int(a["q"].shape[-1])
     s = tr.scaling[layer]
     scores = a["scores"][h]  # [query, key]
     scaled = maths.scale(torch.from_numpy(scores), s).numpy()
-    mask = _mask(tr, n)
-    masked = scaled + mask
+    mask = _mask(tr, n, p)
+    capped = scaled if p is None or p.softcap is None else maths.soft_cap(torch.from_numpy(scaled), p.softcap).numpy()
+    masked = capped + mask
     weights = a["weights"][h]
-    q, k, v = a["q"][h], a["k"][h], a["v"][h]
+    kv = tr.kv_head(h)  # grouped-query attention: the k/v head this query head reads
+    q, k, v = a["q"][h], a["k"][kv], a["v"][kv]
+    shared = f" {_sharing(tr, h)} so these are k/v head {kv}'s numbers." if tr.kv_heads != tr.n_heads else ""
+    rotated = " (after the rotation below)" if p is not None and p.rope is not None else ""
     scale_text = scaling_text(d_head, s)
-    mask_text = ("The causal mask adds -inf (in float32: its most negative number, shown -inf*) to every "
-                 "key after the query, so a token never sees the future: exp(-inf) = 0 in the softmax."
-                 if tr.causal else
-                 "A single unpadded text has nothing to hide: the additive mask is all zeros. "
-                 "(In a padded batch, padded keys get the most negative float32.)")
+    mask_text = _mask_text(tr, p)
     sums = weights[sl].sum(axis=-1, keepdims=True)
     return [
-        Step("q", "Queries Q = x W_Q + b_Q", "What each token is looking for.",
+        *_rope_steps(tr, a, p, h, sl, rows, labels),
+        Step("q", "Queries Q = x W_Q + b_Q", f"What each token is looking for{rotated}.",
              f"[token, d_head] = [{n}, {d_head}]", {"q": q[sl]}, rows),
-        Step("k", "Keys K = x W_K + b_K", "What each token offers to be found by.",
+        Step("k", "Keys K = x W_K + b_K", f"What each token offers to be found by{rotated}.{shared}",
              f"[token, d_head] = [{n}, {d_head}]", {"k": k}, labels),
-        Step("v", "Values V = x W_V + b_V", "What each token passes on when attended to.",
+        Step("v", "Values V = x W_V + b_V", f"What each token passes on when attended to.{shared}",
              f"[token, d_head] = [{n}, {d_head}]", {"v": v}, labels),
         Step("scores", "Scores = Q K^T", "How well each query matches each key: one dot product per pair.",
              f"[query, key] = [{n}, {n}]", {"scores": scores[sl]}, rows, labels),
         Step("scaled", "Scaled scores", f"Then {scale_text}, which keeps the scores' variance near 1 "
              "so the softmax does not saturate.", f"[query, key] = [{n}, {n}]", {"scaled": scaled[sl]},
              rows, labels),
+        *_cap_steps(p, capped, sl, rows, labels),
         Step("masked", "Mask", mask_text, f"[query, key] = [{n}, {n}]",
              {"mask": mask[sl], "masked": masked[sl]}, rows, labels),
         Step("weights", "Softmax: the attention weights", "exp(s - max) / sum exp(s - max) along each "
@@ -162,7 +236,11 @@ def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: l
     return steps
 
 
-def _mask(tr: Trace, n: int) -> np.ndarray:
+def _mask(tr: Trace, n: int, p: maths.AttentionParams | None = None) -> np.ndarray:
+    """The layer's additive mask for one unpadded text: its window (causal, sliding) when the layer is known."""
+    if p is not None:
+        mask = maths.window_mask(n, p.window)
+        return np.zeros((n, n), dtype=np.float32) if mask is None else mask.numpy()
     if tr.causal:
         return maths.causal_mask(n).numpy()
     return np.zeros((n, n), dtype=np.float32)
