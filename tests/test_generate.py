@@ -230,9 +230,12 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return code, out, err
 
 
-def test_cli_generate_streams_then_tables(gpt2_dir: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "4"], capsys)
+def test_cli_generate_streams_then_tables(gpt2_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "g.html"
+    code, out, err = _cli(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "4", "--html", str(html)],
+                          capsys)
     assert code == 0, err
+    assert 'id="attnscope-generation"' in html.read_text(encoding="utf-8")
     g = generate(PROMPT, model=gpt2_dir, max_new_tokens=4)
     assert out.startswith(PROMPT + g.completion)  # the text streamed first, as it was generated
     assert "most attended" in out and "no-cache" in out and "PASS" in out
@@ -293,3 +296,52 @@ def test_cli_ctrl_c_keeps_what_was_generated(gpt2_dir: str, tmp_path: Path, monk
     assert "interrupted: keeping the 3 steps generated so far" in capsys.readouterr().err
     assert "PASS" in terminal.getvalue()
     assert load_generation(tmp_path / "g.npz").n_steps == 3
+
+
+# --- the generation view ---
+
+def test_generation_view_in_a_browser(gpt2_generation: GenerationTrace, tmp_path: Path) -> None:
+    from playwright.sync_api import expect
+
+    from attnscope.views.browser import chromium
+
+    g = gpt2_generation
+    page_file = tmp_path / "generation.html"
+    g.show().save(page_file)
+    errors: list[str] = []
+    requests: list[str] = []
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 800})
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(".as-gen-tok")
+        last = g.steps[-1]
+        assert page.locator(".as-gen-tok").count() == last.position + 1  # every token, the new one last
+        page.fill(".as-gen-slider", "2")
+        page.dispatch_event(".as-gen-slider", "input")
+        assert page.locator(".as-gen-tok").count() == g.steps[2].position + 1
+        page.select_option("select[aria-label^=layer]", "1")
+        page.select_option("select[aria-label^=head]", "3")
+        query = page.locator(".as-gen-query").get_attribute("title") or ""
+        expected = float(g.step_weights(2)[1, 3, g.query_position(2)])
+        assert query == f"position {g.query_position(2)}: weight {expected:.4f}"
+        bars = page.locator(".as-gen-bar-value").all_inner_texts()
+        assert bars == [f"{a.probability:.4f}" for a in g.steps[2].alternatives]
+        page.click(".as-gen-play")
+        expect(page.locator(".as-gen-slider")).to_have_value("3", timeout=5000)  # played on from step 2
+    assert not errors, errors
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+
+
+def test_generation_view_escapes_text(gpt2_generation: GenerationTrace) -> None:
+    import dataclasses
+
+    g = dataclasses.replace(gpt2_generation, prompt="</script><img src=x onerror=alert(1)>")
+    g.prompt_tokens[0] = dataclasses.replace(g.prompt_tokens[0], text="</script><b>")
+    try:
+        doc = g.to_html()
+    finally:
+        g.prompt_tokens[0] = gpt2_generation.trace.tokens[0]
+    assert "</script><b>" not in doc and "<img" not in doc and doc.count("</script>") == 2

@@ -163,6 +163,23 @@ class GenerationTrace:
     def load(cls, path: str | os.PathLike[str]) -> GenerationTrace:
         return load_generation(path)
 
+    def to_html(self) -> str:
+        """The generation view: a self-contained page with play/pause and a step slider."""
+        from attnscope.views.generation import generation_html
+
+        return generation_html(self)
+
+    def show(self) -> Any:
+        """The generation view as an HTMLPage: displays itself in Jupyter, .save(path) writes the file."""
+        from attnscope.views.generation import generation_page
+
+        return generation_page(self)
+
+    def _repr_html_(self) -> str:
+        from attnscope.views import iframe
+
+        return iframe(self.to_html(), height=720)
+
     def __repr__(self) -> str:
         return (f"GenerationTrace(model={self.model.get('name')!r}, prompt_tokens={self.prompt_length}, "
                 f"steps={self.n_steps}, stopped={self.stopped!r})")

@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
                    help="one head for the most attended tokens, 0-indexed (default: mean over heads)")
     p.add_argument("--alternatives", type=int, default=3, metavar="K", help="top alternatives shown per step")
     p.add_argument("-o", "--output", metavar="FILE", help="save the generation trace: FILE.safetensors or FILE.npz")
+    p.add_argument("--html", metavar="FILE", help="write the generation view (a self-contained page)")
     add_format(p)
     p.set_defaults(func=run_generate)
 
@@ -68,6 +69,8 @@ def run_generate(args: argparse.Namespace) -> int:
         print(f"\nattnscope: interrupted: keeping the {g.n_steps} steps generated so far", file=sys.stderr)
     if args.output:
         g.save(args.output)
+    if args.html:
+        g.show().save(args.html)
     _emit(g, args)
     return status if status else (0 if g.check().ok else 1)
 
@@ -93,8 +96,9 @@ def _emit(g: GenerationTrace, args: argparse.Namespace) -> None:
         out.print(steps_table(g, layer, args.head))
         out.print(check_overview(g))
         out.print(check_summary(g.check()))
-        if args.output:
-            out.print(f"wrote {args.output}")
+        for path in (args.output, args.html):
+            if path:
+                out.print(f"wrote {path}")
 
 
 def _header(g: GenerationTrace) -> str:

@@ -1,0 +1,112 @@
+"""The generation view: a decoder writing, one token at a time, with each step's attention (torch-free).
+
+Python builds a JSON payload (one entry per step: the token, its probability, the top alternatives, and
+the step's query's attention over every earlier position per layer and head, plus rollout);
+assets/generation.js draws it with play/pause and a step slider. The page is self-contained (file://,
+Jupyter) and the web app streams the same step entries as they are generated.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnscope.views.page import _asset, _csp, json_for_script
+
+if TYPE_CHECKING:
+    from attnscope.generation import GeneratedToken, GenerationTrace
+
+SCRIPTS = ("data.js", "generation.js")
+BOOT = "\nwindow.attnscope.bootGeneration();\n"
+LEVELS = 65535  # weights travel as uint16: w * 65535, rounded (exact to 8e-6)
+STYLE = """
+.as-gen { font: 14px system-ui, sans-serif; margin: 12px; color: #111; }
+.as-gen-note { color: #555; margin: 4px 0 10px; }
+.as-gen-controls { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; margin-bottom: 10px; }
+.as-gen-slider { width: 260px; }
+.as-gen-text { font: 16px/2 ui-monospace, monospace; margin: 8px 0 14px; white-space: pre-wrap; }
+.as-gen-tok { padding: 2px 1px; margin-right: 2px; border-radius: 3px; border-bottom: 2px solid transparent; }
+.as-gen-prompt { border-bottom-color: #bbb; }
+.as-gen-query { outline: 2px solid #333; }
+.as-gen-new { outline: 2px dashed #e6550d; color: #e6550d; font-weight: 600; }
+.as-gen-row { display: flex; flex-wrap: wrap; gap: 24px; }
+.as-gen-bars { min-width: 280px; }
+.as-gen-bar { display: grid; grid-template-columns: 110px 150px 60px; gap: 6px; align-items: center; margin: 2px 0; }
+.as-gen-bar-label { font-family: ui-monospace, monospace; overflow: hidden; white-space: pre; }
+.as-gen-bar-fill { background: #9ecae1; height: 12px; }
+.as-gen-chosen .as-gen-bar-fill { background: #e6550d; }
+.as-gen-grid { border-collapse: collapse; }
+.as-gen-grid td { width: 9px; height: 14px; padding: 0; border: 1px solid #f4f4f4; }
+.as-gen-grid th { font-weight: 400; color: #555; padding-right: 4px; }
+h3 { font-size: 13px; font-weight: 600; margin: 6px 0; }
+"""
+
+
+def quantize(rows: np.ndarray) -> str:
+    """Weights in [0, 1] -> base64 of little-endian uint16 (NaN is refused: a view never hides it)."""
+    if not np.isfinite(rows).all():
+        raise ValueError("the step's attention holds NaN or infinity: it cannot be drawn")
+    q = np.rint(np.clip(rows, 0.0, 1.0) * LEVELS).astype("<u2")
+    return base64.b64encode(q.tobytes()).decode("ascii")
+
+
+def token_payload(s: GeneratedToken) -> dict[str, Any]:
+    """A step's token as the page shows it (also what the web app streams before the rows)."""
+    return {"step": s.step, "position": s.position, "token": s.text, "piece": s.piece, "probability": s.probability,
+            "alternatives": [{"token": a.text, "probability": a.probability} for a in s.alternatives]}
+
+
+def step_payload(g: GenerationTrace, step: int, rollout: np.ndarray | None = None) -> dict[str, Any]:
+    """One step: its token and the query's attention, weights [layer, head, key] and rollout [layer, key]."""
+    pos = g.query_position(step)
+    out = token_payload(g.steps[step])
+    out["keys"] = pos + 1
+    out["weights"] = quantize(g.step_weights(step))  # [layer, head, key], keys 0..pos
+    if rollout is not None:
+        out["rollout"] = quantize(rollout[:, pos, : pos + 1])  # [layer, key]
+    return out
+
+
+def generation_payload(g: GenerationTrace) -> dict[str, Any]:
+    rollout = g.trace.rollout() if g.n_steps else None  # [layer, query, key]: causal rows need no later row
+    report = g.check()
+    return {
+        "title": f"{g.model.get('name')}: generation from a {g.prompt_length}-token prompt",
+        "model": {"name": g.model.get("name"), "layers": g.trace.n_layers, "heads": g.trace.n_heads},
+        "prompt_tokens": [t.text for t in g.prompt_tokens],
+        "prompt_length": g.prompt_length,
+        "settings": g.settings,
+        "stopped": g.stopped,
+        "check": {"ok": report.ok, "max_error": report.max_error, "tolerance": report.tolerance,
+                  "unsupported": report.unsupported},
+        "steps": [step_payload(g, s, rollout) for s in range(g.n_steps)],
+    }
+
+
+def script() -> str:
+    return "\n".join(_asset(n) for n in SCRIPTS)
+
+
+def generation_html(g: GenerationTrace) -> str:
+    """A self-contained page: tokens appear step by step, each step's attention, its top-k bars."""
+    data = generation_payload(g)
+    code = script() + BOOT
+    return (
+        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(code)}\">\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+        f"<title>{html.escape(data['title'])}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
+        "<div id=\"attnscope-generation-root\"></div>\n"
+        f"<script type=\"application/json\" id=\"attnscope-generation\">{json_for_script(data)}</script>\n"
+        f"<script>{code}</script>\n</body>\n</html>\n"
+    )
+
+
+def generation_page(g: GenerationTrace) -> Any:
+    """The page as an HTMLPage: shows itself in Jupyter, .save(path) writes it."""
+    from attnscope.views import HTMLPage
+
+    return HTMLPage(generation_html(g), height=720)
