@@ -61,3 +61,43 @@ def test_weighted_values_and_their_sum_are_the_trace_numbers(pair_trace: Trace,
     context = pair_trace.arrays["context"][1, 3, 4]
     assert np.abs((weights[:, None] * v).sum(0) - context).max() <= 1e-6
     assert opened.errors == []
+
+
+def test_standalone_head_view_uses_the_page_and_has_a_legend(minilm: Any, open_page: Callable[..., Any]) -> None:
+    from attnscope.tracing import trace
+
+    tr = trace("time flies like an arrow", model=minilm)  # 7 tokens
+    opened = open_page(to_html(tr, "head", layer=2), "head-standalone", width=1280)
+    page = opened.page
+    size = page.evaluate("""() => {
+      const body = document.querySelector(".as-head-body").getBoundingClientRect();
+      const lines = document.querySelector("canvas.as-lines").getBoundingClientRect();
+      return [body.width, body.height, lines.width, document.querySelector(".as-tok").getBoundingClientRect().height];
+    }""")
+    width, height, lines, row = size
+    assert row > 20 and height >= 7 * row and lines > 280 and width > 500, size  # not 280x130 in a 1280x900 page
+    assert "line opacity = attention weight" in page.inner_text(".as-head-legend")
+    page.hover('.as-q .as-tok[data-index="1"]')
+    title = page.get_attribute('.as-k .as-tok[data-index="2"]', "title")
+    assert title and title.startswith("2: flies · mean over 12 heads: ≈ ") and "(8-bit approximation)" in title
+    mean = float(title.split("≈ ")[1].split(" ")[0])
+    step = float(tr.weights[2, :, 1].max()) / 255  # the 8-bit step of the widest of these rows
+    assert mean == pytest.approx(float(tr.weights[2, :, 1, 2].mean()), abs=step + 5e-5)
+    opened.shot("head-standalone")
+    assert opened.errors == []
+
+
+def test_figures_carry_no_controls_or_hints(pair_trace: Trace, open_page: Callable[..., Any]) -> None:
+    from attnscope.views.browser import AS_FIGURE
+
+    opened = open_page(to_html(pair_trace, "neuron", layer=3, head=4, query=2), "neuron-figure", width=1280)
+    page = opened.page
+    page.wait_for_selector(".as-neuron-values")
+    page.evaluate(AS_FIGURE)
+    assert page.inner_text(".as-figure-caption") == "layer 3 · head 4 · query 2: cat (0-indexed)"
+    visible = page.evaluate("""() => [...document.querySelectorAll('.as-controls, select, .as-hint')]
+      .filter((n) => n.offsetParent !== null).map((n) => n.className)""")
+    notes = [c for c in visible if "as-modern" not in c]  # the RoPE/GQA note is a note too, when there is one
+    assert notes == ["as-hint as-scaling", "as-hint as-context-note"], visible
+    assert page.is_visible(".as-badge")  # the verification stays in the picture
+    opened.shot("neuron-figure")

@@ -22,6 +22,22 @@ CHROMIUM_ARGS = (
     "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic",
 )
 READY = "#attnscope-root[data-attnscope-ready]"
+# A picture is a figure: the controls, tabs and how-to hints give way to one caption of what is shown
+# (the selected layer and heads, read from the controls before they are hidden); legends and notes stay.
+AS_FIGURE = """() => {
+  const panel = document.querySelector(".as-panel:not([hidden])") || document;
+  const pick = (label) => panel.querySelector(`select[aria-label^="${label}"]`);
+  const chips = [...panel.querySelectorAll(".as-chip[aria-pressed=true]")].map((c) => c.dataset.head);
+  const parts = [];
+  if (pick("layer")) parts.push(`layer ${pick("layer").value}`);
+  if (chips.length) parts.push(`head${chips.length > 1 ? "s" : ""} ${chips.join(", ")}`);
+  if (pick("query")) parts.push(`query ${pick("query").selectedOptions[0].textContent}`);
+  const caption = document.createElement("p");
+  caption.className = "as-figure-caption";
+  caption.textContent = parts.length ? `${parts.join(" · ")} (0-indexed)` : "";
+  panel.prepend(caption);
+  document.body.classList.add("as-figure");
+}"""
 
 
 def chromium_path() -> str | None:
@@ -74,6 +90,7 @@ def _render_png(document: str, out: Path, width: int, timeout_s: float) -> Path:
         page = browser.new_page(viewport={"width": width, "height": 900})
         page.goto(page_file.as_uri())
         page.wait_for_selector(READY, state="attached", timeout=timeout_s * 1000)
+        page.evaluate(AS_FIGURE)
         try:
             page.screenshot(path=str(out), full_page=True)
         except OSError as exc:

@@ -4,7 +4,8 @@
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
   const el = (...a) => A.el(...a);
-  const ROW = 20; // px per token row
+  const MIN_ROW = 20; // px per token row; a short text gets taller rows (up to MAX_ROW) to use the page
+  const MAX_ROW = 34;
   const BUCKETS = 16; // opacity levels: one canvas path per head and level
   const MIN_ALPHA = 0.01; // lines fainter than this are not drawn unless a token is focused
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
@@ -31,11 +32,11 @@
     const qs = focus && focus.side === "q" ? [focus.index] : [...Array(n).keys()];
     const [k0, k1] = focus && focus.side === "k" ? [focus.index, focus.index + 1] : [0, n];
     for (const q of qs) {
-      const yq = q * ROW + ROW / 2 - band.top;
+      const yq = q * band.row + band.row / 2 - band.top;
       for (let k = k0; k < k1; k++) {
         const c = codes[q * n + k];
         if (c < minCode) continue;
-        const yk = k * ROW + ROW / 2 - band.top;
+        const yk = k * band.row + band.row / 2 - band.top;
         if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height) || !A.passes(model, filter, q, k)) continue;
         each(yq, yk, Math.min(1, c * perCode));
       }
@@ -104,8 +105,15 @@
     for (let j = 0; j < ctx.model.n; j++) {
       const [q, k] = focus.side === "q" ? [focus.index, j] : [j, focus.index];
       let sum = 0;
-      for (const h of heads) sum += src.value(layer, h, q, k) / src.top(layer, h);
-      if (heads.length) other[j].style.setProperty("--w", String(Math.min(1, sum / heads.length)));
+      let value = 0;
+      for (const h of heads) {
+        sum += src.value(layer, h, q, k) / src.top(layer, h);
+        value += src.value(layer, h, q, k);
+      }
+      if (!heads.length) continue;
+      other[j].style.setProperty("--w", String(Math.min(1, sum / heads.length)));
+      const what = heads.length > 1 ? `mean over ${heads.length} heads` : src.label;
+      other[j].title = `${A.tokenLabel(ctx.model, j)} · ${what}: ≈ ${A.fmt(value / heads.length)} (8-bit approximation)`;
     }
   }
 
@@ -137,12 +145,31 @@
     ]));
     panel.append(el("p", { class: "as-hint", text: "Left: queries, right: keys (0-indexed). Hover or arrow-key through " +
       "tokens to see only their lines; click or Enter pins a query, Esc clears." }));
+    panel.append(legend());
     const cols = { q: tokenColumn(ctx.model, "q"), k: tokenColumn(ctx.model, "k") };
     const canvas = el("canvas", { class: "as-lines", "aria-hidden": "true" });
     const body = el("div", { class: "as-head-body" }, [cols.q, canvas, cols.k]);
     const status = el("p", { class: "as-hint as-status", "aria-live": "polite" });
     panel.append(body, status);
     return { cols: cols, canvas: canvas, body: body, status: status };
+  }
+
+  // What the lines mean: opacity is the weight, one colour per head, the values on hover.
+  function legend() {
+    const ramp = el("span", { class: "as-ramp", "aria-hidden": "true" });
+    return el("p", { class: "as-hint as-head-legend" }, [el("span", { text: "line opacity = attention weight: 0 " }),
+      ramp, el("span", { text: " 1 · one colour per head · hover a token: the other side is shaded by its weights, " +
+        "each token's value in its tooltip" })]);
+  }
+
+  // Taller rows and wider lines for a short text, so the view uses the page; the row never below MIN_ROW.
+  function fit(panel, cols, body, n) {
+    const row = Math.max(MIN_ROW, Math.min(MAX_ROW, Math.floor(((window.innerHeight || 900) - 320) / n)));
+    body.style.setProperty("--row", `${row}px`);
+    const free = (panel.clientWidth || 1200) - cols.q.offsetWidth - cols.k.offsetWidth - 24;
+    const width = Math.max(280, Math.min(640, free, row * 18));
+    body.style.setProperty("--lines-w", `${width}px`);
+    return { row: row, width: width };
   }
 
   // Hover, click and keys on the token columns: hover shows one token's lines, click or Enter pins a query.
@@ -163,8 +190,10 @@
     render(panel, ctx) {
       const { cols, canvas, body, status } = layout(panel, ctx);
       const n = ctx.model.n;
+      const size = fit(panel, cols, body, n);
       // the part of the token columns in view: the canvas is sticky, so only that band gets lines
-      const band = () => ({ top: body.scrollTop, width: 280, height: Math.min(n * ROW, body.clientHeight || n * ROW) });
+      const band = () => ({ top: body.scrollTop, width: size.width, row: size.row,
+                            height: Math.min(n * size.row, body.clientHeight || n * size.row) });
       let hovered = null;
       let frame = 0;
       const focus = () => hovered || (ctx.state.query !== null && ctx.state.query !== undefined
