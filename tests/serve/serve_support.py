@@ -84,7 +84,7 @@ def start_server(*args: str, timeout: float = 120.0) -> Server:
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
     while time.monotonic() < deadline:
         try:
-            if httpx.get(server.url + "healthz", timeout=5, headers=server.auth).status_code == 200:
+            if httpx.get(server.url + "healthz", timeout=5, headers=server.auth).status_code in (200, 503):
                 return server
         except httpx.TransportError:
             time.sleep(0.2)

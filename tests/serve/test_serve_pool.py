@@ -17,12 +17,12 @@ def test_pool_queues_then_refuses_and_frees_slots_when_jobs_end() -> None:
     async def scenario() -> None:
         pool = InferencePool(workers=1, queue=1, timeout=30)
         gate = threading.Event()
-        running = asyncio.create_task(pool.run(gate.wait, 30))
-        queued = asyncio.create_task(pool.run(lambda: 42))
+        running = asyncio.create_task(pool.run(lambda _stop: gate.wait(30)))
+        queued = asyncio.create_task(pool.run(lambda _stop: 42))
         await asyncio.sleep(0.05)
         assert pool.stats()["running"] == 1 and pool.stats()["waiting"] == 1
         with pytest.raises(PoolBusy):
-            await pool.run(lambda: 0)
+            await pool.run(lambda _stop: 0)
         gate.set()
         assert await running is True
         assert await queued == 42
@@ -37,9 +37,9 @@ def test_pool_deadline_covers_waiting_and_keeps_the_slot_until_the_job_ends() ->
         pool = InferencePool(workers=1, queue=4, timeout=0.2)
         gate = threading.Event()
         with pytest.raises(PoolTimeout):
-            await pool.run(gate.wait, 30)
+            await pool.run(lambda _stop: gate.wait(30))
         with pytest.raises(PoolTimeout):  # queued behind it: dropped unstarted at its own deadline
-            await pool.run(lambda: 1)
+            await pool.run(lambda _stop: 1)
         assert pool.pending == 1  # the running job is not killed, and still counts
         gate.set()
         for _ in range(200):
@@ -47,7 +47,7 @@ def test_pool_deadline_covers_waiting_and_keeps_the_slot_until_the_job_ends() ->
                 break
             time.sleep(0.01)
         assert pool.pending == 0
-        assert await pool.run(lambda: 7) == 7
+        assert await pool.run(lambda _stop: 7) == 7
         pool.shutdown()
 
     asyncio.run(scenario())

@@ -51,8 +51,12 @@ def add_guard_args(p: Any) -> None:
                    help="time to send a request's body; then 408 (default 60)")
     p.add_argument("--max-connections", type=int, default=64, metavar="N",
                    help="open connections; a request beyond gets 503 (default 64)")
-    p.add_argument("--max-response", type=int, default=256, metavar="MIB",
-                   help="largest response in MiB; larger ones are refused with 422 (default 256)")
+    p.add_argument("--max-response", type=int, default=128, metavar="MIB",
+                   help="largest response in MiB; larger ones are refused with 422 (default 128)")
+    p.add_argument("--max-list", type=int, default=2**20, metavar="N",
+                   help="numbers a response may send with \"encoding\": \"list\"; beyond, 422 (default 1048576)")
+    p.add_argument("--cache-size", type=int, default=512, metavar="MIB",
+                   help="bytes the trace cache may hold, everything counted, in MiB (default 512)")
     p.add_argument("--max-memory", type=int, default=4096, metavar="MIB",
                    help="resident memory ceiling in MiB: beyond, the cache is emptied, then 503 (default 4096)")
 
@@ -75,7 +79,8 @@ def run_serve(args: argparse.Namespace) -> int:
                         queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
                         allow_hosts=(args.host, *args.allow_host), token=token, header_timeout=args.header_timeout,
                         body_timeout=args.body_timeout, max_connections=args.max_connections,
-                        max_response_bytes=_mib("--max-response", args.max_response),
+                        max_response_bytes=_mib("--max-response", args.max_response), max_list_values=args.max_list,
+                        cache_bytes=_mib("--cache-size", args.cache_size),
                         max_memory_bytes=_mib("--max-memory", args.max_memory))
     if not is_loopback(args.host):
         guard = "only with the token in the URL below" if token else "with no token (--no-token)"

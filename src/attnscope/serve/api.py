@@ -4,10 +4,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from attnscope.serve.fields import ENCODINGS, Field
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAYS, DERIVED
+
+
+class TextRequest(Protocol):
+    """What every request that traces a text names: the text, its pair, model and length."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def pair(self) -> str | None: ...
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def max_length(self) -> int | None: ...
+    @property
+    def truncate(self) -> bool: ...
 
 
 @dataclass(frozen=True)

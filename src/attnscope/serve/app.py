@@ -8,8 +8,10 @@ fields or an untraceable text, 503 queue full, 504 past the deadline, 404/405; 5
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
-from attnscope.serve import page
+from attnscope.serve import memory, page
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -34,7 +36,7 @@ from attnscope.serve.api import (
 from attnscope.serve.fields import RequestError, parse_body, parse_json
 from attnscope.serve.guard import Guard
 from attnscope.serve.openapi import document
-from attnscope.serve.pool import InferencePool, PoolBusy, PoolTimeout
+from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
 
@@ -50,6 +52,7 @@ class Server:
         if settings.threads is not None:
             # the server owns its process; several busy torch threads on a shared CPU spin rather than work
             torch.set_num_threads(settings.threads)
+        memory.tune()
         self.service = Service(settings)
         self.pool = InferencePool(settings.workers, settings.queue, settings.timeout)
         models = list(dict.fromkeys(self.service.models.values()))
@@ -64,24 +67,27 @@ class Server:
     async def trace(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
         req = TraceRequest(**parse_body(data, self.trace_fields))
-        return Response(await self._run(self.service.trace_body, req), media_type=JSON)
+        return Response(await self._run(request, self.service.trace_body, req), media_type=JSON)
 
     async def explain(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
         req = ExplainRequest(**parse_body(data, self.explain_fields))
-        return Response(await self._run(self.service.explain_body, req), media_type=JSON)
+        return Response(await self._run(request, self.service.explain_body, req), media_type=JSON)
 
     async def neuron(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
         req = NeuronRequest(**parse_body(data, self.neuron_fields))
-        return Response(await self._run(self.service.neuron_body, req), media_type=JSON)
+        return Response(await self._run(request, self.service.neuron_body, req), media_type=JSON)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"models": self.service.model_list()})
 
     async def health(self, _request: Request) -> Response:
-        return JSONResponse({"status": "ok", "models": self.service.names, "pool": self.pool.stats(),
-                             "cache": self.service.cache.stats()})
+        rss, ceiling = memory.rss_bytes(), self.settings.max_memory_bytes
+        ok = rss <= ceiling
+        return JSONResponse({"status": "ok" if ok else "over the memory ceiling", "models": self.service.names,
+                             "pool": self.pool.stats(), "cache": self.service.cache.stats(),
+                             "memory": {"rss": rss, "max": ceiling, "ok": ok}}, status_code=200 if ok else 503)
 
     async def schema(self, _request: Request) -> Response:
         return JSONResponse(self.openapi)
@@ -90,15 +96,49 @@ class Server:
         return HTMLResponse(self.page, headers={"Content-Security-Policy": self.page_policy,
                                                 "X-Content-Type-Options": "nosniff"})
 
-    async def _run(self, fn: Callable[[Any], bytes], req: Any) -> bytes:
+    async def _run(self, request: Request, fn: Callable[[Any, threading.Event], bytes], req: Any) -> bytes:
+        """fn(req, stop) on the pool, within the memory ceiling; dropped or stopped if the client leaves."""
+        self._validate_memory()
+        job = asyncio.ensure_future(self.pool.run(fn, req))
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
-            return await self.pool.run(fn, req)
+            await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not job.done():  # the client left: the job is dropped if queued, stopped if running
+                job.cancel()
+        if not job.done():
+            await asyncio.wait({job})
+            raise RequestError(499, "the client closed the connection")
+        try:
+            return job.result()
         except PoolBusy as exc:
             raise RequestError(503, f"{exc}: retry in a moment") from exc
         except PoolTimeout as exc:
             raise RequestError(504, f"{exc}: try a shorter text or a smaller max_length") from exc
         except AttnscopeError as exc:
             raise RequestError(422, str(exc)) from exc
+        except Cancelled as exc:
+            raise RequestError(504, f"{exc}: try a shorter text or a smaller max_length") from exc
+
+    def _validate_memory(self) -> None:
+        """Over the ceiling, empty the cache and give memory back; still over, refuse (503)."""
+        ceiling = self.settings.max_memory_bytes
+        if memory.rss_bytes() <= ceiling:
+            return
+        self.service.cache.clear()
+        memory.release()
+        rss = memory.rss_bytes()
+        if rss > ceiling:
+            log.warning("resident memory %d MiB is over the ceiling of %d MiB", rss >> 20, ceiling >> 20)
+            raise RequestError(503, f"the server is over its memory ceiling ({rss >> 20} of {ceiling >> 20} MiB): "
+                               "retry in a moment")
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has hung up (the body is read: receive() now waits for the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_json(request: Request, limit: int) -> Any:
@@ -116,7 +156,7 @@ async def read_json(request: Request, limit: int) -> Any:
 
 async def _request_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    headers = {"Retry-After": "1"} if exc.status == 503 else None
+    headers = {"Retry-After": "1"} if exc.status == 503 else {"Connection": "close"} if exc.status == 408 else None
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 

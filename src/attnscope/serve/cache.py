@@ -1,4 +1,8 @@
-"""A small LRU cache of recent traces, bounded in entries and in bytes of arrays."""
+"""A small LRU cache of recent traces, bounded in entries and in every byte an entry holds.
+
+An entry grows after it is cached (rollout, flow and norms are computed on request, payloads
+are built on first use), so the owner calls `fit()` after each growth and the cap holds then.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +14,26 @@ from typing import Any
 from attnscope.traces import Trace
 
 CacheKey = tuple[str, str, str | None, int, bool]  # model, text, pair, max_length, truncate
+_PER_TOKEN = 512  # bytes a Token record and its strings take, about (the arrays dominate)
 
 
 @dataclass
 class Entry:
-    """One traced text with its verification; views payloads are added on first use."""
+    """One traced text with its verification; views payloads (JSON bytes) are added on first use."""
 
     trace: Trace
     check: dict[str, Any]
-    payloads: dict[tuple[str, ...], dict[str, Any]] = field(default_factory=dict)  # by optional sources
+    payloads: dict[tuple[str, ...], bytes] = field(default_factory=dict)  # by optional sources
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in self.trace.arrays.values())
+        """Every array the trace holds (derived ones too), its payloads and tokens.
+
+        (Its output projections are views of the model's weights: they cost nothing here.)
+        """
+        arrays = sum(int(a.nbytes) for a in self.trace.arrays.values())
+        payloads = sum(len(p) for p in self.payloads.values())
+        return arrays + payloads + _PER_TOKEN * len(self.trace.tokens)
 
 
 class TraceCache:
@@ -35,6 +46,7 @@ class TraceCache:
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
+        self.evicted = 0
 
     def get(self, key: CacheKey) -> Entry | None:
         with self._lock:
@@ -50,13 +62,28 @@ class TraceCache:
         with self._lock:
             self._items[key] = entry
             self._items.move_to_end(key)
-            while self._items and (len(self._items) > self.max_entries or self._bytes() > self.max_bytes):
-                self._items.popitem(last=False)
+            self._fit()
 
-    def _bytes(self) -> int:
-        return sum(e.nbytes for e in self._items.values())
+    def fit(self) -> None:
+        """Evict until the caps hold again (after an entry grew)."""
+        with self._lock:
+            self._fit()
+
+    def clear(self) -> None:
+        with self._lock:
+            self.evicted += len(self._items)
+            self._items.clear()
+
+    def _fit(self) -> None:
+        sizes = {k: e.nbytes for k, e in self._items.items()}
+        total = sum(sizes.values())
+        while self._items and (len(self._items) > self.max_entries or total > self.max_bytes):
+            key, _ = self._items.popitem(last=False)
+            total -= sizes[key]
+            self.evicted += 1
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._items), "bytes": self._bytes(), "max_entries": self.max_entries,
-                    "max_bytes": self.max_bytes, "hits": self.hits, "misses": self.misses}
+            return {"entries": len(self._items), "bytes": sum(e.nbytes for e in self._items.values()),
+                    "max_entries": self.max_entries, "max_bytes": self.max_bytes, "hits": self.hits,
+                    "misses": self.misses, "evicted": self.evicted}

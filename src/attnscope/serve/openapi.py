@@ -10,9 +10,16 @@ from attnscope.stages import ARRAYS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _STATUS_TEXT = {
+    403: "Not from this server's own page or a local client: a foreign Host or Origin, a CORS preflight, "
+         "or a missing access token.",
+    408: "The body did not arrive within the server's body deadline.",
     413: "The request body is larger than the server's limit.",
-    422: "The body is not valid JSON, breaks a field's rule, or the text cannot be traced.",
-    503: "Every worker is busy and the queue is full: retry after a moment.",
+    415: "The body is not sent as Content-Type: application/json.",
+    422: "The body is not valid JSON, breaks a field's rule, the text cannot be traced, or the response "
+         "would be over the server's size limit.",
+    500: "An internal error: the body says only 'internal error' and a request id to find it in the log.",
+    503: "Every worker is busy, the queue is full, there are too many connections, or the server is over "
+         "its memory ceiling: retry after a moment.",
     504: "The request took longer than the server's deadline.",
 }
 
@@ -29,12 +36,15 @@ def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str) -> 
     return {"post": {
         "operationId": op_id, "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(fields)}}},
-        "responses": {"200": _json(ok, "OK"), **_errors(413, 422, 503, 504)},
+        "responses": {"200": _json(ok, "OK"), **_errors(403, 408, 413, 415, 422, 500, 503, 504)},
     }}
 
 
 def _get(summary: str, ok: dict[str, Any], op_id: str) -> dict[str, Any]:
-    return {"get": {"operationId": op_id, "summary": summary, "responses": {"200": _json(ok, "OK")}}}
+    more = {"503": _json(ok, "Over the memory ceiling (the same body, status 'over the memory ceiling')")} \
+        if op_id == "health" else _errors(503)
+    return {"get": {"operationId": op_id, "summary": summary,
+                    "responses": {"200": _json(ok, "OK"), **_errors(403, 500), **more}}}
 
 
 def _obj(required: list[str], **props: Any) -> dict[str, Any]:
@@ -75,8 +85,11 @@ _MODEL = _obj(["name", "architecture", "layers", "heads", "max_positions", "defa
               name={"type": "string"}, architecture={"type": "string"}, layers={"type": "integer"},
               heads={"type": "integer"}, max_positions={"type": "integer"}, default={"type": "boolean"},
               aliases={"type": "array", "items": {"type": "string"}}, max_length={"type": "integer"})
-_HEALTH = _obj(["status"], status={"type": "string", "enum": ["ok"]}, pool={"type": "object"},
-               cache={"type": "object"}, models={"type": "array", "items": {"type": "string"}})
+_HEALTH = _obj(["status"], status={"type": "string", "enum": ["ok", "over the memory ceiling"]},
+               pool={"type": "object"}, cache={"type": "object"},
+               models={"type": "array", "items": {"type": "string"}},
+               memory=_obj(["rss", "max", "ok"], rss={"type": "integer"}, max={"type": "integer"},
+                           ok={"type": "boolean"}))
 
 
 _NEURON = _obj(["layer", "head", "scaling", "d_head", "encoding", "data"], layer={"type": "integer"},

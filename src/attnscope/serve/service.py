@@ -9,6 +9,7 @@ import base64
 import dataclasses
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,12 +18,16 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
-from attnscope.serve.api import ExplainRequest, NeuronRequest, TraceRequest
+from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
+from attnscope.serve.pool import checkpoint
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
+
+_BASE64_BYTES = 16 / 3  # JSON bytes per float32 value: 4 bytes, base64
+_LIST_BYTES = 16  # at most, as a JSON number in a list: "-1.2345678e-05," (float32 repr)
 
 
 class Service:
@@ -33,6 +38,7 @@ class Service:
         self.models = load_models(settings.models)
         self.default = next(iter(self.models.values()))
         self.cache = TraceCache(settings.cache_entries, settings.cache_bytes)
+        self.budget = Budget(settings.max_response_bytes, settings.max_list_values)
         # capture hooks live on the model, so one model runs one forward pass at a time
         self._locks = {id(m): threading.Lock() for m in self.models.values()}
 
@@ -56,41 +62,53 @@ class Service:
             raise AttnscopeError(f"model {name!r} is not served here: use one of {', '.join(self.names)}")
         return self.models[name]
 
-    def entry(self, text: str, pair: str | None, model: str | None, max_length: int | None,
-              truncate: bool) -> tuple[Model, Entry]:
-        """The trace of this text, from the cache or from a forward pass."""
-        m = self.model(model)
-        n = max_length if max_length is not None else min(self.settings.max_tokens, m.max_positions)
-        key: CacheKey = (m.name, text, pair, n, truncate)
+    def entry(self, req: TextRequest, stop: threading.Event) -> tuple[Model, Entry]:
+        """The trace of this text, from the cache or from a forward pass (not started once `stop` is set)."""
+        m = self.model(req.model)
+        n = req.max_length if req.max_length is not None else min(self.settings.max_tokens, m.max_positions)
+        key: CacheKey = (m.name, req.text, req.pair, n, req.truncate)
         hit = self.cache.get(key)
         if hit is not None:
             return m, hit
         with self._locks[id(m)]:
-            tr = trace(text, pair, model=m, max_length=n, truncate=truncate)
+            checkpoint(stop)  # its client may have left while it waited for the model
+            tr = trace(req.text, req.pair, model=m, max_length=n, truncate=req.truncate)
         e = Entry(tr, tr.check().to_dict())  # a trace keeps only its errors, so the check is cheap to keep
         self.cache.put(key, e)
         return m, e
 
-    def trace_body(self, req: TraceRequest) -> bytes:
-        _m, e = self.entry(req.text, req.pair, req.model, req.max_length, req.truncate)
+    def trace_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
+        _m, e = self.entry(req, stop)
         tr = e.trace
+        try:
+            arrays = {s: stage_array(tr, s) for s in req.stages}
+            payload_json = views_payload(e, tuple(s for s in DERIVED if s in req.sources)) if req.payload else b""
+        finally:
+            self.cache.fit()  # the entry grew: derived arrays, a payload
+        self.budget.validate(arrays, req.encoding, len(payload_json))
+        checkpoint(stop)
         body: dict[str, Any] = {
             "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
             "tokens": [t.to_dict() for t in tr.tokens], "check": e.check,
-            "arrays": {s: encode_array(stage_array(tr, s), ARRAY_AXES[s], req.encoding) for s in req.stages},
+            "arrays": {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()},
         }
-        if req.payload:
-            body["payload"] = views_payload(e, tuple(s for s in DERIVED if s in req.sources))
-        return to_json(body)
+        out = to_json(body)
+        return out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
 
-    def explain_body(self, req: ExplainRequest) -> bytes:
-        m, e = self.entry(req.text, req.pair, req.model, req.max_length, req.truncate)
-        w = walkthrough(e.trace, req.layer, req.head, req.token, model=m)
+    def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
+        m, e = self.entry(req, stop)
+        w = walkthrough(captured(e.trace), req.layer, req.head, req.token, model=m)
         return to_json(walkthrough_json(w))
 
-    def neuron_body(self, req: NeuronRequest) -> bytes:
-        _m, e = self.entry(req.text, req.pair, req.model, req.max_length, req.truncate)
+    def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
+        _m, e = self.entry(req, stop)
         return to_json(neuron_block(e.trace, req.layer, req.head))
+
+
+def captured(tr: Trace) -> Trace:
+    """The trace with its captured stages only: the walkthrough reads each array by layer, and derived
+    arrays (flow is [query, key]) have no layer axis to read."""
+    return dataclasses.replace(tr, arrays={k: v for k, v in tr.arrays.items() if k not in DERIVED})
 
 
 def load_models(specs: tuple[str, ...]) -> dict[str, Model]:
@@ -121,6 +139,25 @@ def stage_array(tr: Trace, stage: str) -> np.ndarray:
                          f"ask for {', '.join(tr.arrays)}")
 
 
+@dataclass(frozen=True)
+class Budget:
+    """How large a response may be, checked before it is built (an array in JSON lists is ~4x base64)."""
+
+    max_bytes: int
+    max_list_values: int
+
+    def validate(self, arrays: dict[str, np.ndarray], encoding: str, extra: int = 0) -> None:
+        values = sum(int(a.size) for a in arrays.values())
+        if encoding == "list" and values > self.max_list_values:
+            raise AttnscopeError(f"encoding 'list' is limited to {self.max_list_values} numbers per response and "
+                                 f"these arrays hold {values}: use encoding 'base64', fewer stages or a smaller "
+                                 "max_length", parameter="encoding")
+        size = extra + values * (_LIST_BYTES if encoding == "list" else _BASE64_BYTES)
+        if size > self.max_bytes:
+            raise AttnscopeError(f"the response would be about {size / 2**20:.0f} MiB, over the server's limit of "
+                                 f"{self.max_bytes / 2**20:.0f} MiB: ask for fewer stages or a smaller max_length")
+
+
 def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[str, Any]:
     """One array with its axes: base64 of little-endian float32 (C order), or nested lists."""
     f32 = np.ascontiguousarray(a, dtype="<f4")
@@ -129,17 +166,18 @@ def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[st
             "data": data}
 
 
-def views_payload(e: Entry, optional: tuple[str, ...]) -> dict[str, Any]:
-    """The views' payload (attnscope.views.payload): raw weights plus the `optional` sources, computed here.
+def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
+    """The views' payload (attnscope.views.payload) as JSON: raw weights plus the `optional` sources.
 
-    Built once per entry and choice, so switching views, layers and heads costs no recompute.
+    Built once per entry and choice, so switching views, layers and heads costs no recompute;
+    kept as bytes, so the cache counts exactly what it holds.
     """
     if optional not in e.payloads:
         tr = e.trace
         for name in optional:
             stage_array(tr, name)
         keep = {k: v for k, v in tr.arrays.items() if k not in DERIVED or k in optional}
-        e.payloads[optional] = payload(dataclasses.replace(tr, arrays=keep))
+        e.payloads[optional] = to_json(payload(dataclasses.replace(tr, arrays=keep)))
     return e.payloads[optional]
 
 

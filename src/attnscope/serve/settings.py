@@ -33,7 +33,7 @@ class Settings:
     header_timeout: float = 60.0  # seconds to receive a request's headers; then the connection is closed
     body_timeout: float = 60.0  # seconds to receive a request's body once its headers are in; then 408
     max_connections: int = 64  # open connections; a request beyond this gets 503
-    max_response_bytes: int = 256 * 2**20  # a response larger than this is refused (422) before it is built
+    max_response_bytes: int = 128 * 2**20  # a response larger than this is refused (422) before it is built
     max_list_values: int = 2**20  # numbers sent with "encoding": "list" (nested JSON lists are ~4x base64)
     max_memory_bytes: int = 4 * 2**30  # resident memory ceiling: beyond it the cache is emptied, then 503
 

@@ -1,0 +1,57 @@
+"""The server process's resident memory: measured, given back to the system, kept under a ceiling.
+
+glibc keeps freed memory for reuse; with default settings a server that builds and drops
+arrays of tens of MB ratchets up (the mmap threshold grows to 32 MB and each worker thread
+gets its own arena). `tune()` fixes the threshold and the arena count, `release()` trims
+what is free back to the system. Both do nothing where glibc is not the allocator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import resource
+import sys
+
+log = logging.getLogger(__name__)
+_M_MMAP_THRESHOLD = -3  # mallopt parameters, from glibc's malloc.h
+_M_ARENA_MAX = -8
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+_LIBC = _libc()
+
+
+def rss_bytes() -> int:
+    """Resident memory now (Linux: /proc/self/statm), else the peak the system reports."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def tune() -> None:
+    """Large arrays straight from mmap (returned on free), and two arenas for all the worker threads."""
+    if _LIBC is not None:
+        _LIBC.mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
+        _LIBC.mallopt(_M_ARENA_MAX, 2)
+
+
+def release() -> None:
+    """Give memory that is free inside the allocator back to the system."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
