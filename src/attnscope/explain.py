@@ -111,21 +111,30 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
     diff = float(np.abs(q - a["q"][h]).max())  # the rotation recomputed here vs the q the model used
     d_rot, theta = p.rope.d_rot, p.rope.inv_freq.double().numpy()  # [d_rot / 2]
     t = int(sl.start) if sl.start is not None else min(tr.n_tokens - 1, 3)
-    pair = np.asarray([[0, d_rot // 2, t, t * theta[0], q_pre[t, 0], q_pre[t, d_rot // 2], q[t, 0], q[t, d_rot // 2]]])
+    half = d_rot // 2
+    pair = np.asarray([[i, i + half, t, t * theta[i], q_pre[t, i], q_pre[t, i + half], q[t, i], q[t, i + half]]
+                       for i in range(min(4, half))])  # [pair, 8]: the first pairs of token t
     partial = "" if d_rot == q.shape[-1] else f" Only the first {d_rot} of {q.shape[-1]} dims rotate (partial rotary)."
     text = (f"RoPE ({p.rope.kind}): dims i and i + {d_rot // 2} of each head's q and k form a pair, turned by the "
-            f"angle position x theta_i, theta_i = {theta[0]:.4g}, {theta[1] if len(theta) > 1 else theta[0]:.4g}, "
-            f"... (i = 0, 1, ...). (a, b) becomes (a cos - b sin, a sin + b cos), so q_m . k_n depends on m - n only: "
-            f"positions enter the scores here, not through x.{partial} The row below turns pair 0 of token {t}. "
-            f"The rotated q matches the model's within {diff:.1e}.")
+            f"angle position x theta_i, theta_i = {theta[0]:.4g}, {theta[min(1, len(theta) - 1)]:.4g}, ... "
+            f"{theta[-1]:.4g} (i = 0..{half - 1}: fast turns first, slow last). (a, b) becomes (a cos - b sin, "
+            f"a sin + b cos), so q_m . k_n depends on m - n only: positions enter the scores here, not through x."
+            f"{partial} The rows below turn the first pairs of q for token {t}. The rotated q matches the "
+            f"model's within {diff:.1e}.")
     d = int(q.shape[-1])
+    scaled = p.rope.attention_scaling
+    factor = f" Both are multiplied by the attention factor {scaled:.4g}." if scaled != 1.0 else ""
     return [
         Step("q_pre", "q and k before the rotation", "x W_Q + b_Q and x W_K + b_K (after QK-norm where the family "
              "has it), split into heads.", f"[token, d_head] = [{tr.n_tokens}, {d}]",
              {"q_pre": q_pre[sl], f"k_pre (k/v head {kv})": k_pre}, rows if sl.start is not None else labels),
-        Step("rope", "Rotate q and k by position (RoPE)", text, f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]",
-             {"i, i + d_rot/2, position, angle (rad), before a, before b, after a, after b": pair,
-              "cos": st["cos"].numpy()[sl], "sin": st["sin"].numpy()[sl]}, None),
+        Step("cos", "The rotation's tables: cos and sin of position x theta_i", "Row m is position m; column i "
+             f"and i + {half} hold the same angle (each pair turns as one).{factor}",
+             f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]", {"cos": st["cos"].numpy(), "sin": st["sin"].numpy()}),
+        Step("rope", "Rotate q and k by position (RoPE)", text, f"[pair, 8] = [{len(pair)}, 8]",
+             {f"q of token {t}, pair by pair": pair}, None,
+             ["i", "i + d_rot/2", "position", "angle (rad)", "a = q[i]", "b = q[i + d_rot/2]",
+              "a cos - b sin", "a sin + b cos"]),
     ]
 
 
@@ -170,7 +179,7 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     kv = tr.kv_head(h)  # grouped-query attention: the k/v head this query head reads
     q, k, v = a["q"][h], a["k"][kv], a["v"][kv]
     shared = f" {_sharing(tr, h)} so these are k/v head {kv}'s numbers." if tr.kv_heads != tr.n_heads else ""
-    rotated = " (after the rotation below)" if p is not None and p.rope is not None else ""
+    rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
     scale_text = scaling_text(d_head, s)
     mask_text = _mask_text(tr, p)
     sums = weights[sl].sum(axis=-1, keepdims=True)
