@@ -49,6 +49,25 @@ def register(sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=run_knockout)
 
+    p = sub.add_parser("importance", help="head importance over a corpus (Michel et al. 2019), pruning curve, "
+                       "and its rank correlation with one-head ablation")
+    p.add_argument("source", metavar="SOURCE", help="a corpus as `attnscope stats` reads it (.txt, .jsonl, .csv, "
+                   ".tsv, .parquet, .conllu, a directory of .txt)")
+    p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="directory for the results")
+    p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUTDIR")
+    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
+    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
+    add_model_args(p)
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="documents per batch (default 8)")
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="read only the first N documents")
+    p.add_argument("--sample", type=int, default=16, metavar="N",
+                   help="documents for the pruning curve and the one-head ablations (default 16)")
+    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+                   help="write a checkpoint every N batches (default 10)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
+    p.set_defaults(func=run_importance)
+
 
 def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="TEXT", help="the continuation whose log-probability is measured "
@@ -193,3 +212,55 @@ def grid_lines(grid: list[list[float]], title: str, md: bool) -> list[str]:
     ranked = sorted(((abs(v), la, h, v) for la, row in enumerate(grid) for h, v in enumerate(row)), reverse=True)
     lines += ["", "largest: " + ", ".join(f"{la}.{h} {v:+.4f}" for _, la, h, v in ranked[:TOP])]
     return lines
+
+
+class _Texts:
+    """A stats Source read as plain texts, again and again in the same order."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+
+    def __iter__(self) -> Any:
+        return (doc.text for doc in self.source)
+
+
+def run_importance(args: argparse.Namespace) -> int:
+    for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample),
+                        ("--checkpoint-every", args.checkpoint_every), ("--limit", args.limit or 1)):
+        if value < 1:
+            raise AttnscopeError(f"{flag} must be at least 1, got {value}")
+    from tqdm import tqdm
+
+    from attnscope.interventions.importance import ImportanceSettings
+    from attnscope.interventions.importance_report import importance
+    from attnscope.models import load_model
+    from attnscope.stats.sources import Source
+
+    source = Source(args.source, field=args.field, column=args.column)
+    settings = ImportanceSettings(args.batch_size, args.max_length, args.limit, args.checkpoint_every, args.sample)
+    m = load_model(args.model)
+    bar = None if args.no_progress else tqdm(total=source.count(args.limit), unit="doc", file=sys.stderr,
+                                                disable=None, dynamic_ncols=True)
+
+    def progress(documents: int, tokens: int) -> None:
+        if bar is not None:
+            bar.update(documents - bar.n)
+
+    try:
+        try:
+            r = importance(m, _Texts(source), args.output, source.describe(), settings, args.resume, progress)
+        finally:
+            if bar is not None:
+                bar.close()
+    except KeyboardInterrupt:
+        print(f"attnscope: interrupted; the checkpoint in {args.output} keeps the finished batches: "
+              "add --resume to the same command to continue", file=sys.stderr)
+        return 130
+    if args.format == "json":
+        print_json({"output": args.output, **r.to_dict()})
+    else:
+        from pathlib import Path
+
+        sys.stdout.write((Path(args.output) / "report.md").read_text(encoding="utf-8"))
+        print(f"\nFiles: {args.output}/importance.json, heads.csv, report.md, importance.html")
+    return 0

@@ -85,13 +85,13 @@ def validate_heads(m: Model, heads: Sequence[Head]) -> list[Head]:
     return [(int(layer), int(head)) for layer, head in heads]
 
 
-def parse_heads(spec: str) -> list[Head]:
+def parse_heads(spec: str, what: str = "heads") -> list[Head]:
     """"3.1,0.7" -> [(3, 1), (0, 7)]: layer.head pairs, 0-indexed."""
     heads = []
     for item in (s.strip() for s in spec.split(",")):
         parts = item.split(".")
         if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise AttnscopeError(f"heads {item!r} is not layer.head: write heads like 3.1,0.7 (0-indexed)")
+            raise AttnscopeError(f"{what} {item!r} is not layer.head: write heads like 3.1,0.7 (0-indexed)")
         heads.append((int(parts[0]), int(parts[1])))
     return heads
 

@@ -63,7 +63,18 @@ def effects_payload(result: Any) -> dict[str, Any]:
 
 def effects_html(result: Any, trace: Trace | None = None) -> str:
     """A self-contained page: the heatmap, and (with the trace) the attention views a click opens."""
-    data = effects_payload(result)
+    return page_of(effects_payload(result), trace)
+
+
+def grids_html(title: str, model: str, kind: str, grids: dict[str, Any], labels: dict[str, str],
+               trace: Trace | None = None) -> str:
+    """A heatmap page of any named [layer, head] grids (e.g. head importance)."""
+    data = {"title": title, "model": model, "kind": kind,
+            "grids": [{"name": n, "label": labels.get(n, n), "values": _finite(g)} for n, g in grids.items()]}
+    return page_of(data, trace)
+
+
+def page_of(data: dict[str, Any], trace: Trace | None) -> str:
     script = js() + "\n" + _asset("effects.js") + BOOT
     views = ""
     if trace is not None:
