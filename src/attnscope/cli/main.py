@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "attnscope.cli.view",
     "attnscope.cli.stats",
     "attnscope.cli.generate",
+    "attnscope.cli.interventions",
 )
 
 
