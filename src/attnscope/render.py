@@ -58,7 +58,7 @@ class Cells:
 
     def __init__(self, arr: np.ndarray, rows: list[str] | None, cols: list[str] | None) -> None:
         a = np.atleast_2d(arr)
-        finite = a[np.isfinite(a)]
+        finite = a[np.isfinite(a) & (a > F32_MIN / 2)]  # the mask's stand-in for -inf is not a number to show
         integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
         self.shape = a.shape
         self.rows = rows if rows and len(rows) == a.shape[0] else [str(i) for i in range(a.shape[0])]
