@@ -107,3 +107,23 @@ def test_bad_input_is_one_line(tiny_model: Callable[[str], attnscope.Model],
         ablate("a text", heads=[(0, 0)], model=lm_heads("gpt2"), target="   ")
     with pytest.raises(AttnscopeError, match="encoder"):
         ablate("a text", heads=[(0, 0)], model=m, target="x")
+
+
+def test_real_smollm2_open_gates_and_the_capital(smollm2: attnscope.Model) -> None:
+    """On the real SmolLM2-135M: open gates change nothing bit for bit, the greedy target is " Paris", and
+    removing head 23.4 lowers its log-probability as much as the head removed in a run of its own."""
+    inputs = encode(smollm2.tokenizer, ["The capital of France is"]).inputs
+    with torch.no_grad():
+        plain = smollm2.model(**inputs).logits
+        gated = run(smollm2, inputs, HeadEdit(smollm2.n_layers, ones(smollm2, 1))).logits
+    assert torch.equal(plain, gated)
+    result = ablate("The capital of France is", [(23, 4)], model=smollm2)
+    assert result.target == " Paris" and result.ablated is not None
+    paris = smollm2.tokenizer(" Paris", add_special_tokens=False)["input_ids"]
+    closed = ones(smollm2, 1)
+    closed[23, 0, 4] = 0.0
+    with torch.no_grad():
+        alone = run(smollm2, inputs, HeadEdit(smollm2.n_layers, closed)).logits
+    change = alone[0, -1].log_softmax(-1)[paris[0]] - plain[0, -1].log_softmax(-1)[paris[0]]
+    assert abs(result.ablated["d_target_logprob"] - float(change)) <= 1e-4
+    assert result.ablated["d_target_logprob"] < 0  # the head carries part of the answer
