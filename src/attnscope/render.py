@@ -36,6 +36,12 @@ def _fmt(v: float, integers: bool) -> str:
     return str(int(v)) if integers and np.isfinite(v) else value(v)
 
 
+def _has_min(arr: np.ndarray) -> bool:
+    """Whether an array holds the mask's stand-in for -inf (shown -inf*)."""
+    a = np.asarray(arr)
+    return bool(a.dtype.kind == "f" and np.any(np.isfinite(a) & (a <= F32_MIN / 2)))
+
+
 def _keep(n: int, limit: int) -> list[int | None]:
     """Indices to show of an axis of length n; None marks the elided middle."""
     if n <= limit:
@@ -59,15 +65,19 @@ class Cells:
     def __init__(self, arr: np.ndarray, rows: list[str] | None, cols: list[str] | None) -> None:
         a = np.atleast_2d(arr)
         finite = a[np.isfinite(a) & (a > F32_MIN / 2)]  # the mask's stand-in for -inf is not a number to show
-        integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
-        self.shape = a.shape
+        self.integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
+        self.array, self.shape = a, a.shape
         self.rows = rows if rows and len(rows) == a.shape[0] else [str(i) for i in range(a.shape[0])]
         self.cols = cols if cols and len(cols) == a.shape[1] else [str(j) for j in range(a.shape[1])]
-        self.text = [[_fmt(float(x), integers) for x in row] for row in a]
-        self.has_min = any(c == "-inf*" for row in self.text for c in row)
+        self._text: dict[int, list[str]] = {}  # formatted rows, made when first shown
+
+    def row(self, i: int) -> list[str]:
+        if i not in self._text:
+            self._text[i] = [_fmt(float(x), self.integers) for x in self.array[i]]
+        return self._text[i]
 
     def col_width(self, j: int, rows: list[int | None]) -> int:
-        return max([len(self.cols[j]), *(len(self.text[i][j]) for i in rows if i is not None)])
+        return max([len(self.cols[j]), *(len(self.row(i)[j]) for i in rows if i is not None)])
 
     def label_width(self, rows: list[int | None]) -> int:
         return max([1, *(len(self.rows[i]) for i in rows if i is not None)])
@@ -114,7 +124,7 @@ def _table(title: str, cells: Cells, rows: list[int | None], cols: list[int | No
         t.add_column(head, justify="right", overflow="fold", min_width=len(head))
     for i in rows:
         label = ELLIPSIS if i is None else cells.rows[i]
-        t.add_row(label, *(ELLIPSIS if i is None or j is None else cells.text[i][j] for j in cols))
+        t.add_row(label, *(ELLIPSIS if i is None or j is None else cells.row(i)[j] for j in cols))
     return t
 
 
@@ -162,7 +172,7 @@ def walkthrough_renderables(w: Walkthrough, width: int = 120, full: bool = False
             parts.append(Text(f"shape {step.shape}", style="dim"))
         for name, arr in step.arrays.items():
             parts += matrix_renderables(name, arr, _rows(step, arr), _cols(step, arr), width, full)
-        if any(Cells(a, None, None).has_min for a in step.arrays.values()):
+        if any(_has_min(a) for a in step.arrays.values()):
             parts.append(Text(MIN_NOTE, style="dim"))
         out.append(Group(*parts))
     if w.check:
@@ -195,7 +205,7 @@ def _md_table(name: str, cells: Cells, full: bool) -> list[str]:
     cols: list[int | None] = list(range(cells.shape[1])) if full else _keep(cells.shape[1], MD_COLS)
     header = ["", *(ELLIPSIS if j is None else cells.cols[j] for j in cols)]
     body = [[ELLIPSIS if i is None else cells.rows[i],
-             *(ELLIPSIS if i is None or j is None else cells.text[i][j] for j in cols)] for i in rows]
+             *(ELLIPSIS if i is None or j is None else cells.row(i)[j] for j in cols)] for i in rows]
     notes = [n for n in (_elided("rows", rows, cells.shape[0]), _elided("columns", cols, cells.shape[1])) if n]
     lines = [f"`{name}` {list(cells.shape)}", "", _md_row(header), _md_row(["---"] * len(header)),
              *map(_md_row, body), ""]
@@ -213,7 +223,7 @@ def walkthrough_markdown(w: Walkthrough, full: bool = False) -> str:
         for name, arr in step.arrays.items():
             cells = Cells(arr, _rows(step, arr), _cols(step, arr))
             lines += _md_table(name, cells, full)
-            lines += [MIN_NOTE, ""] if cells.has_min else []
+            lines += [MIN_NOTE, ""] if _has_min(arr) else []
     if w.check:
         lines += [f"**{check_line(w)}**", ""]
     return "\n".join(lines)
@@ -258,8 +268,11 @@ def compared(report: CheckReport) -> str:
     return f"{len(report.comparisons)} stage comparisons x {layers} layers x {heads} heads"
 
 
-def check_table(report: CheckReport, n_layers: int) -> Table:
-    """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads."""
+def check_table(report: CheckReport, n_layers: int, width: int | None = None) -> Table:
+    """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads.
+    When the layers do not fit the width (deep models), rows are the layers and columns the comparisons."""
+    if width is not None and 16 + 9 * n_layers > width:
+        return _check_table_by_layer(report, n_layers)
     t = Table(title="max error per layer (0-indexed, max over heads): captured vs the independent recompute "
               "and vs the model's own outputs", title_justify="left", caption=REL_NOTE, caption_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
@@ -270,6 +283,19 @@ def check_table(report: CheckReport, n_layers: int) -> Table:
     for c in report.comparisons:
         name = f"{c.stage} (rel)" if c.relative else c.stage
         t.add_row(name, c.source, *(_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers)))
+    return t
+
+
+def _check_table_by_layer(report: CheckReport, n_layers: int) -> Table:
+    t = Table(title="max error per layer (0-indexed, max over heads) of each stage: captured vs the independent "
+              "recompute (rec) and vs the model's own outputs (model)", title_justify="left", caption=REL_NOTE,
+              caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t.add_column("layer", justify="right")
+    for c in report.comparisons:
+        t.add_column(f"{c.stage}{' (rel)' if c.relative else ''} {'rec' if c.source == 'recompute' else c.source}",
+                     justify="right", overflow="fold")
+    for layer in range(n_layers):
+        t.add_row(str(layer), *(_err(float(c.errors[layer].max()), report.tolerance) for c in report.comparisons))
     return t
 
 
