@@ -271,3 +271,14 @@ def test_cli_explain_smollm2_shows_rotation_and_sharing(smollm2: attnscope.Model
     assert code == 0 and {"q_pre", "cos", "rope"} <= set(steps)
     assert "head 5 reads k/v head 1, as do query heads 3..5" in steps["k"]["text"]
     assert "The rotated q matches the model's within 0.0e+00" in steps["rope"]["text"]
+
+
+def test_check_table_of_a_deep_model_has_a_row_per_layer(modern: Callable[[str], attnscope.Model]) -> None:
+    from attnscope.render import check_table, to_text
+
+    report = attnscope.trace(LONG, model=modern("qwen2")).check()
+    wide = to_text([check_table(report, 2, width=200)], width=200)
+    narrow = to_text([check_table(report, 2, width=30)], width=200)  # the layers would not fit 30 columns
+    assert "L0" in wide and "L1" in wide and "L1" not in narrow
+    rows = [line.split() for line in narrow.splitlines() if line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows] == ["0", "1"] and all(len(r) == 1 + len(report.comparisons) for r in rows)

@@ -122,7 +122,7 @@ def run_check(args: argparse.Namespace) -> int:
         out = console()
         out.print(_check_header(tr))
         if report.comparisons:
-            out.print(check_table(report, tr.n_layers))
+            out.print(check_table(report, tr.n_layers, out.width))
         out.print(check_summary(report))
     from attnscope.report import EXIT_CODES
 
