@@ -95,7 +95,7 @@ def test_figures_carry_no_controls_or_hints(pair_trace: Trace, open_page: Callab
     page.wait_for_selector(".as-neuron-values")
     page.evaluate(AS_FIGURE)
     assert page.inner_text(".as-figure-caption") == "layer 3 · head 4 · query 2: cat (0-indexed)"
-    visible = page.evaluate("""() => [...document.querySelectorAll('.as-controls, select, .as-hint')]
+    visible = page.evaluate("""() => [...document.querySelectorAll('.as-controls, select, button, .as-hint')]
       .filter((n) => n.offsetParent !== null).map((n) => n.className)""")
     notes = [c for c in visible if "as-modern" not in c]  # the RoPE/GQA note is a note too, when there is one
     assert notes == ["as-hint as-scaling", "as-hint as-context-note"], visible
