@@ -115,9 +115,10 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
     pair = np.asarray([[i, i + half, t, t * theta[i], q_pre[t, i], q_pre[t, i + half], q[t, i], q[t, i + half]]
                        for i in range(min(4, half))])  # [pair, 8]: the first pairs of token t
     partial = "" if d_rot == q.shape[-1] else f" Only the first {d_rot} of {q.shape[-1]} dims rotate (partial rotary)."
-    text = (f"RoPE ({p.rope.kind}): dims i and i + {d_rot // 2} of each head's q and k form a pair, turned by the "
+    text = (f"RoPE ({p.rope.kind}): dims i and j = i + {d_rot // 2} of each head's q and k form a pair, turned by the "
             f"angle position x theta_i, theta_i = {theta[0]:.4g}, {theta[min(1, len(theta) - 1)]:.4g}, ... "
-            f"{theta[-1]:.4g} (i = 0..{half - 1}: fast turns first, slow last). (a, b) becomes (a cos - b sin, "
+            f"{theta[-1]:.4g} (i = 0..{half - 1}: fast turns first, slow last). (a, b) = (q_i, q_j) becomes "
+            f"(a cos - b sin, "
             f"a sin + b cos), so q_m . k_n depends on m - n only: positions enter the scores here, not through x."
             f"{partial} The rows below turn the first pairs of q for token {t}. The rotated q matches the "
             f"model's within {diff:.1e}.")
@@ -133,8 +134,7 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
              f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]", {"cos": st["cos"].numpy(), "sin": st["sin"].numpy()}),
         Step("rope", "Rotate q and k by position (RoPE)", text, f"[pair, 8] = [{len(pair)}, 8]",
              {f"q of token {t}, pair by pair": pair}, None,
-             ["i", "i + d_rot/2", "position", "angle (rad)", "a = q[i]", "b = q[i + d_rot/2]",
-              "a cos - b sin", "a sin + b cos"]),
+             ["i", "j", "position", "angle (rad)", "q_i", "q_j", "rotated q_i", "rotated q_j"]),
     ]
 
 
