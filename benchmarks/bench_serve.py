@@ -7,7 +7,14 @@ A real server (the CLI, on loopback, one worker, one torch thread) answers, from
 The baseline, measured in this run: the same traces in this process (attnscope.trace + check, one torch
 thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD English dev sentences.
 
-    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4]
+--part hardening measures what the guards cost and what a soak leaves behind (issue 17):
+  guard      the same requests to two servers started alike, one with the guard middleware (Host, Origin,
+             Content-Type, token, body deadline, request ids) and one without it (the baseline of the same
+             run), interleaved; requests/s as a ratio (target: within 5%)
+  soak       the soak of tests/serve/test_serve_soak.py (valid, hostile and abandoned requests): the server's
+             resident memory after a warm-up and after the soak
+
+    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4] [--part all|throughput|hardening]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -51,9 +59,9 @@ def texts_of(n_texts: int, tokens: int, tokenizer: Any, offset: int) -> list[str
     return out
 
 
-def start_server() -> tuple[subprocess.Popen[str], str]:
+def start_server(*extra: str) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "attnscope.cli.main", "serve", "--port", "0", "--max-tokens", "256",
-           "--max-chars", "20000", "--queue", "64"]
+           "--max-chars", "20000", "--queue", "64", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -106,7 +114,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=24, help="requests per measurement (default 24)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
+    ap.add_argument("--part", choices=("all", "throughput", "hardening"), default="all")
+    ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
     args = ap.parse_args()
+    if args.bare_server:
+        bare_server()
+        return
+    if args.part in ("all", "hardening"):
+        hardening(args.clients)
+    if args.part in ("all", "throughput"):
+        throughput(args)
+
+
+def throughput(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     logging.getLogger("attnscope").setLevel(logging.ERROR)  # the texts run past max_length on purpose
     model = attnscope.load_model()
@@ -136,3 +156,71 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def bare_server() -> None:
+    """The baseline server: `attnscope serve` exactly, but without the guard middleware."""
+    import uvicorn
+
+    from attnscope.cli.serve import bind, uvicorn_limits
+    from attnscope.serve import Settings, create_app
+
+    settings = Settings(max_tokens=32)
+    sock = bind("127.0.0.1", 0)
+    app = create_app(settings)
+    app.user_middleware = []  # built on the first request: this server runs no guard
+    print(f"attnscope: serving on http://127.0.0.1:{sock.getsockname()[1]}/", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", **uvicorn_limits(settings))).run(sockets=[sock])
+
+
+def start_bare() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--bare-server"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        found = re.search(r"on (http://\S+/)", line)
+        if found:
+            return proc, found.group(1)
+    raise SystemExit("the baseline server did not start")
+
+
+def hardening(clients: int, rounds: int = 3, requests: int = 200) -> None:
+    """The guard's cost (interleaved rounds against a server without it) and RSS around the soak."""
+    import asyncio
+    import random
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
+    from test_serve_soak import SOAK, WARM_UP, fire, plan
+
+    guarded, guarded_url = start_server("--max-tokens", "32")
+    bare, bare_url = start_bare()
+    try:
+        texts = [" ".join(["time flies like an arrow"] * (1 + i % 3)) + f" {i}" for i in range(16)]
+        bodies = [{"text": texts[i % 16], "layer": i % 6, "head": i % 12} for i in range(requests)]
+        for url in (guarded_url, bare_url):  # warm-up: every text traced and cached
+            load(url, "/api/explain", bodies[:32], clients)
+        rps: dict[str, list[float]] = {"guarded": [], "bare": []}
+        for _ in range(rounds):
+            rps["guarded"].append(load(guarded_url, "/api/explain", bodies, clients)["rps"])
+            rps["bare"].append(load(bare_url, "/api/explain", bodies, clients)["rps"])
+        g, b = statistics.median(rps["guarded"]), statistics.median(rps["bare"])
+        print(f"guard: {requests} cached explain requests x {rounds} rounds, {clients} clients: "
+              f"{g:.1f} req/s guarded, {b:.1f} req/s without the guard: {g / b:.3f}x ({(1 - g / b) * 100:+.1f}% cost)")
+    finally:
+        bare.terminate()
+        bare.wait(timeout=30)
+    try:
+        port = int(guarded_url.rstrip("/").rsplit(":", 1)[1])
+        rng = random.Random(0)
+        started = time.perf_counter()
+        asyncio.run(fire(guarded_url, plan(rng, WARM_UP, port)))
+        before = httpx.get(guarded_url + "healthz", timeout=30).json()["memory"]["rss"]
+        results = asyncio.run(fire(guarded_url, plan(rng, SOAK, port)))
+        after = httpx.get(guarded_url + "healthz", timeout=30).json()["memory"]["rss"]
+        wall = time.perf_counter() - started
+        fives = sum(1 for _, s in results if s is not None and s >= 500)
+        print(f"soak: {WARM_UP} + {SOAK} requests in {wall:.1f} s, {fives} 5xx; RSS {before / 2**20:.0f} MiB after "
+              f"warm-up, {after / 2**20:.0f} MiB after the soak ({after / before:.3f}x)")
+    finally:
+        guarded.terminate()
+        guarded.wait(timeout=30)

@@ -156,7 +156,7 @@ BAD_BODIES: list[tuple[str, Any, str]] = [
     ("/api/trace", {"text": "   "}, "field 'text' is empty"),
     ("/api/trace", {"text": 5}, "field 'text' must be a string"),
     ("/api/trace", {"text": "a", "typo": 1}, "unknown field 'typo'"),
-    ("/api/trace", {"text": "a", "max_length": MAX_TOKENS + 1}, f"must be from 2 to {MAX_TOKENS}"),
+    ("/api/trace", {"text": "a", "max_length": MAX_TOKENS + 1}, f"must be from 3 to {MAX_TOKENS}"),
     ("/api/trace", {"text": "a", "max_length": True}, "must be an integer"),
     ("/api/trace", {"text": "a", "stages": ["weights", "attention"]}, "'attention'"),
     ("/api/trace", {"text": "a", "stages": ["q", "q"]}, "names an item twice"),

@@ -2,7 +2,7 @@
 
 Every response must be documented (status, content type, body schema), no input may give a 5xx,
 bodies the schema rejects must be refused, and bodies it accepts must be served, except for the
-two refusals a schema cannot express, which must then say so.
+three refusals a schema cannot express, which must then say so.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ EXAMPLES = 25
 OPERATIONS = [("/api/trace", "POST"), ("/api/explain", "POST"), ("/api/neuron", "POST"), ("/api/models", "GET"),
               ("/healthz", "GET")]
 # Valid by the schema yet impossible for this text: more tokens than max_length with truncate=false, and
-# a query token past the end of the text. Each is refused with 422 and exactly this reason.
-TEXT_DEPENDENT = ("tokens long, over the maximum of", "is out of range: this text has")
+# a query token past the end of the text, a max_length that fits one text's special tokens but not a pair's.
+# Each is refused with 422 and exactly this reason.
+TEXT_DEPENDENT = ("tokens long, over the maximum of", "is out of range: this text has",
+                  "too small: a text and its pair need")
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +55,27 @@ def test_api_conforms_to_its_schema(api_schema: Any, path: str, method: str, mod
             assert any(reason in response.json()["error"] for reason in TEXT_DEPENDENT), response.text
 
     check()
+
+
+def test_stateful_trace_with_flow_then_explain(api_schema: Any) -> None:
+    """schemathesis follows the schema's links: a trace that computes attention flow, then explain (or the
+    neuron view) of the same text at generated layers, heads and tokens; no 5xx, every response documented."""
+    steps: list[tuple[str, int, str]] = []
+
+    class Workflow(api_schema.as_state_machine()):  # type: ignore[misc]
+        def before_call(self, case: Any) -> None:
+            positive = case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
+            if positive and case.operation.path == "/api/trace" and isinstance(case.body, dict):
+                case.body.update(stages=["flow"], truncate=True)  # flow is [query, key], unlike every other array
+
+        def validate_response(self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any) -> None:
+            text = case.body.get("text") if isinstance(case.body, dict) else None
+            steps.append((case.operation.path, response.status_code, str(text)))
+            assert response.status_code < 500, response.text
+            case.validate_response(response, excluded_checks=[positive_data_acceptance], transport_kwargs=kwargs)
+
+    Workflow.run(settings=settings(max_examples=15, stateful_step_count=4, deadline=None, derandomize=True,
+                                   database=None, suppress_health_check=list(HealthCheck)))
+    flowed = {text for path, status, text in steps if path == "/api/trace" and status == 200}
+    followed = [s for s in steps if s[0] in ("/api/explain", "/api/neuron") and s[2] in flowed and s[1] == 200]
+    assert followed, steps[:20]

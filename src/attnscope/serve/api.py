@@ -62,8 +62,12 @@ class NeuronRequest:
     head: int
 
 
-def text_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
-    """What to trace: the fields both endpoints share (one trace is cached for both)."""
+def text_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -> list[Field]:
+    """What to trace: the fields both endpoints share (one trace is cached for both).
+
+    shortest: the least max_length any served model accepts for one text (tokens.shortest_max_length);
+    a pair needs more, which the library refuses with 422 naming the least.
+    """
     return [
         Field("text", "string", "The sentence to trace.", required=True, max_length=settings.max_chars),
         Field("pair", "string", "An optional second sentence (segment B).", nullable=True,
@@ -72,15 +76,15 @@ def text_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
               nullable=True, enum=tuple(models)),
         Field("max_length", "integer", "Maximum tokens, special tokens included; null for the server's "
               f"limit ({settings.max_tokens}) or the model's, whichever is smaller.",
-              nullable=True, minimum=2, maximum=settings.max_tokens),
+              nullable=True, minimum=shortest, maximum=settings.max_tokens),
         Field("truncate", "boolean", "Keep the first max_length tokens of a longer text (true) or refuse "
               "it with 422 (false).", default=True),
     ]
 
 
-def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+def trace_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -> list[Field]:
     return [
-        *text_fields(settings, models),
+        *text_fields(settings, models, shortest),
         Field("stages", "array", "Arrays to return, by the stage names of saved traces (axes in each "
               "array's `axes`).", default=("weights",), enum=ARRAYS, max_length=len(ARRAYS)),
         Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "
@@ -93,17 +97,19 @@ def trace_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     ]
 
 
-def head_fields(settings: Settings, models: Sequence[str], layers: int, heads: int) -> list[Field]:
+def head_fields(settings: Settings, models: Sequence[str], layers: int, heads: int,
+                shortest: int = 2) -> list[Field]:
     return [
-        *text_fields(settings, models),
+        *text_fields(settings, models, shortest),
         Field("layer", "integer", "Layer, 0-indexed.", default=0, minimum=0, maximum=layers - 1),
         Field("head", "integer", "Head, 0-indexed.", default=0, minimum=0, maximum=heads - 1),
     ]
 
 
-def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads: int) -> list[Field]:
+def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads: int,
+                   shortest: int = 2) -> list[Field]:
     return [
-        *head_fields(settings, models, layers, heads),
+        *head_fields(settings, models, layers, heads, shortest),
         Field("token", "integer", "Focus on one query token (0-indexed); null for every query.",
               nullable=True, minimum=0, maximum=settings.max_tokens - 1),
     ]

@@ -34,11 +34,13 @@ from attnscope.serve.api import (
     trace_fields,
 )
 from attnscope.serve.fields import RequestError, parse_body, parse_json
+from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
 from attnscope.serve.openapi import document
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
+from attnscope.tokens import shortest_max_length
 
 log = logging.getLogger(__name__)
 JSON = "application/json"
@@ -58,10 +60,12 @@ class Server:
         models = list(dict.fromkeys(self.service.models.values()))
         layers = max(m.n_layers for m in models)
         heads = max(m.n_heads for m in models)
-        self.trace_fields = trace_fields(settings, self.service.names)
-        self.explain_fields = explain_fields(settings, self.service.names, layers, heads)
-        self.neuron_fields = head_fields(settings, self.service.names, layers, heads)
+        least = min(shortest_max_length(m.tokenizer, pair=False) for m in models)
+        self.trace_fields = trace_fields(settings, self.service.names, least)
+        self.explain_fields = explain_fields(settings, self.service.names, layers, heads, least)
+        self.neuron_fields = head_fields(settings, self.service.names, layers, heads, least)
         self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields)
+        self.generate_fields = generate_fields(settings, self.service.names)  # POST /api/generate
         self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
 
     async def trace(self, request: Request) -> Response:
@@ -78,6 +82,13 @@ class Server:
         data = await read_json(request, self.settings.max_body_bytes)
         req = NeuronRequest(**parse_body(data, self.neuron_fields))
         return Response(await self._run(request, self.service.neuron_body, req), media_type=JSON)
+
+    async def generate(self, request: Request) -> Response:
+        """NDJSON, one line per generated token as it is written (attnscope.serve.generate)."""
+        data = await read_json(request, self.settings.max_body_bytes)
+        req = GenerateRequest(**parse_body(data, self.generate_fields))
+        self._validate_memory()
+        return await stream_generation(self.pool, self.service, req)
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"models": self.service.model_list()})
@@ -182,6 +193,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/api/trace", server.trace, methods=["POST"]),
         Route("/api/explain", server.explain, methods=["POST"]),
         Route("/api/neuron", server.neuron, methods=["POST"]),
+        Route("/api/generate", server.generate, methods=["POST"]),
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

@@ -32,12 +32,23 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(_ERROR, _STATUS_TEXT[c]) for c in codes}
 
 
-def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str) -> dict[str, Any]:
+def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str,
+          links: dict[str, Any] | None = None) -> dict[str, Any]:
+    done = {**_json(ok, "OK"), **({"links": links} if links else {})}
     return {"post": {
         "operationId": op_id, "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(fields)}}},
-        "responses": {"200": _json(ok, "OK"), **_errors(403, 408, 413, 415, 422, 500, 503, 504)},
+        "responses": {"200": done, **_errors(403, 408, 413, 415, 422, 500, 503, 504)},
     }}
+
+
+# A traced text can then be explained or shown in the neuron view: the same text, pair, model and length
+# (served from the cache, with whatever the trace computed, attention flow included).
+_SAME_TEXT = {name: f"$request.body#/{name}" for name in ("text", "pair", "model", "max_length")}
+_TRACE_LINKS = {"Explain": {"operationId": "explain", "requestBody": _SAME_TEXT,
+                            "description": "Walk through a layer and head of the text just traced"},
+                "Neuron": {"operationId": "neuron", "requestBody": _SAME_TEXT,
+                           "description": "The neuron view of a layer and head of the text just traced"}}
 
 
 def _get(summary: str, ok: dict[str, Any], op_id: str) -> dict[str, Any]:
@@ -106,7 +117,7 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                                 "Layers, heads and tokens are 0-indexed."},
         "paths": {
             "/api/trace": _post("Trace a text: tokens, verification and arrays by stage name",
-                                trace_fields, _TRACE, "trace"),
+                                trace_fields, _TRACE, "trace", _TRACE_LINKS),
             "/api/explain": _post("Walk through one layer, head and query token step by step "
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
             "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
