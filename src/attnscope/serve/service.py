@@ -62,6 +62,10 @@ class Service:
             raise AttnscopeError(f"model {name!r} is not served here: use one of {', '.join(self.names)}")
         return self.models[name]
 
+    def model_lock(self, m: Model) -> threading.Lock:
+        """Held while the model runs (attnscope.serve.generate): one forward pass at a time per model."""
+        return self._locks[id(m)]
+
     def entry(self, req: TextRequest, stop: threading.Event) -> tuple[Model, Entry]:
         """The trace of this text, from the cache or from a forward pass (not started once `stop` is set)."""
         m = self.model(req.model)

@@ -1,0 +1,132 @@
+"""`POST /api/generate`: a generation streamed as NDJSON, one line per step as the model writes it.
+
+Lines: {"event": "token", ...} for each step as soon as its token is chosen (token, probability, top
+alternatives); then {"event": "done", ...} with the whole generation view payload (every step's attention
+rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun.
+Bounded like the other endpoints: max_new_tokens (at most MAX_NEW_TOKENS), the prompt's characters and
+tokens, the pool's queue and deadline (a job past it, or whose client left, stops at its next token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response, StreamingResponse
+
+from attnscope.errors import AttnscopeError
+from attnscope.serve.fields import Field, RequestError
+from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout, checkpoint
+from attnscope.serve.service import Service
+from attnscope.serve.settings import Settings
+
+MAX_NEW_TOKENS = 64  # per request
+NDJSON = "application/x-ndjson"
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str
+    model: str | None
+    max_new_tokens: int
+
+
+def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+    return [
+        Field("prompt", "string", "The text to continue.", required=True, max_length=settings.max_chars),
+        Field("model", "string", "A decoder this server serves (GET /api/models); null for the default.",
+              nullable=True, enum=tuple(models)),
+        Field("max_new_tokens", "integer", "At most this many new tokens (greedy; stops at end of sequence).",
+              default=16, minimum=1, maximum=MAX_NEW_TOKENS),
+    ]
+
+
+def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[str, Any]], None],
+                   stop: threading.Event) -> dict[str, Any]:
+    """On a pool worker: generate, emitting each token as it is chosen; returns the view payload."""
+    from attnscope.generating import generate
+    from attnscope.views.generation import generation_payload, token_payload
+
+    m = service.model(req.model)
+    n_prompt = len(m.tokenizer(req.prompt)["input_ids"])
+    if n_prompt > service.settings.max_tokens:
+        raise AttnscopeError(f"the prompt is {n_prompt} tokens long, over this server's limit of "
+                             f"{service.settings.max_tokens}: shorten it")
+
+    def on_token(step: Any) -> None:
+        checkpoint(stop)  # the client left or the deadline passed: stop writing
+        emit({"event": "token", **token_payload(step)})
+
+    with service.model_lock(m):
+        checkpoint(stop)
+        g = generate(req.prompt, model=m, max_new_tokens=req.max_new_tokens, on_token=on_token)
+    return {"event": "done", **generation_payload(g)}
+
+
+async def stream_generation(pool: InferencePool, service: Service, req: GenerateRequest) -> Response:
+    """Start the job; refuse with a status if it fails before its first token, else stream its lines."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    def emit(event: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    job = asyncio.ensure_future(pool.run(run_generation, service, req, emit))
+    first = asyncio.ensure_future(queue.get())
+    await asyncio.wait({job, first}, return_when=asyncio.FIRST_COMPLETED)
+    if not first.done():
+        first.cancel()
+        _raise_failure(job)  # finished before its first token: a status, not a stream
+        return StreamingResponse(_lines([job.result()]), media_type=NDJSON)
+    return StreamingResponse(_follow(first.result(), queue, job), media_type=NDJSON)
+
+
+def _raise_failure(job: asyncio.Future[Any]) -> None:
+    exc = job.exception()
+    if exc is None:
+        return
+    if isinstance(exc, PoolBusy):
+        raise RequestError(503, f"{exc}: retry in a moment") from exc
+    if isinstance(exc, PoolTimeout | Cancelled):
+        raise RequestError(504, f"{exc}: ask for fewer new tokens") from exc
+    if isinstance(exc, AttnscopeError):
+        raise RequestError(422, str(exc)) from exc
+    raise exc
+
+
+async def _lines(events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+    for e in events:
+        yield _line(e)
+
+
+async def _follow(first: dict[str, Any], queue: asyncio.Queue[dict[str, Any]],
+                  job: asyncio.Future[Any]) -> AsyncIterator[bytes]:
+    """The lines as the worker emits them, then the final one; a client that leaves stops the job."""
+    try:
+        yield _line(first)
+        while True:
+            get = asyncio.ensure_future(queue.get())
+            await asyncio.wait({get, job}, return_when=asyncio.FIRST_COMPLETED)
+            if get.done():
+                yield _line(get.result())
+                continue
+            get.cancel()
+            while not queue.empty():
+                yield _line(queue.get_nowait())
+            try:
+                _raise_failure(job)
+                yield _line(job.result())
+            except RequestError as exc:
+                yield _line({"event": "error", "error": exc.message})
+            return
+    finally:
+        if not job.done():
+            job.cancel()  # the pool sets the job's stop event: it ends at its next token
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return (json.dumps(event, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
