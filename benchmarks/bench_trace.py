@@ -12,7 +12,7 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
   (e)  (b) plus the time its own attention sublayers took (the self-attention modules and the
        output projections, timed with hooks inside (b)): a recompute as fast as the model's own
        code, with no comparison at all, would cost this much
-The forward passes are the model attnscope loads: SmolLM2 with its LM head (as trace runs it).
+Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
     .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--models minilm,smollm2] [--texts 8]
         [--smollm2-texts 4] [--tokens 256] [--threads 1]
@@ -99,11 +99,12 @@ def median_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[s
 
 
 def sdpa_twin(m: attnscope.Model) -> torch.nn.Module:
-    """The same checkpoint with PyTorch's fused attention (SDPA), for line (a)."""
+    """The same checkpoint with PyTorch's fused attention (SDPA), without its head, for line (a)."""
     auto = AutoModelForCausalLM if m.model is not m.base else AutoModel
     twin: torch.nn.Module = auto.from_pretrained(str(m.model.name_or_path), attn_implementation="sdpa",
                                                  dtype=torch.float32)
-    return twin.eval()
+    base: torch.nn.Module = getattr(twin, "base_model", twin)
+    return base.eval()
 
 
 def bench_model(m: attnscope.Model, n_texts: int, tokens: int, repeats: int) -> dict[str, float]:
@@ -120,7 +121,7 @@ def bench_model(m: attnscope.Model, n_texts: int, tokens: int, repeats: int) -> 
 
     def eager_attentions() -> object:
         with torch.no_grad():
-            return m.model(**enc, output_attentions=True)
+            return m.base(**enc, output_attentions=True)
 
     def capture_only() -> object:
         return attnscope.trace(texts, model=m, max_length=tokens, recompute=False)

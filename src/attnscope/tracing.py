@@ -68,7 +68,8 @@ def trace(
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
         inputs = {k: v.to(m.device) for k, v in enc.inputs.items()}
-        out = m.model(**inputs, output_attentions=recompute, output_hidden_states=recompute)
+        # the transformer without its LM head: a trace needs no logits ([batch, token, vocab], 200 MB for SmolLM2)
+        out = m.base(**inputs, output_attentions=recompute, output_hidden_states=recompute)
     _require_calls(m, cap)
     layers = _on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
     lengths = [len(t) for t in enc.tokens]
