@@ -32,4 +32,4 @@ def scaling(d_head: int, factor: float) -> str:
     root = math.sqrt(d_head)
     if abs(factor - 1 / root) < 1e-9:
         return (f"{SCALING_RULE}: ÷ sqrt({d_head}) = ÷ {value(root)} = × {value(1 / root)}")
-    return f"× {factor:.6g} (this layer's own scaling, not 1/sqrt(d_head) = {value(1 / root)})"
+    return f"× {value(factor)} (this layer's own scaling, not 1/sqrt(d_head) = {value(1 / root)})"

@@ -95,6 +95,8 @@ def test_figures_carry_no_controls_or_hints(pair_trace: Trace, open_page: Callab
     page.wait_for_selector(".as-neuron-values")
     page.evaluate(AS_FIGURE)
     assert page.inner_text(".as-figure-caption") == "layer 3 · head 4 · query 2: cat (0-indexed)"
+    from attnscope.numbers import scaling  # the one way the scaling is written, in Python and in the page
+    assert page.inner_text(".as-scaling") == f"scaled = q · k {scaling(32, pair_trace.scaling[3])}"
     visible = page.evaluate("""() => [...document.querySelectorAll('.as-controls, select, button, .as-hint')]
       .filter((n) => n.offsetParent !== null).map((n) => n.className)""")
     notes = [c for c in visible if "as-modern" not in c]  # the RoPE/GQA note is a note too, when there is one

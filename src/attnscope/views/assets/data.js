@@ -137,8 +137,8 @@
   A.SCALING_RULE = "÷ sqrt(d_head) = × 1/sqrt(d_head)";
   A.scalingText = function (d, scaling) {
     const root = Math.sqrt(d);
-    if (Math.abs(scaling - 1 / root) < 1e-7) return `${A.SCALING_RULE}: ÷ sqrt(${d}) = × ${A.fmt(1 / root)}`;
-    return `× ${A.fmt(scaling)} (this layer's own scaling)`;
+    if (Math.abs(scaling - 1 / root) < 1e-7) return `${A.SCALING_RULE}: ÷ sqrt(${d}) = ÷ ${A.fmt(root)} = × ${A.fmt(1 / root)}`;
+    return `× ${A.fmt(scaling)} (this layer's own scaling, not 1/sqrt(d_head) = ${A.fmt(1 / root)})`;
   };
 
   function hexRgb(hex) {
