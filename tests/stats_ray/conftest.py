@@ -42,5 +42,12 @@ def ray_runtime() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def local_result(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    """The local engine on the same slice and settings: what every Ray run must equal."""
-    return run(Source(str(ud_dev)), minilm, SETTINGS, tmp_path_factory.mktemp("local") / "out")
+    """The local engine on the same slice and settings: what every Ray run must equal. On one torch thread, as
+    each worker here: a session fixture runs before the module's one_torch_thread, and float32 matmuls may round
+    differently on another number of threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run(Source(str(ud_dev)), minilm, SETTINGS, tmp_path_factory.mktemp("local") / "out")
+    finally:
+        torch.set_num_threads(before)

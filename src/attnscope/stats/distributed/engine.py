@@ -1,11 +1,11 @@
 """The Ray run: the driver cuts the local engine's batches, workers compute them, the driver merges.
 
 Batches come from the local engine's one path (attnscope.stats.batching.numbered_batches),
-numbered (chunk, batch) in its order, so every document is
-padded and bucketed with the same neighbours and every per-document number is bit-for-bit
-the local one. States are exact integer sums, so the merge does not depend on which worker
-finishes first. The checkpoint is the local engine's: the merged state of the longest done
-prefix of batches and the position after it, so a run started on one engine resumes on the other.
+numbered (chunk, batch) in its order, so every document is padded and bucketed with the same
+neighbours and every per-document number is bit-for-bit the local one. States are exact integer
+sums, so the merge does not depend on which worker finishes first. The checkpoint is the local
+engine's (attnscope.stats.checkpoint): the merged state of the longest done prefix of batches and
+the position after it, so a run started on one engine resumes on the other.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from attnscope.stats.state import StatsState
 from attnscope.stats.syntax import SyntaxCounts
 
 log = logging.getLogger(__name__)
+
 
 class Prefix:
     """The merged state of the batches done so far in the local order, and those done out of order."""
