@@ -97,6 +97,10 @@ def test_figures_carry_no_controls_or_hints(pair_trace: Trace, open_page: Callab
     assert page.inner_text(".as-figure-caption") == "layer 3 · head 4 · query 2: cat (0-indexed)"
     from attnscope.numbers import scaling  # the one way the scaling is written, in Python and in the page
     assert page.inner_text(".as-scaling") == f"scaled = q · k {scaling(32, pair_trace.scaling[3])}"
+    from attnscope.numbers import error, value  # one number format: the page's and Python's agree
+    samples = [-1.42961, 0.0394469, 25.96493, 0.0, 5.4e-07, 1e-05, 1.2345e-12]
+    shown = page.evaluate("xs => xs.map(x => [attnscope.fmt(x), attnscope.fmtError(x)])", samples)
+    assert shown == [[value(x), error(x)] for x in samples]
     visible = page.evaluate("""() => [...document.querySelectorAll('.as-controls, select, button, .as-hint')]
       .filter((n) => n.offsetParent !== null).map((n) => n.className)""")
     notes = [c for c in visible if "as-modern" not in c]  # the RoPE/GQA note is a note too, when there is one
