@@ -36,6 +36,7 @@ from attnscope.serve.api import (
 from attnscope.serve.fields import RequestError, parse_body, parse_json
 from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
+from attnscope.serve.interventions import routes as intervention_routes
 from attnscope.serve.openapi import document
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout
 from attnscope.serve.service import Service
@@ -194,6 +195,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/api/explain", server.explain, methods=["POST"]),
         Route("/api/neuron", server.neuron, methods=["POST"]),
         Route("/api/generate", server.generate, methods=["POST"]),
+        *intervention_routes(server.settings, server.service, server._run),  # /api/ablate, /api/patch
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),
