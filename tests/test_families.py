@@ -39,6 +39,8 @@ def _configs() -> dict[str, Callable[[], Any]]:
         "phi3": lambda: T.Phi3Config(**gqa, partial_rotary_factor=0.5, sliding_window=WINDOW),
         "gpt_neox": lambda: T.GPTNeoXConfig(**SMALL),  # rotary_pct 0.25: partial rotary
         "olmo2": lambda: T.Olmo2Config(**gqa),  # QK-norm over the whole projection
+        "gpt_oss": lambda: T.GptOssConfig(**dict(gqa, intermediate_size=64), head_dim=16, sliding_window=WINDOW,
+                                          num_local_experts=2, num_experts_per_tok=1),  # sinks, YaRN
         "modernbert": lambda: T.ModernBertConfig(**dict(SMALL, num_hidden_layers=3), local_attention=2 * WINDOW,
                                                  global_attn_every_n_layers=2, cls_token_id=101, sep_token_id=102),
     }
@@ -77,7 +79,7 @@ def test_every_stage_of_every_family_is_verified(family: str, modern: Callable[[
         assert {c.stage for c in report.comparisons if c.source == "model"} >= {"x", "weights"}
     alone = attnscope.trace(SHORT, model=m)  # padding never changes a number
     assert np.abs(alone.weights - short.weights).max() <= TOL
-    assert long.model["family"] == family and long.model["rope"] == "default"
+    assert long.model["family"] == family and long.model["rope"] == ("yarn" if family == "gpt_oss" else "default")
     assert long.arrays["k"].shape[1] == long.kv_heads == families.layer_params(m.model)[0].kv_heads  # type: ignore[index]
 
 
@@ -282,3 +284,25 @@ def test_check_table_of_a_deep_model_has_a_row_per_layer(modern: Callable[[str],
     assert "L0" in wide and "L1" in wide and "L1" not in narrow
     rows = [line.split() for line in narrow.splitlines() if line.strip()[:1].isdigit()]
     assert [r[0] for r in rows] == ["0", "1"] and all(len(r) == 1 + len(report.comparisons) for r in rows)
+
+
+def test_attention_sinks_take_their_share(modern: Callable[[str], attnscope.Model]) -> None:
+    m = modern("gpt_oss")
+    tr = attnscope.trace(LONG, model=m)
+    params = families.layer_params(m.model, tr.n_tokens)
+    assert params is not None and params[0].sinks is not None
+    sums = tr.weights.sum(-1)  # [layer, head, query]: each head gives the sink what the keys do not get
+    assert sums.max() < 1.0 and sums.min() > 0.0
+    scaled = maths.scale(torch.from_numpy(tr.arrays["scores"][1]), tr.scaling[1])  # layer 1: full causal
+    masked = maths.apply_mask(scaled, maths.causal_mask(tr.n_tokens))
+    alone = torch.cat((masked, params[1].sinks.view(-1, 1, 1).expand(-1, tr.n_tokens, 1)), -1).softmax(-1)
+    assert (alone[..., :-1] - torch.from_numpy(tr.weights[1])).abs().max() <= TOL
+
+
+def test_explain_says_where_the_sink_share_went(modern: Callable[[str], attnscope.Model]) -> None:
+    from attnscope.explain import walkthrough
+
+    m = modern("gpt_oss")
+    w = walkthrough(attnscope.trace(LONG, model=m), layer=1, head=2, model=m)
+    weights = next(s for s in w.steps if s.stage == "weights")
+    assert "attention sink" in weights.text and weights.arrays["row sums"].max() < 1.0

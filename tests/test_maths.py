@@ -173,3 +173,12 @@ def test_in_place_and_kept_stages_give_the_same_numbers() -> None:
     assert tuple(lean) == ("q", "weights", "output")
     for name, t in lean.items():
         assert torch.equal(t, full[name]), name
+
+
+def test_a_sink_takes_its_share_of_each_row() -> None:
+    scores = torch.randn(2, 3, 4, 5)  # [batch, head, query, key]
+    sinks = torch.tensor([0.0, 2.0, -1.0])  # [head]
+    w = maths.softmax_with_sink(scores.clone(), sinks)
+    e = scores.exp()
+    want = e / (e.sum(-1, keepdim=True) + sinks.exp().view(1, 3, 1, 1))  # exp(s_j) / (sum_k exp(s_k) + exp(sink))
+    assert (w - want).abs().max() <= TOL and bool((w.sum(-1) < 1.0).all())

@@ -138,6 +138,13 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
     ]
 
 
+def _sink_text(p: maths.AttentionParams | None, h: int) -> str:
+    if p is None or p.sinks is None:
+        return ""
+    return (f" This family adds an attention sink: one learned logit per head ({float(p.sinks[h]):.4f} for this "
+            "head) joins each row's softmax and its share is dropped, so the rows sum to less than 1.")
+
+
 def _cap_steps(p: maths.AttentionParams | None, capped: np.ndarray, sl: slice, rows: list[str],
                labels: list[str]) -> list[Step]:
     if p is None or p.softcap is None:
@@ -200,7 +207,7 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
         Step("masked", "Mask", mask_text, f"[query, key] = [{n}, {n}]",
              {"mask": mask[sl], "masked": masked[sl]}, rows, labels),
         Step("weights", "Softmax: the attention weights", "exp(s - max) / sum exp(s - max) along each "
-             "row: every row is a probability distribution over keys (row sums shown).",
+             "row: every row is a probability distribution over keys (row sums shown)." + _sink_text(p, h),
              f"[query, key] = [{n}, {n}]", {"weights": weights[sl], "row sums": sums}, rows, labels),
         *_weighted_steps(weights, v, a["context"][h], sl, labels),
         Step("context", "Context = weights V", "Each query's output is the weighted average of the "

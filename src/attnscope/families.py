@@ -126,10 +126,11 @@ def _split_params(model: nn.Module, m: Any, layer: int, w: tuple[torch.Tensor, .
     q_norm, k_norm = (_qk_norm(getattr(m, n), int(getattr(m, n).weight.shape[0]) == _head_dim(cfg))
                       if hasattr(m, n) else None for n in ("q_norm", "k_norm"))
     causal = FAMILIES[str(cfg.model_type)].causal
+    sinks = m.sinks.detach() if isinstance(getattr(m, "sinks", None), torch.Tensor) else None  # GPT-OSS
     return AttentionParams(
         w[0], b[0], w[1], b[1], w[2], b[2], w_o, b_o, int(cfg.num_attention_heads), _scaling(cfg),
         n_kv_heads=_kv_heads(cfg), q_norm=q_norm, k_norm=k_norm, softcap=getattr(cfg, "attn_logit_softcapping", None),
-        window=_window(cfg, layer, causal),
+        window=_window(cfg, layer, causal), sinks=sinks,
     )
 
 
@@ -230,6 +231,7 @@ FAMILIES: dict[str, Family] = {
     "phi3": _decoder("phi3", "Phi3Attention", params=_phi3_params),
     "gpt_neox": _decoder("gpt_neox", "GPTNeoXAttention", params=_neox_params, out="dense",
                          norm="input_layernorm (LayerNorm)"),
+    "gpt_oss": _decoder("gpt_oss", "GptOssAttention"),  # attention sinks, alternating sliding layers, YaRN
     "olmo2": _decoder("olmo2", "Olmo2Attention", norm="no norm (OLMo2 normalises after attention): x is",
                       pre=None),
     "modernbert": Family(

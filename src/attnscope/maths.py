@@ -82,6 +82,7 @@ class AttentionParams:
     k_norm: QKNorm | None = None
     rope: Rope | None = None
     softcap: float | None = None  # Gemma 2: scores pass through softcap * tanh(scores / softcap)
+    sinks: torch.Tensor | None = None  # [head]: GPT-OSS's attention sinks, one extra logit per head (softmax_with_sink)
     window: Window = Window()  # the keys each query sees (before the padding mask)
 
     @property
@@ -227,6 +228,16 @@ def softmax(masked: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     return e.div_(e.sum(dim=-1, keepdim=True))
 
 
+def softmax_with_sink(masked: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Softmax over the keys plus one learned logit per head, the sink, whose share is then dropped (GPT-OSS):
+    a head can attend to nothing, so its rows sum to less than 1.
+
+    masked: [..., head, query, key]; sinks: [head] -> [..., head, query, key]
+    """
+    sink = sinks.to(masked.dtype).view(-1, 1, 1).expand(*masked.shape[:-1], 1)  # [..., head, query, 1]
+    return softmax(torch.cat((masked, sink), dim=-1), in_place=True)[..., :-1]
+
+
 def attend(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """weights v.  [..., query, key] x [..., key, d_head] -> [..., query, d_head]"""
     return weights @ v
@@ -276,7 +287,10 @@ def multi_head_attention(
         st.pop("scaled"), st.pop("capped", None)
     else:
         logits = st["masked"] = apply_mask(logits, mask)
-    st["weights"] = softmax(logits, in_place=in_place)
+    if params.sinks is not None:
+        st["weights"] = softmax_with_sink(logits, params.sinks)  # [..., head, query, key], rows sum below 1
+    else:
+        st["weights"] = softmax(logits, in_place=in_place)
     st["context"] = attend(st["weights"], v)  # [..., head, query, d_head]
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]

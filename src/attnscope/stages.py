@@ -26,7 +26,7 @@ STAGES: tuple[str, ...] = (
     "scaled",  # scores x scaling (1 / sqrt(d_head) usually)
     "capped",  # softcap x tanh(scaled / softcap) (Gemma 2's logit soft-capping)
     "masked",  # scaled (or capped) + the additive mask (padding, future keys, sliding window)
-    "weights",  # softmax over keys
+    "weights",  # softmax over keys (GPT-OSS: with one extra sink logit per head, dropped: rows sum below 1)
     "context",  # weights v [head, query, d_head]
     "merged",  # heads concatenated [token, head * d_head]
     "output",  # merged W_O + b_O [token, d_model]
