@@ -129,7 +129,8 @@ class GenerationTrace:
         top = np.argsort(-row, kind="stable")[:k]
         return [(int(i), float(row[i])) for i in top]
 
-    def check(self, tolerance: float = report.TOLERANCE) -> report.CheckReport:
+    def check(self, tolerance: float | None = None) -> report.CheckReport:
+        """Both comparisons; tolerance by default follows the dtype the model ran in (1e-5 for float32)."""
         return self.trace.check(tolerance)
 
     def step_trace(self, step: int) -> Trace:
