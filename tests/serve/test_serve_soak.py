@@ -19,8 +19,8 @@ import httpx
 import pytest
 from serve_support import ARTIFACTS, Server, start_server
 
-WARM_UP = 400
-SOAK = 2400
+WARM_UP = 300
+SOAK = 2000
 CLIENTS = 24
 WORDS = ("the", "cat", "sat", "on", "a", "mat", "while", "time", "flies", "like", "an", "arrow", "fruit", "banana")
 
@@ -35,15 +35,15 @@ class Call:
 
 
 def plan(rng: random.Random, n: int, port: int) -> list[Call]:
-    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) for _ in range(80)]
+    texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) for _ in range(24)]
     own = {"Content-Type": "application/json"}
 
     def j(body: Any) -> bytes:
         return json.dumps(body).encode()
 
     makers: list[tuple[int, Callable[[], Call]]] = [
-        (4, lambda: Call("trace", "/api/trace", j({"text": rng.choice(texts)}), own, 200)),
-        (2, lambda: Call("explain", "/api/explain", j({"text": rng.choice(texts), "layer": rng.randrange(6),
+        (3, lambda: Call("trace", "/api/trace", j({"text": rng.choice(texts)}), own, 200)),
+        (1, lambda: Call("explain", "/api/explain", j({"text": rng.choice(texts), "layer": rng.randrange(6),
                                                        "head": rng.randrange(12)}), own, 200)),
         (1, lambda: Call("payload", "/api/trace", j({"text": rng.choice(texts), "stages": [], "payload": True,
                                                      "sources": ["rollout", "norm_head"]}), own, 200)),
@@ -98,7 +98,7 @@ def slow_connections(port: int, n: int) -> list[socket.socket]:
 @pytest.fixture(scope="module")
 def soaked() -> Iterator[Server]:
     s = start_server("--max-tokens", "48", "--queue", "64", "--max-connections", "96", "--header-timeout", "2",
-                     "--body-timeout", "2", "--max-list", "20000")
+                     "--body-timeout", "2", "--max-list", "20000", "--cache", "32")
     yield s
     assert s.stop() == 0
     assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]

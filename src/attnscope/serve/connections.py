@@ -2,8 +2,9 @@
 
 A client that opens a connection and sends its headers a byte at a time would hold the
 connection (and its buffers) for ever; like nginx's `client_header_timeout`, the headers of
-each request must be complete within `header_timeout` seconds of the connection opening or
-of the previous response ending, or the connection is closed.
+each request must be complete within `header_timeout` seconds of the connection opening, or
+of the first bytes of a later request on a kept-alive connection, or the connection is closed.
+(An idle kept-alive connection is closed by uvicorn's own keep-alive timeout.)
 """
 
 from __future__ import annotations
@@ -32,11 +33,8 @@ class HeaderDeadlineProtocol(H11Protocol):  # type: ignore[misc]
         super().data_received(data)
         if self.conn.their_state is not h11.IDLE:  # the headers are in (or the connection is done)
             self._disarm()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
-            self._arm()  # the next request on this connection gets its own deadline
+        elif self._headers_late is None:  # a later request has begun: its headers get their own deadline
+            self._arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
