@@ -74,3 +74,28 @@ def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], minilm
 def test_target_that_tokenizes_to_nothing(capsys: pytest.CaptureFixture[str], gpt2_dir: str) -> None:
     code, _, err = _run(capsys, "ablate", "the cat", "--heads", "0.0", "--model", gpt2_dir, "--target", " ")
     assert code == 2 and "tokenizes to nothing" in err and err.count("\n") == 1
+
+
+def test_importance_command(capsys: pytest.CaptureFixture[str], gpt2_dir: str, tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\ndogs bark\n\na bird sings at dawn\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["importance", str(corpus), "-o", str(out), "--model", gpt2_dir, "--sample", "2", "--batch-size", "2",
+            "--no-progress"]
+    code, text, _ = _run(capsys, *argv)
+    assert code == 0 and "# Head importance" in text and "Rank correlation" in text
+    saved = json.loads((out / "importance.json").read_text())
+    assert saved["documents"] == 3 and len(saved["normalised"]) == 2
+    assert {p.name for p in out.iterdir()} >= {"importance.json", "heads.csv", "report.md", "importance.html"}
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "not empty" in err and err.count("\n") == 1
+    code, _, _ = _run(capsys, *argv, "--resume")
+    assert code == 0 and json.loads((out / "importance.json").read_text())["normalised"] == saved["normalised"]
+
+
+def test_effects_page_shows_in_jupyter(minilm: attnscope.Model) -> None:
+    from attnscope.views.effects import effects_page
+
+    page = effects_page(ablate("a cat", model=minilm, each=True))
+    shown = page._repr_html_()
+    assert shown.startswith("<div") and "<iframe sandbox=\"allow-scripts\"" in shown and "attnscope-effects" in shown
