@@ -145,6 +145,19 @@ def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) ->
     assert any(c.source == "no-cache" and c.stage == "k" for c in report.comparisons)  # grouped k heads expanded
 
 
+def test_smollm2_greedy_equals_model_generate_and_every_step_verified(smollm2: attnscope.Model) -> None:
+    g = generate("The capital of France is", model=smollm2, max_new_tokens=6)
+    enc = smollm2.tokenizer("The capital of France is", return_tensors="pt")
+    with torch.no_grad():
+        expected = smollm2.model.generate(  # type: ignore[operator]
+            input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], max_new_tokens=6, do_sample=False)
+    assert [t.id for t in g.tokens] == [int(i) for i in expected[0]]
+    assert g.completion.startswith(" Paris")
+    report = g.check()
+    assert report.ok and report.tolerance == TOLERANCE, report.to_dict()
+    assert {c.source for c in report.comparisons} == {"recompute", "no-cache"}
+
+
 def test_interrupt_keeps_steps(decoder: Callable[[str], attnscope.Model]) -> None:
     def stop_at_third(step: GeneratedToken) -> None:
         if step.step == 2:
