@@ -1,4 +1,5 @@
-"""view: write a self-contained HTML page (or a PNG picture of it) with the head, model, neuron and matrix views."""
+"""view: write a self-contained HTML page with the head, model, neuron and matrix views, or one view as a figure
+(SVG, PNG at a chosen scale, PDF)."""
 
 from __future__ import annotations
 
@@ -25,10 +26,14 @@ def register(sub: Any) -> None:
     p.add_argument("--theme", choices=("auto", "light", "dark"), default="auto", help="colour theme (default auto)")
     p.add_argument("--neuron", choices=("budget", "all", "none"), default="budget",
                    help="exact numbers carried for the neuron view: a size budget (default), every head, or none")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.html, or FILE.png with --format png")
-    p.add_argument("--format", choices=("html", "png"), default=None,
-                   help="html (default) or png, a picture through headless Chromium; guessed from FILE's suffix")
-    p.add_argument("--width", type=int, default=1280, metavar="PX", help="picture width for png (default 1280)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="FILE.html (the page), or one view as a figure: FILE.svg, FILE.png or FILE.pdf")
+    p.add_argument("--format", default=None, metavar="FORMAT",
+                   help="html, svg, png or pdf (default: from FILE's suffix)")
+    p.add_argument("--scale", type=float, default=None,
+                   help="png: the figure (as the SVG) at this many pixels per SVG pixel; without it, a png is a "
+                        "picture of the page at --width")
+    p.add_argument("--width", type=int, default=1280, metavar="PX", help="width of a --view all png (default 1280)")
     p.set_defaults(func=run_view)
 
 
@@ -47,23 +52,48 @@ def indices(values: list[str] | None, kind: str) -> list[int] | None:
     return out
 
 
+FORMATS = ("html", "svg", "png", "pdf")
+SUFFIXES = {".html": "html", ".htm": "html", "": "html", ".svg": "svg", ".png": "png", ".pdf": "pdf"}
+
+
 def output_format(args: argparse.Namespace) -> str:
-    fmt = args.format or ("png" if Path(args.output).suffix.lower() == ".png" else "html")
-    if fmt == "png" and Path(args.output).suffix.lower() not in (".png", ""):
-        raise AttnscopeError(f"--format png writes a PNG: name the output FILE.png, not {Path(args.output).name!r}")
+    suffix = Path(args.output).suffix.lower()
+    fmt = (args.format or SUFFIXES.get(suffix, suffix.lstrip("."))).lower()
+    if fmt not in FORMATS:
+        raise AttnscopeError(f"unsupported output format {fmt!r}: name the output FILE.html, FILE.svg, FILE.png "
+                             "or FILE.pdf (or pass --format)")
+    if fmt != "html" and suffix not in (f".{fmt}", ""):
+        raise AttnscopeError(f"--format {fmt} writes a {fmt.upper()}: name the output FILE.{fmt}, "
+                             f"not {Path(args.output).name!r}")
+    if fmt in ("svg", "pdf") and args.view == "all":
+        raise AttnscopeError(f"a {fmt} figure shows one view: add --view head, model, matrix or neuron")
+    if args.scale is not None and fmt != "png":
+        raise AttnscopeError(f"--scale sizes a png figure: name the output FILE.png, not {Path(args.output).name!r}")
     return fmt
 
 
 def run_view(args: argparse.Namespace) -> int:
     fmt = output_format(args)
     layers, heads = indices(args.layers, "layers"), indices(args.heads, "heads")
+    figure = fmt in ("svg", "pdf") or (fmt == "png" and args.scale is not None)
+    scale = 2.0 if args.scale is None else args.scale
+    if figure:
+        from attnscope.views.figures import validate_figure
+
+        validate_figure(args.view, scale)
     tr = traced(args)
     from attnscope.views import to_html  # heavy: after the input checks
 
+    show_heads = [args.head] if args.view == "head" and args.head is not None else None
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
-                   theme=args.theme, neuron=args.neuron)
+                   show_heads=show_heads, theme="light" if figure else args.theme,
+                   neuron="all" if figure and args.view == "neuron" else args.neuron)
     out = Path(args.output)
-    if fmt == "png":
+    if figure:
+        from attnscope.views.figures import render_figure
+
+        render_figure(html, out, fmt, scale)
+    elif fmt == "png":
         from attnscope.views.browser import render_png
 
         render_png(html, out, width=args.width)
@@ -73,6 +103,7 @@ def run_view(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise AttnscopeError(f"cannot write {out}: {exc.strerror or exc}") from exc
     size = out.stat().st_size
-    print(f"wrote {out}: {args.view} view{'s' if args.view == 'all' else ''} of {tr.n_tokens} tokens, "
+    what = f"figure of the {args.view} view" if figure else f"{args.view} view{'s' if args.view == 'all' else ''}"
+    print(f"wrote {out}: {what} of {tr.n_tokens} tokens, "
           f"{tr.n_layers} layers x {tr.n_heads} heads ({size / 1e6:.2f} MB, {fmt})")
     return 0

@@ -111,6 +111,7 @@
       app.append(mounted.tabs.node);
     }
     app.append(panel);
+    mounted.panel = panel;
     return mounted;
   }
 
@@ -129,6 +130,8 @@
     const base = A.context(element, model, store, { loadNeuron: options.loadNeuron });
     app.append(header(base, app));
     const mounted = mountViews(element, app, base, view);
+    element.attnscopeShown = { model: model, state: () => store.get(), view: () => mounted.panel.dataset.view };
+    if (A.exportButtons) app.querySelector(".as-meta").append(...A.exportButtons(element));
     await mounted.show(view === "all" ? "head" : view);
     element.dataset.attnscopeReady = "1";
     mark("attnscope:ready");

@@ -1,0 +1,243 @@
+/* attnscope views: figures. The view on screen as a standalone SVG (tokens as <text>, attention as <line> and
+   <rect>, a light print theme, a caption with the model, layer, head and verification badge), and PNG at a
+   chosen scale drawn from that SVG. The page's download buttons and `attnscope view -o fig.svg` share it. */
+(function () {
+  "use strict";
+  const A = (window.attnscope = window.attnscope || {});
+  const FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"; // generic: no font to embed
+  const ROW = 18; // px per token row in the head and neuron figures
+  const MIN_OPACITY = 0.01; // head-view lines fainter than this are left out (the caption says so)
+  const THUMB = 32; // model-view thumbnails: at most 32 x 32 max-pooled cells
+  const FG = "#111111";
+  // the SVG namespace is a name, not an address: derived from the page's own so that the page spells no URL
+  const SVG_NS = () => document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg");
+  const MUTED = "#555555";
+
+  // XML text: markup characters escaped, characters XML 1.0 cannot carry shown as U+FFFD.
+  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`)
+    .replace(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\ufffe\uffff]/g, "\ufffd");
+  const num = (v) => (Math.round(v * 100) / 100).toString();
+  const text = (x, y, s, extra) => `<text x="${num(x)}" y="${num(y)}"${extra || ""}>${esc(s)}</text>`;
+  const width = (s, size) => String(s).length * size * 0.6; // generous estimate: no layout engine in an SVG
+
+  function colour(value) {
+    const lut = A.lut("light");
+    const i = Math.max(0, Math.min(255, Math.round(value * 255))) * 4;
+    return `#${[lut[i], lut[i + 1], lut[i + 2]].map((c) => c.toString(16).padStart(2, "0")).join("")}`;
+  }
+
+  function badge(model, layer, heads) {
+    if (layer === null || !heads.length || heads[0] === null) {
+      const c = model.check;
+      if (!c || c.ok === null) return `NOT VERIFIED: ${(c && c.unsupported) || "no check"}`;
+      return `${c.ok ? "✓ trace verified" : "✗ trace check failed"} · max error ${A.fmtError(c.max_error)}`;
+    }
+    return A.describeCheck(model, layer, heads).text;
+  }
+
+  function caption(model, view, parts, layer, heads) {
+    const m = model.payload.model;
+    const what = [`${m.name || "model"} · ${view} view`, ...parts.filter(Boolean), "0-indexed"].join(" · ");
+    return [what, `${badge(model, layer, heads)} · ${model.n} tokens`];
+  }
+
+  // The whole document: white background, caption lines on top, the body translated below them.
+  function svg(body, w, h, lines) {
+    const top = 14 + lines.length * 18;
+    const W = Math.ceil(Math.max(w, ...lines.map((l) => width(l, 13))) + 24);
+    const H = Math.ceil(h + top + 12);
+    const cap = lines.map((l, i) => text(12, 22 + i * 18, l, i ? ` fill="${MUTED}"` : ' font-weight="600"')).join("");
+    // \x3c opens the root tag: the page holds no literal markup (its tests look for injected tags)
+    return `<?xml version="1.0" encoding="UTF-8"?>\n\x3csvg xmlns="${SVG_NS()}" version="1.1" ` +
+      `width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="${esc(FONT)}" font-size="12" fill="${FG}">\n` +
+      `<rect width="100%" height="100%" fill="#ffffff"/>\n<g class="caption" font-size="13">${cap}</g>\n` +
+      `<g class="body" transform="translate(12 ${top})">\n${body}\n</g>\n</svg>\n`;
+  }
+
+  const clip = (t) => (t.length > 24 ? t.slice(0, 23) + "…" : t);
+  const tokenText = (model, i) => clip(A.tokenLabel(model, i));
+
+  function headFigure(model, state) {
+    const src = model.sources.get(state.source) || model.sources.values().next().value;
+    const layer = src.perLayer ? state.layer : null;
+    const heads = src.perHead ? state.heads.filter((h) => model.heads.includes(h)) : [null];
+    const n = model.n;
+    const colW = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 12))) + 8;
+    const span = 260;
+    const y = (i) => i * ROW + ROW / 2;
+    const count = model.payload.model.heads || model.heads.length;
+    const queries = state.query === null || state.query === undefined ? [...Array(n).keys()] : [state.query];
+    const out = [];
+    for (const h of heads) {
+      out.push(`<g class="lines" data-head="${h === null ? "" : h}" stroke="${A.headColour(h, count)}" stroke-width="1">`);
+      for (const q of queries) {
+        for (let k = 0; k < n; k++) {
+          const w = src.value(layer, h, q, k) / src.top(layer, h);
+          if (w < MIN_OPACITY || !A.passes(model, state.filter, q, k)) continue;
+          out.push(`<line x1="${num(colW)}" y1="${y(q)}" x2="${num(colW + span)}" y2="${y(k)}" ` +
+                   `stroke-opacity="${w.toFixed(3)}"/>`);
+        }
+      }
+      out.push("</g>");
+    }
+    const tokens = model.tokens.map((t, i) => text(colW - 4, y(i) + 4, tokenText(model, i), ' text-anchor="end"') +
+      text(colW + span + 4, y(i) + 4, tokenText(model, i))).join("\n");
+    const body = `${out.join("\n")}\n<g class="tokens">\n${tokens}\n</g>`;
+    const parts = [src.label, layer === null ? null : `layer ${layer}`,
+      heads[0] === null ? null : `head${heads.length > 1 ? "s" : ""} ${heads.join(", ")}`,
+      queries.length === 1 ? `query ${A.tokenLabel(model, queries[0])}` : null,
+      `lines below ${MIN_OPACITY} left out`];
+    return svg(body, 2 * colW + span, n * ROW, caption(model, "head", parts, layer, heads));
+  }
+
+  function cells(src, layer, head, n, cell, x0, y0, top, r) {
+    // r x r blocks, each the max of its cells; white (zero) blocks are left to the background
+    const pooled = new Float32Array(r * r);
+    for (let q = 0; q < n; q++) {
+      for (let k = 0; k < n; k++) {
+        const i = Math.floor((q * r) / n) * r + Math.floor((k * r) / n);
+        pooled[i] = Math.max(pooled[i], src.value(layer, head, q, k) / top);
+      }
+    }
+    const out = [];
+    for (let i = 0; i < r * r; i++) {
+      const fill = colour(pooled[i]);
+      if (fill === "#ffffff") continue;
+      out.push(`<rect x="${num(x0 + (i % r) * cell)}" y="${num(y0 + Math.floor(i / r) * cell)}" width="${num(cell)}" ` +
+               `height="${num(cell)}" fill="${fill}"/>`);
+    }
+    return out.join("\n");
+  }
+
+  function matrixFigure(model, state) {
+    const src = model.sources.get(state.source) || model.sources.values().next().value;
+    const layer = src.perLayer ? state.layer : null;
+    const head = src.perHead ? state.head : null;
+    const n = model.n;
+    const cell = Math.max(4, Math.min(20, 600 / n));
+    const label = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 11))) + 6;
+    const top = state.scale === "unit" ? 1 : src.top(layer, head);
+    const body = [`<g class="cells">${cells(src, layer, head, n, cell, label, label, top, n)}</g>`,
+      `<rect x="${num(label)}" y="${num(label)}" width="${num(n * cell)}" height="${num(n * cell)}" fill="none" ` +
+      `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">`];
+    model.tokens.forEach((t, i) => {
+      const c = label + i * cell + cell / 2 + 4;
+      body.push(text(label - 4, c, tokenText(model, i), ' text-anchor="end"'));
+      body.push(text(c - 8, label - 4, tokenText(model, i), ` transform="rotate(-90 ${num(c - 8)} ${num(label - 4)})"`));
+    });
+    body.push("</g>");
+    if (model.causal) body.push(`<text x="${num(label)}" y="${num(label + n * cell + 16)}" fill="${MUTED}">` +
+      "white above the diagonal: a causal query never sees later keys</text>");
+    const parts = [src.label, layer === null ? null : `layer ${layer}`, head === null ? null : `head ${head}`,
+      `colour: 0 (white) to ${top === 1 ? "1" : A.fmt(top) + " (this map's max)"}`];
+    return svg(body.join("\n"), label + n * cell, label + n * cell + 20,
+               caption(model, "matrix", parts, layer, head === null ? [] : [head]));
+  }
+
+  function modelFigure(model, state) {
+    const src = model.sources.get(state.source) || model.sources.values().next().value;
+    const layers = src.perLayer ? model.layers : [null];
+    const heads = src.perHead ? model.heads : [null];
+    const r = Math.min(model.n, THUMB);
+    const px = 64;
+    const gap = 6;
+    const left = 64;
+    const body = ['<g class="axes" font-size="11">'];
+    heads.forEach((h, j) => body.push(text(left + j * (px + gap) + px / 2, 12, h === null ? "" : `head ${h}`,
+                                           ' text-anchor="middle"')));
+    layers.forEach((l, i) => body.push(text(0, 18 + i * (px + gap) + px / 2 + 4, l === null ? "" : `layer ${l}`)));
+    body.push("</g>");
+    layers.forEach((l, i) => heads.forEach((h, j) => {
+      const x = left + j * (px + gap);
+      const y = 18 + i * (px + gap);
+      const top = state.scale === "unit" ? 1 : src.top(l, h);
+      body.push(`<g class="thumb" data-layer="${l ?? ""}" data-head="${h ?? ""}">` +
+        `${cells(src, l, h, model.n, px / r, x, y, top, r)}<rect x="${x}" y="${y}" width="${px}" height="${px}" ` +
+        `fill="none" stroke="${MUTED}" stroke-width="0.5"/></g>`);
+    }));
+    const parts = [src.label, `${layers.length} layers × ${heads.length} heads`,
+      r < model.n ? `each map max-pooled to ${r} × ${r}` : null];
+    return svg(body.join("\n"), left + heads.length * (px + gap), 18 + layers.length * (px + gap),
+               caption(model, "model", parts, null, []));
+  }
+
+  // One query's row of one head: every key with its weight as a bar and a number (exact when carried).
+  function neuronFigure(model, state) {
+    const src = model.sources.get("weights") || model.sources.values().next().value;
+    const layer = state.layer;
+    const head = state.head;
+    const query = state.query ?? 0;
+    const exact = model.readyBlock(layer, head);
+    const n = model.n;
+    const weight = (k) => (exact ? exact.weights[query * n + k] : src.value(layer, head, query, k));
+    const label = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 12))) + 8;
+    const bar = 220;
+    const rows = ['<g class="rows">'];
+    for (let k = 0; k < n; k++) {
+      const y = k * ROW;
+      const w = weight(k);
+      rows.push(text(label - 4, y + 13, tokenText(model, k), ' text-anchor="end"'));
+      rows.push(`<rect x="${num(label)}" y="${y + 3}" width="${num(Math.max(0, w) * bar)}" height="${ROW - 6}" ` +
+                `fill="${colour(0.6)}"/>`);
+      rows.push(text(label + bar + 6, y + 13, `${exact ? "" : "≈ "}${A.fmt(w)}`, ' font-family="ui-monospace, monospace"'));
+    }
+    rows.push("</g>");
+    const parts = [`layer ${layer}`, `head ${head}`, `query ${A.tokenLabel(model, query)}`,
+      exact ? "softmax weights (exact float32)" : "softmax weights (8-bit approximation)"];
+    return svg(rows.join("\n"), label + bar + 80, n * ROW, caption(model, "neuron", parts, layer, [head]));
+  }
+
+  const FIGURES = { head: headFigure, matrix: matrixFigure, model: modelFigure, neuron: neuronFigure };
+  A.figureViews = Object.keys(FIGURES);
+
+  // figureSVG(root, view?) -> the SVG text of the view shown in `root` (or of `view`), with the current selection.
+  A.figureSVG = function (root, view) {
+    const shown = root.attnscopeShown;
+    if (!shown) throw new Error("no attnscope views drawn in this element");
+    const name = view || shown.view();
+    if (!FIGURES[name]) throw new Error(`no figure for the ${name} view: choose one of ${A.figureViews.join(", ")}`);
+    return FIGURES[name](shown.model, shown.state());
+  };
+
+  // figurePNG(root, scale, view?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.
+  A.figurePNG = async function (root, scale, view) {
+    const doc = A.figureSVG(root, view);
+    const img = new Image();
+    img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(doc)}`;
+    await img.decode();
+    const canvas = document.createElement("canvas");
+    canvas.width = Math.round(img.naturalWidth * scale);
+    canvas.height = Math.round(img.naturalHeight * scale);
+    const g = canvas.getContext("2d");
+    g.scale(scale, scale);
+    g.drawImage(img, 0, 0);
+    return canvas.toDataURL("image/png");
+  };
+
+  function save(url, name) {
+    const a = A.el("a", { href: url, download: name });
+    document.body.append(a);
+    a.click();
+    a.remove();
+  }
+
+  // The download buttons of the header: the view shown, as SVG, or as PNG at twice the screen size.
+  A.exportButtons = function (root) {
+    const name = (ext) => {
+      const s = root.attnscopeShown;
+      const st = s.state();
+      return `attnscope-${s.view()}-layer${st.layer}-head${st.head}.${ext}`;
+    };
+    const svgButton = A.el("button", { type: "button", class: "as-export", "data-format": "svg",
+                                       title: "download this view as an SVG figure", text: "⤓ SVG", onclick: () => {
+      const blob = new Blob([A.figureSVG(root)], { type: "image/svg+xml" });
+      const url = URL.createObjectURL(blob);
+      save(url, name("svg"));
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+    } });
+    const pngButton = A.el("button", { type: "button", class: "as-export", "data-format": "png",
+                                       title: "download this view as a PNG figure (2x)", text: "⤓ PNG",
+                                       onclick: async () => save(await A.figurePNG(root, 2), name("png")) });
+    return [svgButton, pngButton];
+  };
+})();

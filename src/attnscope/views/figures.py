@@ -1,0 +1,114 @@
+"""Figures of one view for papers: SVG (vector text and lines), PNG at a chosen scale, PDF (Chromium prints the SVG).
+
+The figure is drawn by the page's own script (assets/export.js, the same code as the page's download
+buttons) in headless Chromium: the view's page is opened with its starting selection, and the SVG
+that `attnscope.figureSVG` returns is written as it is, or rasterised (`figurePNG`) or printed (PDF).
+
+    figure(trace, "out.svg", view="head", layer=2, heads=[7])  -> Path
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attnscope.errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from attnscope.traces import Trace
+
+FORMATS = ("svg", "png", "pdf")
+FIGURE_VIEWS = ("head", "model", "matrix", "neuron")
+MAX_SCALE = 8.0
+
+
+def figure_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
+    """The format named by `fmt`, else by the file's suffix; a one-line error for anything else."""
+    name = (fmt or Path(path).suffix.lstrip(".")).lower()
+    if name not in FORMATS:
+        raise AttnscopeError(f"unsupported figure format {name or Path(path).name!r}: "
+                             f"name the output FILE.svg, FILE.png or FILE.pdf")
+    return name
+
+
+def validate_figure(view: str, scale: float) -> None:
+    if view not in FIGURE_VIEWS:
+        raise AttnscopeError(f"a figure shows one view: choose view from {', '.join(FIGURE_VIEWS)}, not {view!r}")
+    if not 0 < scale <= MAX_SCALE:
+        raise AttnscopeError(f"scale must be above 0 and at most {MAX_SCALE:g}, got {scale:g}")
+
+
+def figure(
+    trace: Trace,
+    path: str | os.PathLike[str],
+    view: str = "head",
+    *,
+    fmt: str | None = None,
+    scale: float = 2.0,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    layer: int | None = None,
+    head: int | None = None,
+    show_heads: Iterable[int] | None = None,
+    query: int | None = None,
+    source: str | None = None,
+) -> Path:
+    """Write one view of `trace` as a figure (svg, png or pdf, from fmt or the file's suffix) and return its path.
+
+    layer, head, show_heads (heads drawn in the head view), query, source: the selection shown, 0-indexed.
+    scale: PNG pixels per SVG pixel.
+    """
+    from attnscope.views import to_html
+
+    kind = figure_format(path, fmt)
+    validate_figure(view, scale)
+    document = to_html(trace, view, layers=layers, heads=heads, layer=layer, head=head, show_heads=show_heads,
+                       query=query, source=source, theme="light", neuron="all" if view == "neuron" else "none")
+    return render_figure(document, Path(path), kind, scale)
+
+
+def render_figure(document: str, out: Path, kind: str, scale: float = 2.0, timeout_s: float = 60.0) -> Path:
+    """Open a one-view page in headless Chromium and write its figure (in a thread of its own, as render_png)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_render_figure, document, out, kind, scale, timeout_s).result()
+
+
+def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s: float) -> Path:
+    from attnscope.views.browser import READY, chromium
+
+    with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
+        page_file = Path(tmp) / "view.html"
+        page_file.write_text(document, encoding="utf-8")
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(page_file.as_uri())
+        page.wait_for_selector(READY, state="attached", timeout=timeout_s * 1000)
+        root = "document.getElementById('attnscope-root')"
+        if kind == "png":
+            url = page.evaluate(f"(s) => window.attnscope.figurePNG({root}, s)", scale)
+            data = base64.b64decode(url.split(",", 1)[1])
+        else:
+            svg = page.evaluate(f"() => window.attnscope.figureSVG({root})")
+            data = svg.encode("utf-8") if kind == "svg" else _pdf(browser, svg)
+        try:
+            out.write_bytes(data)
+        except OSError as exc:
+            raise AttnscopeError(f"cannot write {out}: {exc.strerror or exc}") from exc
+    return out
+
+
+def _pdf(browser: Any, svg: str) -> bytes:
+    """Chromium prints the SVG on one page of its own size: vector text and lines stay vectors."""
+    import re
+
+    size = re.search(r'width="(\d+)" height="(\d+)"', svg)
+    width, height = (int(size.group(1)), int(size.group(2))) if size else (800, 600)
+    page = browser.new_page()
+    page.set_content("<!doctype html><html><head><style>@page{margin:0}html,body{margin:0}</style></head>"
+                     f"<body>{svg.split('?>', 1)[-1]}</body></html>")
+    pdf: bytes = page.pdf(width=f"{width}px", height=f"{height + 1}px", print_background=True)
+    return pdf
