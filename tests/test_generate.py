@@ -72,6 +72,21 @@ def test_greedy_equals_model_generate(decoder: Callable[[str], attnscope.Model],
     assert gpt2_generation.stopped == "max_new_tokens"
 
 
+def test_stops_at_end_of_sequence(decoder: Callable[[str], attnscope.Model],
+                                  gpt2_generation: GenerationTrace) -> None:
+    m = decoder("gpt2")
+    eos = next(s.id for s in gpt2_generation.steps if s.id != gpt2_generation.steps[0].id)  # a later token
+    m.model.generation_config.eos_token_id = eos
+    try:
+        g = generate(PROMPT, model=m, max_new_tokens=8)
+        expected = _plain_generate(m, 8, do_sample=False)
+    finally:
+        m.model.generation_config.eos_token_id = None
+    assert g.stopped == "eos" and g.steps[-1].id == eos and g.n_steps < 8
+    assert [t.id for t in g.tokens] == expected
+    assert g.check().ok
+
+
 def test_sampling_with_seed_equals_model_generate(decoder: Callable[[str], attnscope.Model]) -> None:
     m = decoder("gpt2")
     g = generate(PROMPT, model=m, max_new_tokens=6, temperature=0.7, top_k=50, seed=3, verify=False)
