@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -176,3 +177,10 @@ def test_tolerances_scale_with_each_dtypes_epsilon() -> None:
 def test_a_gpu_trace_checks_within_the_float32_tolerance(device: str) -> None:
     tr = attnscope.trace("The capital of France is Paris.", device=device)
     assert tr.model["device"].startswith(device) and tr.check().ok, tr.check().max_error
+
+
+def test_explain_on_the_cli_in_bfloat16(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explain", "time flies", "--dtype", "bfloat16", "--layer", "1", "--head", "2", "--format", "json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["check"]["tolerance"] == tolerance_for("bfloat16") and data["check"]["ok"]

@@ -13,6 +13,7 @@ import torch
 from attnscope import maths
 from attnscope.models import ModelLike, load_model
 from attnscope.numbers import scaling as scaling_text
+from attnscope.placement import on_host
 from attnscope.recompute import layer_params
 from attnscope.steps import Step, Walkthrough
 from attnscope.tracing import Trace
@@ -68,7 +69,7 @@ def _layer_params(model: ModelLike | None, layer: int, n_tokens: int) -> maths.A
     if model is None:
         return None
     params = layer_params(load_model(model).model, n_tokens)
-    return None if params is None else params[layer]
+    return None if params is None else on_host(params[layer])  # float32 on the CPU, as the trace's arrays
 
 
 def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head: int) -> list[Step]:

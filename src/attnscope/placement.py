@@ -6,7 +6,8 @@ formats is `attnscope.report.tolerance_for` (docs/models.md says why).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
 
@@ -69,3 +70,24 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def dtype_name(dtype: torch.dtype) -> str:
     """float32, bfloat16, float16: the name used in traces, JSON and the CLI."""
     return str(dtype).removeprefix("torch.")
+
+
+def on_host(value: Any) -> Any:
+    """Tensors (also in lists, dicts and dataclasses such as AttentionParams) as float32 on the CPU.
+
+    A no-op (the same objects) for float32 on the CPU; exact for bfloat16 and float16. So the check
+    recomputes in float32 from the very inputs and weights the model used and measures the model's
+    own rounding (report.tolerance_for states how much is allowed per dtype), and numpy can hold them.
+    """
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to("cpu", torch.float32) if value.is_floating_point() else value.cpu()
+    if isinstance(value, list):
+        return [on_host(v) for v in value]
+    if isinstance(value, dict):
+        return {k: on_host(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: on_host(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+        return dataclasses.replace(value, **fields)
+    return value

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any, overload
 
@@ -16,6 +15,7 @@ from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError
 from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
+from attnscope.placement import on_host
 from attnscope.recompute import layer_params
 from attnscope.tokens import encode, validate_max_length
 from attnscope.traces import Trace
@@ -71,12 +71,12 @@ def trace(
         # the transformer without its LM head: a trace needs no logits ([batch, token, vocab], 200 MB for SmolLM2)
         out = m.base(**inputs, output_attentions=recompute, output_hidden_states=recompute)
     _require_calls(m, cap)
-    layers = _on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
+    layers = on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
     lengths = [len(t) for t in enc.tokens]
-    params = _on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
+    params = on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
     table = None
     if recompute:
-        reference = _on_host(_model_outputs(m, out, len(cap.calls)))
+        reference = on_host(_model_outputs(m, out, len(cap.calls)))
         table = checking.verify_batch(layers, reference, params, enc.inputs["attention_mask"])
     info, scaling = _model_info(m, cap, params), [c.scaling for c in cap.calls]
     w_o = [p.w_o.numpy() for p in params] if params is not None else None
@@ -87,25 +87,6 @@ def trace(
         for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))
     ]
     return traces[0] if single else traces
-
-
-def _on_host(value: Any) -> Any:
-    """Tensors (also in lists, dicts and dataclasses such as AttentionParams) as float32 on the CPU.
-
-    A no-op (the same objects) for a float32 model on the CPU; exact for bfloat16 and float16. So
-    the check recomputes in float32 from the very inputs and weights the model used, and measures
-    the model's own rounding (report.tolerance_for states how much is allowed per dtype).
-    """
-    if isinstance(value, torch.Tensor):
-        return value.to("cpu", torch.float32) if value.is_floating_point() else value.cpu()
-    if isinstance(value, list):
-        return [_on_host(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _on_host(v) for k, v in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: _on_host(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
-        return dataclasses.replace(value, **fields)
-    return value
 
 
 def _usable_max_length(m: Model, max_length: int) -> int:
