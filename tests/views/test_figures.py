@@ -149,3 +149,20 @@ def test_bad_figure_options_are_one_line_and_exit_2(capsys: pytest.CaptureFixtur
     code, out, err = run(capsys, "view", "time flies", *args)
     assert code == 2 and out == "" and err.startswith(f"attnscope: error: {message}") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_effect_grid_figure_has_every_value_and_nan_as_nan(open_page: Callable[..., object], hostile: Trace) -> None:
+    from attnscope.views.effects import grids_html
+
+    grid = hostile.weights[:, :, :, 0].mean(axis=-1) - 0.5  # [layer, head]: mean attention to [CLS], centred
+    grid[1, 2] = np.nan
+    opened = open_page(grids_html("first-token attention", hostile.model["name"], "test", {"cls": grid},
+                                  {"cls": "attention to token 0 - 0.5"}, hostile), "fig-effects")
+    page = opened.page  # type: ignore[attr-defined]
+    with page.expect_download() as got:
+        page.click("#attnscope-effects-root .as-export[data-format=svg]")
+    root = parse(Path(got.value.path()).read_text(encoding="utf-8"))
+    shown = texts(root, "grid")[1 + grid.shape[1]:]  # after the title and the head labels: layer labels and cells
+    values = [c for c in shown if not c.startswith("layer ")]
+    expected = ["NaN" if np.isnan(v) else f"{v:+.4f}" for v in grid.ravel()]
+    assert values == expected and "first-token attention" in caption(root)

@@ -39,7 +39,7 @@
     const blocks = data.grids.map((g) => el("section", { class: "as-fx-block" }, [
       el("h3", { text: `${g.label} (${g.name})` }), gridTable(g, pick)]));
     element.replaceChildren(el("div", { class: "as-fx" }, [
-      el("h2", { text: data.title }),
+      el("h2", { text: data.title }, [A.svgButton ? A.svgButton(() => A.effectsSVG(data), "attnscope-effects.svg") : null]),
       el("p", { class: "as-fx-note", text: "rows: layers, columns: heads, all 0-indexed; blue below zero, orange " +
         "above; click a cell to open that head in the views below" }),
       ...blocks]));

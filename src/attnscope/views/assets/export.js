@@ -214,12 +214,57 @@
     return canvas.toDataURL("image/png");
   };
 
+  // The effect grids of an intervention (views/effects.py's payload): one layer x head heatmap per grid, each
+  // cell coloured as on the page (blue below zero, orange above) with its value as text; NaN hatched grey.
+  A.effectsSVG = function (data) {
+    const cellW = 58;
+    const cellH = 20;
+    const body = [];
+    let y = 0;
+    for (const g of data.grids) {
+      const nHeads = g.values.length ? g.values[0].length : 0;
+      let top = 0;
+      for (const row of g.values) for (const v of row) if (v !== null) top = Math.max(top, Math.abs(v));
+      body.push(`<g class="grid" data-name="${esc(g.name)}">`, text(0, y + 14, `${g.label} (${g.name})`,
+                                                                       ' font-weight="600"'));
+      y += 22;
+      for (let h = 0; h < nHeads; h++) body.push(text(56 + h * cellW + cellW / 2, y + 14, `head ${h}`, ' text-anchor="middle"'));
+      y += cellH;
+      g.values.forEach((row, layer) => {
+        body.push(text(0, y + 14, `layer ${layer}`));
+        row.forEach((v, h) => {
+          const x = 56 + h * cellW;
+          body.push(`<rect x="${x}" y="${y}" width="${cellW - 2}" height="${cellH - 2}" ` +
+                    `fill="${v === null ? "#dddddd" : A.diverging(v, top, "light")}"/>`);
+          const shown = v === null ? "NaN" : (v >= 0 ? "+" : "") + v.toFixed(Math.abs(v) >= 100 ? 1 : 4);
+          body.push(text(x + cellW / 2 - 1, y + 13, shown, ' text-anchor="middle" font-size="10"'));
+        });
+        y += cellH;
+      });
+      body.push("</g>");
+      y += 12;
+    }
+    const widest = Math.max(0, ...data.grids.map((g) => (g.values.length ? g.values[0].length : 0)));
+    const lines = [`${data.title} · layers × heads, 0-indexed`, "blue below zero, orange above; NaN grey"];
+    return svg(body.join("\n"), 56 + widest * cellW, y, lines);
+  };
+
   function save(url, name) {
     const a = A.el("a", { href: url, download: name });
     document.body.append(a);
     a.click();
     a.remove();
   }
+
+  // A download button for any figure: `make()` returns the SVG text, saved as `name`.
+  A.svgButton = function (make, name) {
+    return A.el("button", { type: "button", class: "as-export", "data-format": "svg", text: "⤓ SVG",
+                            title: "download as an SVG figure", onclick: () => {
+      const url = URL.createObjectURL(new Blob([make()], { type: "image/svg+xml" }));
+      save(url, typeof name === "function" ? name() : name);
+      setTimeout(() => URL.revokeObjectURL(url), 1000);
+    } });
+  };
 
   // The download buttons of the header: the view shown, as SVG, or as PNG at twice the screen size.
   A.exportButtons = function (root) {
@@ -228,13 +273,7 @@
       const st = s.state();
       return `attnscope-${s.view()}-layer${st.layer}-head${st.head}.${ext}`;
     };
-    const svgButton = A.el("button", { type: "button", class: "as-export", "data-format": "svg",
-                                       title: "download this view as an SVG figure", text: "⤓ SVG", onclick: () => {
-      const blob = new Blob([A.figureSVG(root)], { type: "image/svg+xml" });
-      const url = URL.createObjectURL(blob);
-      save(url, name("svg"));
-      setTimeout(() => URL.revokeObjectURL(url), 1000);
-    } });
+    const svgButton = A.svgButton(() => A.figureSVG(root), () => name("svg"));
     const pngButton = A.el("button", { type: "button", class: "as-export", "data-format": "png",
                                        title: "download this view as a PNG figure (2x)", text: "⤓ PNG",
                                        onclick: async () => save(await A.figurePNG(root, 2), name("png")) });
