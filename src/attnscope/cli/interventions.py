@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from attnscope.cli.common import add_format, add_model_args, add_text_args, print_json, read_text
+from attnscope.cli.common import add_format, add_model_args, add_text_args, model_of, print_json, read_text
 from attnscope.errors import AttnscopeError, require_text
 
 # torch, transformers and the interventions are imported when a command runs, so --help stays instant.
@@ -14,6 +14,13 @@ TOP = 8  # heads listed under a grid
 
 
 def register(sub: Any) -> None:
+    _register_ablate(sub)
+    _register_patch(sub)
+    _register_knockout(sub)
+    _register_importance(sub)
+
+
+def _register_ablate(sub: Any) -> None:
     p = sub.add_parser("ablate", help="remove heads (zero or mean) and measure the effect on the output")
     add_text_args(p, pair=False)
     p.add_argument("--heads", metavar="L.H[,L.H...]", help="heads to remove together, layer.head, 0-indexed")
@@ -28,6 +35,8 @@ def register(sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=run_ablate)
 
+
+def _register_patch(sub: Any) -> None:
     p = sub.add_parser("patch", help="activation patching: each head from the clean run into the corrupt run")
     p.add_argument("clean", metavar="CLEAN", help="the clean sentence")
     p.add_argument("corrupt", metavar="CORRUPT", help="the corrupted sentence, of the same token length")
@@ -38,6 +47,8 @@ def register(sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=run_patch)
 
+
+def _register_knockout(sub: Any) -> None:
     p = sub.add_parser("knockout", help="block attention edges from token I to token J and measure the effect")
     add_text_args(p, pair=False)
     p.add_argument("--from", dest="from_tokens", required=True, metavar="I[,I...]",
@@ -49,6 +60,8 @@ def register(sub: Any) -> None:
     add_format(p)
     p.set_defaults(func=run_knockout)
 
+
+def _register_importance(sub: Any) -> None:
     p = sub.add_parser("importance", help="head importance over a corpus (Michel et al. 2019), pruning curve, "
                        "and its rank correlation with one-head ablation")
     p.add_argument("source", metavar="SOURCE", help="a corpus as `attnscope stats` reads it (.txt, .jsonl, .csv, "
@@ -98,10 +111,9 @@ def run_ablate(args: argparse.Namespace) -> int:
             raise AttnscopeError("--reference is read only with --mode mean")
         reference = [line for line in read_text_file(args.reference).splitlines() if line.strip()]
     from attnscope.interventions import ablate, parse_heads
-    from attnscope.models import load_model
 
     heads = parse_heads(args.heads, "--heads") if args.heads is not None else []
-    m = load_model(args.model)
+    m = model_of(args)
     result = ablate(text, heads, model=m, mode=args.mode, target=args.target, each=args.each,
                     reference=reference, max_length=args.max_length)
     if args.html:
@@ -114,9 +126,8 @@ def run_patch(args: argparse.Namespace) -> int:
     clean = require_text(args.clean, "clean text (CLEAN)")
     corrupt = require_text(args.corrupt, "corrupt text (CORRUPT)")
     from attnscope.interventions.patch import patch
-    from attnscope.models import load_model
 
-    m = load_model(args.model)
+    m = model_of(args)
     result = patch(clean, corrupt, model=m, target=args.target, contrast=args.contrast, max_length=args.max_length)
     if args.html:
         _write_html(args.html, result, m, clean, args.max_length)
@@ -129,9 +140,8 @@ def run_knockout(args: argparse.Namespace) -> int:
     sources, sinks = numbers(args.from_tokens, "--from"), numbers(args.to_tokens, "--to")
     layers = numbers(args.layers, "--layers")
     from attnscope.interventions.knockout import knockout
-    from attnscope.models import load_model
 
-    result = knockout(text, sources or [], sinks or [], layers, model=load_model(args.model), target=args.target,
+    result = knockout(text, sources or [], sinks or [], layers, model=model_of(args), target=args.target,
                       max_length=args.max_length)
     _emit(result.to_dict(), args.format, _knockout_lines)
     return 0
@@ -233,12 +243,11 @@ def run_importance(args: argparse.Namespace) -> int:
 
     from attnscope.interventions.importance import ImportanceSettings
     from attnscope.interventions.importance_report import importance
-    from attnscope.models import load_model
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column)
     settings = ImportanceSettings(args.batch_size, args.max_length, args.limit, args.checkpoint_every, args.sample)
-    m = load_model(args.model)
+    m = model_of(args)
     bar = None if args.no_progress else tqdm(total=source.count(args.limit), unit="doc", file=sys.stderr,
                                                 disable=None, dynamic_ncols=True)
 

@@ -156,7 +156,7 @@ def mean_pool(h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
 
 def _picked(logprobs: torch.Tensor, ids: list[int]) -> torch.Tensor:
     """Sum over target tokens of log p(target): [rows, target, vocab] -> [rows]."""
-    idx = torch.tensor(ids)[None, :, None].expand(logprobs.shape[0], -1, 1)
+    idx = torch.tensor(ids, device=logprobs.device)[None, :, None].expand(logprobs.shape[0], -1, 1)
     return logprobs.gather(-1, idx)[..., 0].sum(-1)
 
 

@@ -47,6 +47,7 @@ class HeadEdit:
         knock = self.knock[self.layer] if self.knock is not None else None
         if knock is None:
             return mask
+        knock = knock.to(device=query.device, dtype=query.dtype if mask is None else mask.dtype)
         return knock if mask is None else mask + knock  # [batch, 1, query, key]
 
     def edit_context(self, context: torch.Tensor) -> torch.Tensor:
@@ -55,10 +56,12 @@ class HeadEdit:
         self._calls += 1
         if self.scale is None:
             return context
-        g = self.scale[layer][:, None, :, None]  # [batch, 1, head, 1]
+        # in the context's device and dtype (1 is exact in every float type), so outputs keep theirs
+        g = self.scale[layer][:, None, :, None].to(device=context.device, dtype=context.dtype)  # [batch, 1, head, 1]
         out = context * g
         source = self.source[layer] if self.source is not None else None
         if source is not None:
+            source = source.to(device=context.device, dtype=context.dtype)
             out = out + source.transpose(1, 2) * (1 - g)  # source as [batch|1, query|1, head, d_head]
         return out
 
