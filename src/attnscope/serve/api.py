@@ -37,6 +37,7 @@ class TraceRequest:
     encoding: str
     payload: bool
     sources: tuple[str, ...]
+    binary: bool = False  # from the Accept header, not the body: arrays as attnscope.serve.binary
 
 
 @dataclass(frozen=True)

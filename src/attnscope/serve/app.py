@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
-from attnscope.serve import memory, page
+from attnscope.serve import binary, memory, page
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -71,8 +71,10 @@ class Server:
 
     async def trace(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
-        req = TraceRequest(**parse_body(data, self.trace_fields))
-        return Response(await self._run(request, self.service.trace_body, req), media_type=JSON)
+        wants = binary.accepts(request.headers.get("accept"))  # raw float32 arrays, else JSON as before
+        req = TraceRequest(**parse_body(data, self.trace_fields), binary=wants)
+        body = await self._run(request, self.service.trace_body, req)
+        return Response(body, media_type=binary.MEDIA_TYPE if wants else JSON, headers={"Vary": "Accept"})
 
     async def explain(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)

@@ -18,6 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
+from attnscope.serve import binary
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.pool import checkpoint
@@ -89,13 +90,16 @@ class Service:
             payload_json = views_payload(e, tuple(s for s in DERIVED if s in req.sources)) if req.payload else b""
         finally:
             self.cache.fit()  # the entry grew: derived arrays, a payload
-        self.budget.validate(arrays, req.encoding, len(payload_json))
+        self.budget.validate(arrays, "binary" if req.binary else req.encoding, len(payload_json))
         checkpoint(stop)
         body: dict[str, Any] = {
             "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
             "tokens": [t.to_dict() for t in tr.tokens], "check": e.check,
-            "arrays": {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()},
         }
+        if req.binary:  # Accept: application/x-attnscope-arrays (attnscope.serve.binary)
+            extra = {"payload": json.loads(payload_json)} if req.payload else {}
+            return binary.encode(body | extra, {s: (a, ARRAY_AXES[s]) for s, a in arrays.items()})
+        body["arrays"] = {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
         out = to_json(body)
         return out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
 
@@ -156,7 +160,7 @@ class Budget:
             raise AttnscopeError(f"encoding 'list' is limited to {self.max_list_values} numbers per response and "
                                  f"these arrays hold {values}: use encoding 'base64', fewer stages or a smaller "
                                  "max_length", parameter="encoding")
-        size = extra + values * (_LIST_BYTES if encoding == "list" else _BASE64_BYTES)
+        size = extra + values * {"list": _LIST_BYTES, "binary": 4}.get(encoding, _BASE64_BYTES)
         if size > self.max_bytes:
             raise AttnscopeError(f"the response would be about {size / 2**20:.0f} MiB, over the server's limit of "
                                  f"{self.max_bytes / 2**20:.0f} MiB: ask for fewer stages or a smaller max_length")

@@ -1,0 +1,77 @@
+"""`POST /api/trace` as binary (Accept: application/x-attnscope-arrays) on a real server: the same float32
+numbers bit for bit as its base64 JSON, a layout a browser reads without copying, JSON clients unchanged."""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from serve_support import Server
+
+import attnscope
+from attnscope.serve import binary
+
+TEXT = "The cat <b>sat</b> on the mat."
+STAGES = ["weights", "q", "scores", "context"]
+
+
+@pytest.fixture(scope="module")
+def http(server: Server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+def trace_of(http: httpx.Client, accept: str | None, **extra: object) -> httpx.Response:
+    headers = {"accept": accept} if accept else {}
+    return http.post("/api/trace", json={"text": TEXT, "stages": STAGES, **extra}, headers=headers)
+
+
+def test_binary_arrays_are_the_json_arrays_bit_for_bit(http: httpx.Client, minilm: attnscope.Model) -> None:
+    as_json = trace_of(http, "application/json")
+    as_binary = trace_of(http, f"application/json;q=0.5, {binary.MEDIA_TYPE}")
+    assert as_binary.headers["content-type"] == binary.MEDIA_TYPE and "Accept" in as_binary.headers["vary"]
+    header, arrays = binary.decode(as_binary.content)
+    data = as_json.json()
+    assert {k: v for k, v in header.items() if k != "arrays"} == {k: v for k, v in data.items() if k != "arrays"}
+    local = attnscope.trace(TEXT, model=minilm)
+    for name in STAGES:
+        sent = data["arrays"][name]
+        exact = np.frombuffer(base64.b64decode(sent["data"]), dtype="<f4").reshape(sent["shape"])
+        assert arrays[name].tobytes() == exact.tobytes() and header["arrays"][name]["axes"] == sent["axes"]
+        assert arrays[name].shape == local.arrays[name].shape
+    assert np.abs(arrays["weights"] - local.weights).max() <= 1e-5  # and they are this text's weights
+
+
+def test_layout_is_aligned_for_typed_arrays(http: httpx.Client) -> None:
+    body = trace_of(http, binary.MEDIA_TYPE).content
+    (size,) = struct.unpack_from("<I", body, 8)
+    assert body[:8] == b"ATNSARR1" and (16 + size) % 8 == 0
+    header, _ = binary.decode(body)
+    for spec in header["arrays"].values():
+        assert spec["offset"] % 8 == 0 and spec["nbytes"] == 4 * int(np.prod(spec["shape"]))
+    last = max(header["arrays"].values(), key=lambda s: s["offset"])
+    assert len(body) - 16 - size - last["offset"] - last["nbytes"] < 8  # nothing after the buffer but padding
+
+
+def test_json_clients_are_unchanged_and_the_payload_travels_too(http: httpx.Client) -> None:
+    for accept in (None, "*/*", "application/json", f"{binary.MEDIA_TYPE};q=0"):
+        r = trace_of(http, accept)
+        assert r.headers["content-type"].startswith("application/json") and r.json()["arrays"]["q"]["encoding"]
+    header, _ = binary.decode(trace_of(http, binary.MEDIA_TYPE, payload=True).content)
+    assert header["payload"]["format"] == "attnscope.views/1"
+
+
+def test_errors_stay_json(http: httpx.Client) -> None:
+    r = http.post("/api/trace", json={"text": ""}, headers={"accept": binary.MEDIA_TYPE})
+    assert r.status_code == 422 and r.headers["content-type"].startswith("application/json") and r.json()["error"]
+
+
+def test_accept_parsing() -> None:
+    assert binary.accepts(binary.MEDIA_TYPE) and binary.accepts(f"text/html, {binary.MEDIA_TYPE.upper()}; q=0.2")
+    assert not binary.accepts(None) and not binary.accepts("*/*") and not binary.accepts(f"{binary.MEDIA_TYPE};q=0")
+    with pytest.raises(ValueError, match="not an application/x-attnscope-arrays body"):
+        binary.decode(b'{"arrays": {}}')
