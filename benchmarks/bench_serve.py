@@ -114,7 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=24, help="requests per measurement (default 24)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
-    ap.add_argument("--part", choices=("all", "throughput", "hardening"), default="all")
+    ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary"), default="all")
     ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
     args = ap.parse_args()
     if args.bare_server:
@@ -124,6 +124,8 @@ def main() -> None:
         hardening(args.clients)
     if args.part in ("all", "throughput"):
         throughput(args)
+    if args.part in ("all", "binary"):
+        binary_transport(args)
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -152,6 +154,39 @@ def throughput(args: argparse.Namespace) -> None:
     print(f"attnscope serve, bundled all-MiniLM-L6-v2, 1 worker, {args.clients} clients, {args.requests} requests each")
     print(f"{'request':<8} {'tokens':>6} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8}   vs in-process traces/s")
     print("\n".join(lines))
+
+
+def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
+    """--part binary (issue 16): /api/trace's weights at 256 tokens as base64 JSON and as binary
+    (Accept: application/x-attnscope-arrays): response bytes, and new-text requests/s vs in-process traces."""
+    from attnscope.serve.binary import MEDIA_TYPE
+
+    torch.set_num_threads(1)
+    logging.getLogger("attnscope").setLevel(logging.ERROR)
+    model = attnscope.load_model()
+    proc, url = start_server()
+    try:
+        base = in_process(texts_of(args.requests, tokens, model.tokenizer, 0), tokens, model)
+        rates, sizes = {}, {}
+        for i, (name, accept) in enumerate((("json", "application/json"), ("binary", MEDIA_TYPE))):
+            bodies = [{"text": t, "max_length": tokens} for t in texts_of(args.requests, tokens, model.tokenizer,
+                                                                          3000 + 1000 * i)]
+            with httpx.Client(base_url=url, timeout=300, headers={"accept": accept},
+                              limits=httpx.Limits(max_connections=args.clients)) as client:
+                sizes[name] = len(client.post("/api/trace", json=bodies[0]).content)
+                started = time.perf_counter()
+                with ThreadPoolExecutor(args.clients) as pool:
+                    list(pool.map(lambda b: client.post("/api/trace", json=b).raise_for_status(), bodies[1:]))
+                rates[name] = (len(bodies) - 1) / (time.perf_counter() - started)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    print(f"/api/trace weights at {tokens} tokens, {args.clients} clients, {args.requests - 1} new texts each")
+    print(f"{'form':<8} {'bytes':>12} {'vs json':>8} {'req/s':>8} {'vs in-process':>14}")
+    print(f"{'in-proc':<8} {'-':>12} {'-':>8} {base:>8.2f} {1:>13.2f}x")
+    for name in rates:
+        print(f"{name:<8} {sizes[name]:>12,} {sizes[name] / sizes['json']:>7.2f}x {rates[name]:>8.2f} "
+              f"{rates[name] / base:>13.2f}x")
 
 
 if __name__ == "__main__":
