@@ -22,6 +22,7 @@ from attnscope.interventions.importance import (
     accumulate,
     embedding_gradients,
     loss_gradients,
+    masked_positions,
     row_losses,
     unit_embedding,
 )
@@ -44,9 +45,10 @@ def _at(m: attnscope.Model, layer: int, head: int, value: float) -> HeadEdit:
     return HeadEdit(m.n_layers, gates)
 
 
-def test_loss_gradient_equals_finite_difference(lm_heads: Callable[[str], attnscope.Model]) -> None:
-    m = _double(lm_heads("gpt2"))
-    inputs = encode(m.tokenizer, TEXTS[:1]).inputs
+@pytest.mark.parametrize("family", ("gpt2", "bert"))  # causal LM: next-token loss; masked LM: masked tokens
+def test_loss_gradient_equals_finite_difference(lm_heads: Callable[[str], attnscope.Model], family: str) -> None:
+    m = _double(lm_heads(family))
+    inputs = encode(m.tokenizer, TEXTS[2:3]).inputs
     grad = loss_gradients(m, inputs)  # [layer, head]
     for layer, head in HEADS:
         with torch.no_grad():
@@ -100,3 +102,11 @@ def test_report_has_curve_and_correlation(tiny_model: Callable[[str], attnscope.
     assert -1.0 <= r.spearman <= 1.0 and r.ablation.shape == (m.n_layers, m.n_heads)
     saved = json.loads((tmp_path / "out" / "importance.json").read_text())
     assert saved["documents"] == 4 and "Rank correlation" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_masked_lm_scores_every_seventh_content_token(lm_heads: Callable[[str], attnscope.Model]) -> None:
+    m = lm_heads("bert")
+    inputs = encode(m.tokenizer, ["one two three four five six seven eight nine ten", "rain"]).inputs
+    chosen = masked_positions(m, inputs)
+    assert chosen[0].nonzero().flatten().tolist() == [1, 8]  # after [CLS]: the 1st and 8th words
+    assert chosen[1].nonzero().flatten().tolist() == [1]

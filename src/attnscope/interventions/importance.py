@@ -5,7 +5,8 @@ respect to each head's gate, I_h = E_x |dL(x)/dg_h| at g = 1, then normalised pe
   per batch; gates per row, so each document's own gradient is summed in absolute value);
 - encoders without a head: no loss exists, so I_h = E_x ||d e(x)/dg_h|| for the unit-length mean-pooled
   sentence embedding e, by forward-mode differentiation (one row per head and document).
-Masked LMs are not supported yet (their loss needs a masking scheme).
+- masked LMs: L is the mean NLL of every MASK_EVERY-th content token, each replaced by the mask token
+  (deterministic, so a resumed run scores the same tokens).
 
 Streaming: documents run in batches, the sums are checkpointed to OUTDIR every few batches, and a run
 resumes where its checkpoint stopped (resume=True), refusing a checkpoint of other arguments.
@@ -35,6 +36,7 @@ from attnscope.tokens import encode
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "importance-checkpoint.json"
+MASK_EVERY = 7  # masked LMs: every 7th content token is masked and scored (about BERT's 15 %)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,32 @@ class Sums:
 
 
 def row_losses(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's loss: [rows]. Causal LMs: the mean next-token NLL; masked LMs: the mean NLL of masked tokens."""
+    return masked_losses(m, inputs) if kind_of(m) == "masked-lm" else causal_losses(m, inputs)
+
+
+def masked_positions(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tokens a masked LM predicts: the 1st, 8th, 15th, ... non-special real token of each row
+    (every MASK_EVERY-th, deterministic, so runs and resumes agree): [rows, token] bool."""
+    ids = inputs["input_ids"]
+    special = torch.isin(ids, torch.tensor(m.tokenizer.all_special_ids, device=ids.device))
+    content = inputs["attention_mask"].bool() & ~special
+    return content & (content.cumsum(-1) % MASK_EVERY == 1)
+
+
+def masked_losses(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's mean NLL of its masked_positions' tokens, read at the mask token: [rows]."""
+    chosen = masked_positions(m, inputs)
+    ids = inputs["input_ids"]
+    masked = torch.where(chosen, torch.full_like(ids, int(m.tokenizer.mask_token_id)), ids)
+    logprobs = m.model(**{**inputs, "input_ids": masked}).logits.log_softmax(-1)  # [rows, token, vocab]
+    nll = -logprobs.gather(-1, ids[..., None])[..., 0]  # [rows, token]
+    scored = chosen.to(nll.dtype)
+    losses: torch.Tensor = (nll * scored).sum(-1) / scored.sum(-1).clamp(min=1)
+    return losses
+
+
+def causal_losses(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each row's mean next-token negative log-likelihood over its real tokens: [rows]."""
     h = m.model.base_model(**inputs).last_hidden_state  # [rows, token, d_model]
     logprobs = lm_head(m)(h[:, :-1]).log_softmax(-1)  # [rows, token - 1, vocab], in the model's dtype
@@ -66,7 +94,7 @@ def row_losses(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def loss_gradients(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """sum over rows of |d loss_row / d g| for a causal LM: [layer, head]."""
+    """sum over rows of |d loss_row / d g| for a causal or masked LM: [layer, head]."""
     gates = ones(m, int(inputs["input_ids"].shape[0])).requires_grad_(True)
     edit = HeadEdit(m.n_layers, gates)
     with intervening(m.model, edit):
@@ -98,12 +126,7 @@ def embedding_gradients(m: Model, inputs: dict[str, torch.Tensor]) -> torch.Tens
 
 
 def gradients(m: Model, kind: Kind, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    if kind == "causal-lm":
-        return loss_gradients(m, inputs)
-    if kind == "encoder":
-        return embedding_gradients(m, inputs)
-    raise AttnscopeError(f"head importance is not supported for masked language models yet ({m.name}): "
-                         "use a causal LM or an encoder without a head")
+    return embedding_gradients(m, inputs) if kind == "encoder" else loss_gradients(m, inputs)
 
 
 def normalised(scores: torch.Tensor) -> torch.Tensor:

@@ -58,7 +58,7 @@ class Importance:
 def measure_rows(m: Model, kind: Kind, inputs: dict[str, torch.Tensor], gates: torch.Tensor) -> torch.Tensor:
     """Per row: the loss (causal LMs) or the unit pooled embedding (encoders), with the gates applied."""
     with torch.no_grad(), intervening(m.model, HeadEdit(m.n_layers, gates)):
-        return row_losses(m, inputs) if kind == "causal-lm" else unit_embedding(m, inputs)
+        return unit_embedding(m, inputs) if kind == "encoder" else row_losses(m, inputs)
 
 
 def _per_doc(m: Model, kind: Kind, texts: Sequence[str], settings: ImportanceSettings,
@@ -72,7 +72,7 @@ def _per_doc(m: Model, kind: Kind, texts: Sequence[str], settings: ImportanceSet
                   .inputs.items()}
         gates = 1.0 - closed.permute(1, 0, 2).float()  # [layer, setting, head]
         values = measure_rows(m, kind, inputs, gates)
-        if kind == "causal-lm":
+        if kind != "encoder":
             changes += (values - values[0]).double().numpy()
         else:
             changes += (1 - F.cosine_similarity(values, values[:1], dim=-1)).double().numpy()
@@ -97,7 +97,7 @@ def pruning_curve(m: Model, kind: Kind, texts: Sequence[str], settings: Importan
     for i, k in enumerate(counts):
         closed[i].view(-1)[torch.from_numpy(order[:k].copy())] = 1.0
     changes = _per_doc(m, kind, texts, settings, closed)
-    if kind == "causal-lm":  # the loss itself: the untouched model's mean loss plus each change
+    if kind != "encoder":  # the loss itself: the untouched model's mean loss plus each change
         base = float(np.mean([float(measure_rows(m, kind, encode(m.tokenizer, [t], max_length=settings.max_length)
                                                  .inputs, ones(m, 1))[0]) for t in texts]))
         changes = changes + base
@@ -123,7 +123,7 @@ def importance(m: Model, texts: Sequence[str] | Any, outdir: str | os.PathLike[s
     curve = pruning_curve(m, kind, sample, settings, norm)
     result = Importance(m.name, kind, sums.documents, sums.tokens, raw, norm, ablation, curve,
                         spearman(norm, ablation), spearman(raw, ablation),
-                        "loss" if kind == "causal-lm" else "embedding_distance", len(sample))
+                        "loss" if kind != "encoder" else "embedding_distance", len(sample))
     write(result, Path(outdir))
     return result
 
@@ -150,7 +150,7 @@ def report_markdown(r: Importance) -> str:
                  reverse=True)[:10]
     lines = [f"# Head importance: {r.model}", "",
              f"{r.documents:,} documents, {r.tokens:,} tokens; importance after Michel et al. 2019 "
-             f"({'E |d loss / d gate|' if r.kind == 'causal-lm' else 'E ||d embedding / d gate||'}), "
+             f"({'E ||d embedding / d gate||' if r.kind == 'encoder' else 'E |d loss / d gate|'}), "
              "normalised per layer. Layers and heads are 0-indexed.", "",
              f"Rank correlation (Spearman) with real one-head ablation on {r.sample} documents: "
              f"{r.spearman:.3f} (normalised), {r.spearman_raw:.3f} (raw).", "",
