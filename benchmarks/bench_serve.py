@@ -189,9 +189,6 @@ def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
               f"{rates[name] / base:>13.2f}x")
 
 
-if __name__ == "__main__":
-    main()
-
 
 def bare_server() -> None:
     """The baseline server: `attnscope serve` exactly, but without the guard middleware."""
@@ -259,3 +256,7 @@ def hardening(clients: int, rounds: int = 3, requests: int = 200) -> None:
     finally:
         guarded.terminate()
         guarded.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -90,6 +90,67 @@ def test_a_500_says_only_internal_error_and_a_request_id() -> None:
     assert r.status_code == 500 and r.json() == {"error": f"internal error (request id {rid})"}
 
 
+def test_a_response_over_the_budget_never_leaves() -> None:
+    """Every endpoint, also one added later, is held to max_response_bytes by the guard (a 500, or a cut stream)."""
+    import asyncio
+
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    from attnscope.serve.guard import Guard
+    from attnscope.serve.settings import Settings
+
+    async def chunks() -> Any:
+        for _ in range(4):
+            yield b"y" * 600
+
+    async def big(_request: Any) -> Any:
+        return PlainTextResponse("x" * 2000)
+
+    async def stream(_request: Any) -> Any:
+        return StreamingResponse(chunks())
+
+    app = Starlette(routes=[Route("/big", big), Route("/stream", stream)],
+                    middleware=[Middleware(Guard, settings=Settings(max_response_bytes=1024))])
+
+    async def call(path: str) -> tuple[int, bytes]:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
+            r = await c.get(path)
+            return r.status_code, r.content
+
+    status, body = asyncio.run(call("/big"))
+    assert status == 500 and body.startswith(b'{"error": "internal error (request id ')
+
+    async def stream_call() -> list[dict[str, Any]]:  # the ASGI messages the server would write
+        sent: list[dict[str, Any]] = []
+        scope = {"type": "http", "method": "GET", "path": "/stream", "raw_path": b"/stream", "query_string": b"",
+                 "headers": [(b"host", b"127.0.0.1:8000")], "server": ("127.0.0.1", 8000), "scheme": "http",
+                 "http_version": "1.1", "root_path": "", "client": ("127.0.0.1", 5000)}
+
+        requested = False
+
+        async def receive() -> dict[str, Any]:  # the request once, then a client that stays
+            nonlocal requested
+            if requested:
+                await asyncio.Event().wait()
+            requested = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent
+
+    messages = asyncio.run(stream_call())
+    bodies = [m for m in messages if m["type"] == "http.response.body"]
+    assert sum(len(m.get("body", b"")) for m in bodies) <= 1024
+    assert all(m.get("more_body", False) for m in bodies)  # never completed: the client sees a cut stream
+
+
 def raw(server: Server, data: bytes) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     sock.sendall(data)

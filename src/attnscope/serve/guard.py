@@ -10,6 +10,8 @@ One ASGI middleware, so an endpoint added later is covered without doing anythin
 - with an access token, every request carries it (`?token=`, the cookie that sets, or an
   `Authorization: token ...` header), else 403;
 - the body must arrive within `body_timeout` seconds (408);
+- no response is larger than `max_response_bytes`: endpoints refuse such requests (422) before
+  building anything; if one is built anyway, the client gets a 500, or a cut stream;
 - every response carries an `X-Request-Id`; an unexpected exception is logged with it and the
   client reads only "internal error" and the id, never the exception.
 """
@@ -37,6 +39,10 @@ COOKIE = "attnscope_token"
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
+class ResponseTooLarge(Exception):
+    """An endpoint built a response over the budget it should have refused beforehand (a bug)."""
+
+
 class Guard:
     """ASGI middleware: the checks above, then the app; refusals are one-line JSON errors."""
 
@@ -45,6 +51,7 @@ class Guard:
         self.names = frozenset(h.lower() for h in (*LOOPBACK_HOSTS, *settings.allow_hosts))
         self.token = settings.token
         self.body_timeout = settings.body_timeout
+        self.max_response = settings.max_response_bytes
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -52,14 +59,21 @@ class Guard:
             return
         rid = secrets.token_hex(6)
         scope.setdefault("state", {})["request_id"] = rid
-        started = False
+        started, sent = False, 0
         cookie = self._cookie(scope)
 
         async def send_with_id(message: Message) -> None:
-            nonlocal started
+            nonlocal started, sent
+            if message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
+                if sent > self.max_response:
+                    raise ResponseTooLarge(f"the response passed {self.max_response} bytes")
             if message["type"] == "http.response.start":
-                started = True
                 headers = list(message.get("headers", []))
+                declared = dict(headers).get(b"content-length", b"0")
+                if declared.isdigit() and int(declared) > self.max_response:
+                    raise ResponseTooLarge(f"the response is {int(declared)} bytes, over {self.max_response}")
+                started = True
                 headers.append((b"x-request-id", rid.encode()))
                 if cookie:
                     headers.append((b"set-cookie", cookie.encode()))
