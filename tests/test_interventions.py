@@ -15,7 +15,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
 from attnscope.interventions.ablate import setting_gates
 from attnscope.interventions.effects import outputs, prepare
-from attnscope.interventions.gates import HeadEdit, edited_capture, mean_contexts, ones, run
+from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, mean_contexts, ones, run
 from attnscope.recompute import layer_params
 from attnscope.tokens import encode
 
@@ -127,3 +127,21 @@ def test_real_smollm2_open_gates_and_the_capital(smollm2: attnscope.Model) -> No
     change = alone[0, -1].log_softmax(-1)[paris[0]] - plain[0, -1].log_softmax(-1)[paris[0]]
     assert abs(result.ablated["d_target_logprob"] - float(change)) <= 1e-4
     assert result.ablated["d_target_logprob"] < 0  # the head carries part of the answer
+
+
+def test_mean_ablation_lets_in_the_reference_mean(tiny_model: Callable[[str], attnscope.Model]) -> None:
+    m = tiny_model("gpt2")
+    reference = encode(m.tokenizer, TEXTS).inputs
+    means = mean_contexts(m, reference)  # [1, head, 1, d_head] per layer
+    ctx = contexts(m, reference)[0]  # [batch, head, query, d_head]
+    keep = reference["attention_mask"].bool()
+    assert torch.allclose(means[0][0, :, 0], ctx.permute(0, 2, 1, 3)[keep].mean(0), atol=TOL)  # type: ignore[index]
+    inputs = encode(m.tokenizer, ["a different text here"]).inputs
+    closed = ones(m, 1)
+    closed[0, 0, 1] = 0.0
+    with torch.no_grad(), edited_capture(m, HeadEdit(m.n_layers, closed, means)) as cap:
+        m.model(**inputs)
+    got = cap.calls[0].context[0, 1]  # [query, d_head]: every position holds the mean
+    assert torch.equal(got, means[0][0, 1, 0].expand_as(got))  # type: ignore[index]
+    result = ablate("a different text here", [(0, 1)], model=m, mode="mean", reference=TEXTS)
+    assert result.mode == "mean" and result.ablated is not None and result.ablated["mean_token_change"] > 0
