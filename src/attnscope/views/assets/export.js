@@ -109,6 +109,10 @@
     return out.join("\n");
   }
 
+  // What full colour means, as on the page (A.top): absolute for weights on the "absolute" scale, else the map's max.
+  const mapTop = (src, state, layer, head) =>
+    (src.range === "unit" && state.scale === "unit" ? 1 : src.scale(layer, head) || 1);
+
   function matrixFigure(model, state) {
     const src = model.sources.get(state.source) || model.sources.values().next().value;
     const layer = src.perLayer ? state.layer : null;
@@ -116,7 +120,7 @@
     const n = model.n;
     const cell = Math.max(4, Math.min(20, 600 / n));
     const label = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 11))) + 6;
-    const top = state.scale === "unit" ? 1 : src.top(layer, head);
+    const top = mapTop(src, state, layer, head);
     const body = [`<g class="cells">${cells(src, layer, head, n, cell, label, label, top, n)}</g>`,
       `<rect x="${num(label)}" y="${num(label)}" width="${num(n * cell)}" height="${num(n * cell)}" fill="none" ` +
       `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">`];
@@ -150,7 +154,7 @@
     layers.forEach((l, i) => heads.forEach((h, j) => {
       const x = left + j * (px + gap);
       const y = 18 + i * (px + gap);
-      const top = state.scale === "unit" ? 1 : src.top(l, h);
+      const top = mapTop(src, state, l, h);
       body.push(`<g class="thumb" data-layer="${l ?? ""}" data-head="${h ?? ""}">` +
         `${cells(src, l, h, model.n, px / r, x, y, top, r)}<rect x="${x}" y="${y}" width="${px}" height="${px}" ` +
         `fill="none" stroke="${MUTED}" stroke-width="0.5"/></g>`);
