@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -373,3 +375,22 @@ def test_generation_view_escapes_text(gpt2_generation: GenerationTrace) -> None:
     finally:
         g.prompt_tokens[0] = gpt2_generation.trace.tokens[0]
     assert "</script><b>" not in doc and "<img" not in doc and doc.count("</script>") == 2
+
+
+def test_cli_real_sigint_keeps_what_was_generated(gpt2_dir: str, tmp_path: Path) -> None:
+    """A real Ctrl-C (SIGINT) to `attnscope generate` while it writes: exit 130, the steps printed and saved."""
+    saved = tmp_path / "g.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope.cli.main", "generate", PROMPT, "--model", gpt2_dir,
+                             "--max-new-tokens", "1000", "-o", str(saved)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    streamed = ""
+    while len(streamed) < len(PROMPT) + 20:  # the prompt, then some generated text
+        streamed += proc.stdout.read(1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    kept = load_generation(saved)
+    assert 0 < kept.n_steps < 1000 and kept.stopped == "interrupted"
+    assert f"keeping the {kept.n_steps} steps generated so far" in err and "Traceback" not in err
+    assert f"{kept.n_steps} new (greedy; stopped: interrupted)" in " ".join(out.split()) and "PASS" in out
