@@ -141,7 +141,9 @@ def batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
 
 
 def identity(m: Model, source: dict[str, Any], settings: ImportanceSettings) -> dict[str, Any]:
-    return {"model": m.name, "source": source, "settings": asdict(settings)}
+    """What a resume must match: what changes the sums (not how often they are saved, nor the report's sample)."""
+    summed = {k: v for k, v in asdict(settings).items() if k not in ("checkpoint_every", "sample")}
+    return {"model": m.name, "source": source, "settings": summed}
 
 
 def start(outdir: Path, ident: dict[str, Any], resume: bool, n_layers: int, n_heads: int) -> Sums:

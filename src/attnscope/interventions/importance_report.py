@@ -118,7 +118,7 @@ def importance(m: Model, texts: Sequence[str] | Any, outdir: str | os.PathLike[s
     sums: Sums = accumulate(m, texts, outdir, source, settings, resume, progress)
     raw = np.asarray(sums.total) / sums.documents
     norm = normalised(torch.from_numpy(raw)).numpy()
-    sample = [t for _, t in zip(range(settings.sample), iter(texts), strict=False)]
+    sample = [t for _, t in zip(range(min(settings.sample, sums.documents)), iter(texts), strict=False)]
     ablation = one_head_ablation(m, kind, sample, settings)
     curve = pruning_curve(m, kind, sample, settings, norm)
     result = Importance(m.name, kind, sums.documents, sums.tokens, raw, norm, ablation, curve,
