@@ -3,6 +3,7 @@ the number of workers, with a worker killed mid-run, gone for good, or the run i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -130,3 +131,19 @@ def test_existing_output_is_refused_as_locally(minilm: attnscope.Model, ud_dev: 
     (tmp_path / "out" / "keep.txt").write_text("mine", encoding="utf-8")
     with pytest.raises(attnscope.AttnscopeError, match="already exists and is not empty"):
         run_ray(Source(str(ud_dev)), minilm, SETTINGS, tmp_path / "out", workers=1)
+
+
+def test_a_metric_set_of_ones_own_reaches_the_workers_in_the_settings(minilm: attnscope.Model, ud_dev: Path,
+                                                                      tmp_path: Path) -> None:
+    """A MetricSet made here (a lambda input, nothing registered anywhere) travels to the workers inside the
+    settings: the Ray columns equal the local ones."""
+    from attnscope.stats import Metric, MetricSet
+    from attnscope.stats.metrics import attention_to
+
+    doubled = MetricSet("doubled", (Metric("cls_doubled", attention_to("cls"), "twice the attention to [CLS]",
+                                           "doubled"),), (("doubled", lambda view: 2 * view.call.weights),))
+    settings = dataclasses.replace(SETTINGS, limit=16, metric_sets=(doubled,))
+    local = run(Source(str(ud_dev)), minilm, settings, tmp_path / "local")
+    on_ray = run_ray(Source(str(ud_dev)), minilm, settings, tmp_path / "ray", workers=1, threads=1)
+    assert "cls_doubled" in on_ray.state.metrics and int(on_ray.state.count["cls_doubled"].min()) == 16
+    assert_same(on_ray.state, local.state)
