@@ -19,7 +19,14 @@ import transformers as T
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.generate_check import verify_generation
-from attnscope.generating import GenerationInterrupted, StepRecorder, assemble, generate, recording_steps
+from attnscope.generating import (
+    GenerationInterrupted,
+    StepRecorder,
+    assemble,
+    generate,
+    per_layer,
+    recording_steps,
+)
 from attnscope.generation import GeneratedToken, GenerationTrace, load_generation
 from attnscope.report import TOLERANCE
 
@@ -130,7 +137,7 @@ def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
         out = m.model.generate(  # type: ignore[operator]
             input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                max_new_tokens=4, do_sample=False, pad_token_id=0)
-    layers = assemble(recorder, 2, 4)
+    layers = per_layer(assemble(recorder, 2, 4))
     n_prompt = int(enc["input_ids"].shape[1])
     layers["context"][1][0, 2, n_prompt + 1, 0] += 1e-3  # one number of step 2's context, layer 1, head 2
     comparisons, unsupported = verify_generation(m, layers, out[:, : n_prompt + 3], n_prompt, 4)

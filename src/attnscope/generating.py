@@ -15,12 +15,14 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from attnscope.arrays import row_arrays
+from attnscope import maths
+from attnscope.arrays import Pending, TraceArrays
 from attnscope.capture import AttentionCall, attention_modules, recording
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.families import family_of
@@ -238,15 +240,17 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     n_steps = min(len(steps.steps), len(recorder.calls) // n_layers, len(recorder.x) // n_layers)
     if n_steps == 0:
         return None
-    layers = assemble(recorder, n_layers, n_steps)
-    n_rows = len(prompt_tokens) + n_steps - 1
+    arrays = assemble(recorder, n_layers, n_steps)
+    for kept in (recorder.calls, recorder.x, recorder.output):
+        kept.clear()  # the rows now live in the arrays only
+    layers = per_layer(arrays)
     new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in steps.steps[: n_steps - 1]]
     fam = family_of(m.model)
     info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
             "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
             "d_model": int(layers["x"][0].shape[-1])}
     scaling = [float(s) for s in _scalings(m, n_layers)]
-    tr = Trace(info, prompt, None, [*prompt_tokens, *new], row_arrays(layers, 0, n_rows), scaling)
+    tr = Trace(info, prompt, None, [*prompt_tokens, *new], trace_arrays(arrays), scaling)
     if verify:
         from attnscope.generate_check import verify_generation
 
@@ -268,40 +272,45 @@ def _scalings(m: Model, n_layers: int) -> list[float]:
     return [float(getattr(mod, "scaling", 1.0)) for mod in mods][:n_layers]
 
 
-def assemble(recorder: StepRecorder, n_layers: int, n_steps: int) -> dict[str, list[torch.Tensor]]:
-    """Every step's rows laid out as one sequence: stage -> one [1, ...] tensor per layer.
+def assemble(recorder: StepRecorder, n_layers: int, n_steps: int) -> dict[str, np.ndarray]:
+    """Every step's rows laid out as one sequence: stage -> [layer, ...] (the axes of attnscope.stages).
 
-    Rows: the prompt's (step 0), then one per later step. Weights are [1, head, query, key] with 0 for the
-    keys a row could not see yet (as the causal softmax gives). Grouped k/v heads are repeated per query head.
+    Rows: the prompt's (step 0), then one per later step. Weights are [layer, head, query, key] with 0 for
+    the keys a row could not see yet (as the causal softmax gives). Grouped k/v heads are repeated per query
+    head. Written once, straight into the arrays the trace keeps.
     """
     first = recorder.calls[0]
-    n_prompt = int(first["q"].shape[1])
-    n_rows = n_prompt + n_steps - 1
-    out: dict[str, list[torch.Tensor]] = {s: [] for s in (*STAGES, "x", "output")}
-    for layer in range(n_layers):
-        calls = [recorder.calls[s * n_layers + layer] for s in range(n_steps)]
-        for stage in STAGES:
-            groups = int(first["q"].shape[0]) // int(calls[0][stage].shape[0])
-            rows = [c[stage].repeat_interleave(groups, dim=0) if groups > 1 else c[stage] for c in calls]
-            out[stage].append(_stack_rows(rows, n_rows, stage == "weights"))  # [1, head, query, ...]
-        for stage, seq in (("x", recorder.x), ("output", recorder.output)):
-            rows = [seq[s * n_layers + layer] for s in range(n_steps)]  # [new, d_model]
-            out[stage].append(torch.cat(rows, dim=0)[None])  # [1, token, d_model]
+    n_heads, n_prompt, d_head = (int(n) for n in first["q"].shape)
+    n_rows, d_model = n_prompt + n_steps - 1, int(recorder.x[0].shape[-1])
+    dtype = np.float64 if first["q"].dtype == torch.float64 else np.float32
+    out = {s: np.empty((n_layers, n_heads, n_rows, d_head), dtype) for s in ("q", "k", "v", "context")}
+    out["weights"] = np.zeros((n_layers, n_heads, n_rows, n_rows), dtype)  # [layer, head, query, key]
+    out.update({s: np.empty((n_layers, n_rows, d_model), dtype) for s in ("x", "output")})
+    dst = {s: torch.from_numpy(a) for s, a in out.items()}  # views: filled in place
+    for step in range(n_steps):
+        rows = slice(0, n_prompt) if step == 0 else slice(n_prompt + step - 1, n_prompt + step)
+        for layer in range(n_layers):
+            i = step * n_layers + layer
+            for stage, t in recorder.calls[i].items():
+                t = maths.expand_kv(t, n_heads // int(t.shape[0]))  # [head, new, width]
+                dst[stage][layer, :, rows, : t.shape[-1]] = t
+            dst["x"][layer, rows] = recorder.x[i]  # [new, d_model]
+            dst["output"][layer, rows] = recorder.output[i]
     return out
 
 
-def _stack_rows(rows: list[torch.Tensor], n_rows: int, square: bool) -> torch.Tensor:
-    """Rows [head, new, width] of successive steps -> [1, head, n_rows, width or n_rows]."""
-    if not square:
-        return torch.cat(rows, dim=1)[None]
-    heads = int(rows[0].shape[0])
-    full = torch.zeros(1, heads, n_rows, n_rows, dtype=rows[0].dtype)  # [1, head, query, key]
-    start = 0
-    for r in rows:
-        n, keys = int(r.shape[1]), int(r.shape[2])
-        full[0, :, start:start + n, :keys] = r
-        start += n
-    return full
+def per_layer(arrays: dict[str, np.ndarray]) -> dict[str, list[torch.Tensor]]:
+    """stage -> one [1, ...] tensor per layer, views of the arrays (what the verification reads)."""
+    return {s: [t[None] for t in torch.from_numpy(a)] for s, a in arrays.items()}
+
+
+def trace_arrays(arrays: dict[str, np.ndarray]) -> TraceArrays:
+    """The trace's arrays, with scores (q k^T) computed when first read."""
+    def scores() -> np.ndarray:
+        q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])  # [layer, head, token, d_head]
+        return (q @ k.transpose(-1, -2)).numpy()  # [layer, head, query, key]
+
+    return TraceArrays({**arrays, "scores": Pending(scores)})
 
 
 __all__ = ["MAX_NEW_TOKENS", "GenerationInterrupted", "GenerationTrace", "generate"]
