@@ -26,6 +26,8 @@ def register(sub: Any) -> None:
     p.add_argument("--theme", choices=("auto", "light", "dark"), default="auto", help="colour theme (default auto)")
     p.add_argument("--neuron", choices=("budget", "all", "none"), default="budget",
                    help="exact numbers carried for the neuron view: a size budget (default), every head, or none")
+    p.add_argument("--word-level", action="store_true",
+                   help="also carry word-level maps (pieces merged as stats --word-level does) behind a toggle")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="FILE.html (the page), or one view as a figure: FILE.svg, FILE.png or FILE.pdf")
     p.add_argument("--format", default=None, metavar="FORMAT",
@@ -87,7 +89,7 @@ def run_view(args: argparse.Namespace) -> int:
     show_heads = [args.head] if args.view == "head" and args.head is not None else None
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
                    show_heads=show_heads, theme="light" if figure else args.theme,
-                   neuron="all" if figure and args.view == "neuron" else args.neuron)
+                   neuron="all" if figure and args.view == "neuron" else args.neuron, word_level=args.word_level)
     out = Path(args.output)
     if figure:
         from attnscope.views.figures import render_figure

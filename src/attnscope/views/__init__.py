@@ -79,18 +79,24 @@ def to_html(
     theme: str = "auto",
     neuron: NeuronChoice = "budget",
     title: str | None = None,
+    word_level: bool = False,
 ) -> str:
     """A self-contained HTML page with one view, or all four as tabs (view="all").
 
     layers, heads: which to include (0-indexed, default all; fewer keeps long texts light).
     layer, head, show_heads, query, source: the starting selection. theme: auto, light, dark.
     neuron: exact data carried for the neuron view ("budget", "all", "none" or (layer, head) pairs).
+    word_level: also carry the maps merged into words (views/words.py), behind the page's "words" toggle.
     """
     validate_view(view)
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
                "heads": None if show_heads is None else list(show_heads)}
     wants_neuron = view in ("neuron", "all")
     data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial)
+    if word_level:
+        from attnscope.views.words import word_trace
+
+        data["words"] = payload(word_trace(trace), layers, heads, "none", initial=initial | {"query": None})
     return page(data, title or f"attnscope {view} view: {_short(trace.text)}")
 
 

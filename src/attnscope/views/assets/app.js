@@ -115,6 +115,19 @@
     return mounted;
   }
 
+  // Tokens or words (views/words.py merged the maps in Python): re-render with the other payload, same selection.
+  function wordToggle(element, pairs, shown, store, options) {
+    const on = shown === pairs.words;
+    return el("button", { type: "button", class: "as-words", "aria-pressed": String(on),
+                          title: "merge word pieces into words: to a word the sum over its pieces, from a word the mean",
+                          text: on ? "words ✓" : "words", onclick: () => {
+      const s = store.get();
+      A.render(element, on ? pairs.tokens : pairs.words, Object.assign({}, options, {
+        pairs: pairs, layer: s.layer, head: s.head, heads: s.heads, source: s.source, theme: s.theme, query: null,
+      }));
+    } });
+  }
+
   A.render = async function (element, payload, options) {
     options = options || {};
     mark("attnscope:start");
@@ -132,6 +145,8 @@
     const mounted = mountViews(element, app, base, view);
     element.attnscopeShown = { model: model, state: () => store.get(), view: () => mounted.panel.dataset.view };
     if (A.exportButtons) app.querySelector(".as-meta").append(...A.exportButtons(element));
+    const pairs = options.pairs || (payload.words ? { tokens: payload, words: payload.words } : null);
+    if (pairs) app.querySelector(".as-meta").append(wordToggle(element, pairs, payload, store, options));
     await mounted.show(view === "all" ? "head" : view);
     element.dataset.attnscopeReady = "1";
     mark("attnscope:ready");
