@@ -56,9 +56,11 @@ def test_explain_after_attention_flow_is_200(server: Server) -> None:
 @pytest.mark.parametrize("words", [508, 700])
 def test_a_pair_cannot_bypass_the_token_limit(server: Server, words: int) -> None:
     body = {"text": " ".join(["a"] * words), "pair": "b", "max_length": 2, "stages": []}
-    refused = post(server, "/api/trace", body)
+    probe = post(server, "/api/trace", body)  # the probe's request: below any text's special tokens
+    assert probe.status_code == 422 and "field 'max_length' must be from 3" in probe.json()["error"]
+    refused = post(server, "/api/trace", {**body, "max_length": 4})  # enough for one text, not for a pair
     assert refused.status_code == 422, refused.text[:300]
-    assert refused.json()["error"] == ("max_length 2 is too small: a text and its pair need 3 special tokens and at "
+    assert refused.json()["error"] == ("max_length 4 is too small: a text and its pair need 3 special tokens and at "
                                        "least one token of each text: use at least 5")
     kept = post(server, "/api/trace", {**body, "max_length": 5})
     assert kept.status_code == 200 and len(kept.json()["tokens"]) == 5
