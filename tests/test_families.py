@@ -306,3 +306,22 @@ def test_explain_says_where_the_sink_share_went(modern: Callable[[str], attnscop
     w = walkthrough(attnscope.trace(LONG, model=m), layer=1, head=2, model=m)
     weights = next(s for s in w.steps if s.stage == "weights")
     assert "attention sink" in weights.text and weights.arrays["row sums"].max() < 1.0
+
+
+def test_output_errors_are_relative_to_their_dot_product_bound() -> None:
+    from attnscope.check import ErrorTable
+
+    g = torch.Generator().manual_seed(0)
+    context = torch.randn(1, 2, 3, 4, generator=g) * 30  # [rows, head, token, d_head]: a deep decoder's scale
+    w_o = torch.randn(8, 5, generator=g)  # [head * d_head, d_model]
+    out = maths.project(maths.merge_heads(context), w_o, None)  # [rows, token, d_model], |out| in the hundreds
+    off = out.clone()
+    off[0, 1, 2] += 4e-5  # one float32 step or two at this magnitude: not an error of the maths
+    table = ErrorTable(torch.ones(1, 3), n_layers=1, n_heads=2)
+    table.add_output(0, slice(0, 1), context, w_o.norm(dim=0), off, out)
+    bound = float(maths.merge_heads(context)[0, 1].norm() * w_o[:, 2].norm())
+    got = table.errors[("output", "recompute")][0, 0, 0]
+    assert abs(got - float(off[0, 1, 2] - out[0, 1, 2]) / bound) <= 1e-12 and got < TOL
+    off[0, 0, 0] += 1.0  # a real difference still fails
+    table.add_output(0, slice(0, 1), context, w_o.norm(dim=0), off, out)
+    assert table.errors[("output", "recompute")][0, 0, 0] > TOL

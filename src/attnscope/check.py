@@ -65,6 +65,15 @@ class ErrorTable:
         bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
         self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
 
+    def add_output(self, layer: int, rows: slice, context: torch.Tensor, w_o_norms: torch.Tensor,
+                   captured: torch.Tensor, recomputed: torch.Tensor) -> None:
+        """The captured output [rows, token, d_model] against the recomputed one, relative to
+        max(1, |merged_i| |W_O[:, j]|), merged: the captured context [rows, head, token, d_head], heads side by side."""
+        merged_norm = context.float().pow(2).sum(dim=(1, 3)).sqrt_()  # [rows, token]
+        diff = torch.sub(captured.float(), recomputed, out=self.scratch("diff", captured.shape)).abs_()
+        bound = torch.mul(merged_norm[..., None], w_o_norms, out=self.scratch("bound", captured.shape))
+        self._table("output", "recompute")[rows, layer] = self._reduce("output", diff.div_(bound.clamp_(min=1.0)), rows)
+
     def _table(self, stage: str, source: str) -> np.ndarray:
         width = self.n_heads if stage in PER_HEAD else 1
         return self.errors.setdefault((stage, source), np.zeros((self.keep.shape[0], self.n_layers, width)))
@@ -118,8 +127,12 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
         for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
             for stage in RECOMPUTED_STAGES:
-                if stage in RELATIVE:
+                if stage == "scores":
                     table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
+                elif stage == "output":
+                    w_o_norms = params[layer].w_o.norm(dim=0)  # [d_model]: |W_O[:, j]|
+                    table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms,
+                                     captured["output"][layer][rows], rec[stage])
                 else:
                     table.add_rows(stage, "recompute", layer, rows, captured[stage][layer][rows], rec[stage])
     for stage, ref in reference.items():

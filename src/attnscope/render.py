@@ -26,8 +26,8 @@ ELLIPSIS = "…"
 GAP = 3  # a rich table's " │ " between columns
 F32_MIN = float(np.finfo(np.float32).min)
 MIN_NOTE = "-inf* is the most negative float32 (-3.4028e+38): the mask's stand-in for -inf."
-REL_NOTE = ("(rel): scores are compared relative to their float32 rounding bound, |a - b| / max(1, |q| |k|); "
-            "every other stage in absolute terms.")
+REL_NOTE = ("(rel): scores are compared relative to their float32 rounding bound, |a - b| / max(1, |q| |k|), and "
+            "the output likewise, / max(1, |merged| |W_O column|); every other stage in absolute terms.")
 
 
 def _fmt(v: float, integers: bool) -> str:

@@ -197,7 +197,7 @@
       text: `${ok ? "✓ verified" : "✗ check failed"} · ${where}: max error ${A.fmtError(worst)} ${ok ? "≤" : ">"} ` +
         `${A.fmtError(c.tolerance)}`,
       title: `${where}: captured vs independent recompute and vs the model's own outputs, every stage ` +
-        `(scores relative). Whole trace, as \`attnscope check\` reports it: max error ${A.fmtError(c.max_error)}` +
+        `(scores and output relative). Whole trace, as \`attnscope check\` reports it: max error ${A.fmtError(c.max_error)}` +
         `${c.unsupported ? "; " + c.unsupported : ""}`,
     };
   }
