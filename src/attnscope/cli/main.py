@@ -27,7 +27,8 @@ COMMAND_MODULES = (
 
 # Library parameters whose flag is not the parameter's name with dashes (max_length -> --max-length).
 FLAGS = {"text_pair": "--pair", "max_body_bytes": "--max-body", "cache_entries": "--cache",
-         "max_memory_bytes": "--max-memory"}
+         "max_memory_bytes": "--max-memory", "max_response_bytes": "--max-response", "max_list_values": "--max-list",
+         "cache_bytes": "--cache-size"}
 
 
 def flag_of(parameter: str) -> str:
