@@ -74,10 +74,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if "*" in args.allow_host and token is None:
         raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
                              "use it with a token (drop --no-token)")
+    own_host = f"[{args.host}]" if ":" in args.host else args.host  # as a browser sends it in Host
     settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
                         max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
                         queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
-                        allow_hosts=(f"[{args.host}]" if ":" in args.host else args.host, *args.allow_host), token=token, header_timeout=args.header_timeout,
+                        allow_hosts=(own_host, *args.allow_host), token=token, header_timeout=args.header_timeout,
                         body_timeout=args.body_timeout, max_connections=args.max_connections,
                         max_response_bytes=_mib("--max-response", args.max_response), max_list_values=args.max_list,
                         cache_bytes=_mib("--cache-size", args.cache_size),
