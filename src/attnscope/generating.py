@@ -34,7 +34,6 @@ from attnscope.traces import Trace
 log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 1024
-STAGES = ("q", "k", "v", "weights", "context")  # what each attention call gives, beside x and output
 
 
 class GenerationInterrupted(KeyboardInterrupt):
@@ -237,7 +236,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
             settings: dict[str, Any], stopped: str, verify: bool) -> GenerationTrace | None:
     """The generation trace of every step both recorded in full and emitted as a token."""
     n_layers = len(attention_modules(m.model))
-    n_steps = min(len(steps.steps), len(recorder.calls) // n_layers, len(recorder.x) // n_layers)
+    n_steps = min(len(steps.steps), *(len(kept) // n_layers for kept in (recorder.calls, recorder.x, recorder.output)))
     if n_steps == 0:
         return None
     arrays = assemble(recorder, n_layers, n_steps)
