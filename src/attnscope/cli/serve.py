@@ -68,21 +68,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise AttnscopeError(f"serve needs the serve extra: pip install 'attnscope[serve]' ({exc.name} is missing)"
                              ) from exc
-    from attnscope.serve.settings import Settings
-
-    token = None if args.no_token else args.token or (None if is_loopback(args.host) else secrets.token_urlsafe(24))
-    if "*" in args.allow_host and token is None:
-        raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
-                             "use it with a token (drop --no-token)")
-    own_host = f"[{args.host}]" if ":" in args.host else args.host  # as a browser sends it in Host
-    settings = Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
-                        max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
-                        queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
-                        allow_hosts=(own_host, *args.allow_host), token=token, header_timeout=args.header_timeout,
-                        body_timeout=args.body_timeout, max_connections=args.max_connections,
-                        max_response_bytes=_mib("--max-response", args.max_response), max_list_values=args.max_list,
-                        cache_bytes=_mib("--cache-size", args.cache_size),
-                        max_memory_bytes=_mib("--max-memory", args.max_memory))
+    settings = settings_of(args)
+    token = settings.token
     if not is_loopback(args.host):
         guard = "only with the token in the URL below" if token else "with no token (--no-token)"
         print(f"attnscope: warning: listening on {args.host}: anyone who can reach this machine can use the "
@@ -102,6 +89,25 @@ def run_serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C is how a server is stopped: uvicorn has shut down gracefully
         print("attnscope: stopped", file=sys.stderr)
     return 0
+
+
+def settings_of(args: argparse.Namespace) -> Any:
+    """The server's Settings from the flags: a random token off loopback unless --token or --no-token."""
+    from attnscope.serve.settings import Settings
+
+    token = None if args.no_token else args.token or (None if is_loopback(args.host) else secrets.token_urlsafe(24))
+    if "*" in args.allow_host and token is None:
+        raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
+                             "use it with a token (drop --no-token)")
+    own_host = f"[{args.host}]" if ":" in args.host else args.host  # as a browser sends it in Host
+    return Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
+                    max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
+                    queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
+                    allow_hosts=(own_host, *args.allow_host), token=token, header_timeout=args.header_timeout,
+                    body_timeout=args.body_timeout, max_connections=args.max_connections,
+                    max_response_bytes=_mib("--max-response", args.max_response), max_list_values=args.max_list,
+                    cache_bytes=_mib("--cache-size", args.cache_size),
+                    max_memory_bytes=_mib("--max-memory", args.max_memory))
 
 
 def _mib(flag: str, value: int) -> int:
