@@ -44,9 +44,10 @@ def post(server: Server, path: str, body: Any) -> httpx.Response:
 
 def test_explain_after_attention_flow_is_200(server: Server) -> None:
     """Flow is [query, key]: the walkthrough indexed it by layer (IndexError, 500, for a layer >= the tokens)."""
-    text = "Flow then explain."
+    text = "Flow first."
     assert post(server, "/api/trace", {"text": text, "stages": ["flow"]}).status_code == 200
     n = len(post(server, "/api/trace", {"text": text, "stages": []}).json()["tokens"])
+    assert n < 6  # fewer tokens than layers: layer 5 is past the flow array's first axis
     for layer in (n - 1, 5):
         r = post(server, "/api/explain", {"text": text, "layer": layer, "head": 0})
         assert r.status_code == 200, r.text[:300]
