@@ -58,7 +58,7 @@
   const tokenText = (model, i) => clip(A.tokenLabel(model, i));
 
   function headFigure(model, state) {
-    const src = model.sources.get(state.source) || model.sources.values().next().value;
+    const src = A.headSource ? A.headSource(model, state) : model.sources.get(state.source);
     const layer = src.perLayer ? state.layer : null;
     const heads = src.perHead ? state.heads.filter((h) => model.heads.includes(h)) : [null];
     const n = model.n;
@@ -66,7 +66,8 @@
     const span = 260;
     const y = (i) => i * ROW + ROW / 2;
     const count = model.payload.model.heads || model.heads.length;
-    const queries = state.query === null || state.query === undefined ? [...Array(n).keys()] : [state.query];
+    const picked = A.selectedQueries(state);
+    const queries = picked.length ? picked : [...Array(n).keys()];
     const out = [];
     for (const h of heads) {
       out.push(`<g class="lines" data-head="${h === null ? "" : h}" stroke="${A.headColour(h, count)}" stroke-width="1">`);
@@ -85,9 +86,12 @@
     const body = `${out.join("\n")}\n<g class="tokens">\n${tokens}\n</g>`;
     const parts = [src.label, layer === null ? null : `layer ${layer}`,
       heads[0] === null ? null : `head${heads.length > 1 ? "s" : ""} ${heads.join(", ")}`,
-      queries.length === 1 ? `query ${A.tokenLabel(model, queries[0])}` : null,
+      src.selected ? `heads ${src.selected(layer).join(", ")}` : null,
+      picked.length ? `quer${picked.length > 1 ? "ies" : "y"} ${picked.map((q) => A.tokenLabel(model, q)).join(", ")}`
+        : null,
       `lines below ${MIN_OPACITY} left out`];
-    return svg(body, 2 * colW + span, n * ROW, caption(model, "head", parts, layer, heads));
+    const verified = src.selected ? src.selected(layer) : heads; // the badge of the heads behind the lines
+    return svg(body, 2 * colW + span, n * ROW, caption(model, "head", parts, layer, verified));
   }
 
   function cells(src, layer, head, n, cell, x0, y0, top, r) {

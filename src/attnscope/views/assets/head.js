@@ -29,7 +29,7 @@
     const codes = src.codes(layer, head);
     const perCode = src.scale(layer, head) / 255 / src.top(layer, head); // opacity of one code step
     const minCode = focus ? 1 : Math.max(1, Math.ceil(MIN_ALPHA / (perCode || 1)));
-    const qs = focus && focus.side === "q" ? [focus.index] : [...Array(n).keys()];
+    const qs = focus && focus.side === "q" ? focus.indices || [focus.index] : [...Array(n).keys()];
     const [k0, k1] = focus && focus.side === "k" ? [focus.index, focus.index + 1] : [0, n];
     for (const q of qs) {
       const yq = q * band.row + band.row / 2 - band.top;
@@ -54,14 +54,14 @@
   }
 
   function drawnHeads(ctx) {
-    const src = ctx.source();
+    const src = A.headSource(ctx.model, ctx.state);
     return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h)) : [null];
   }
 
   // Draws the lines; returns the opacity below which lines were left out (0: none were).
   function draw(canvas, ctx, focus, band) {
     const g = A.sizeCanvas(canvas, band.width, band.height);
-    const src = ctx.source();
+    const src = A.headSource(ctx.model, ctx.state);
     const layer = src.perLayer ? ctx.state.layer : null;
     const count = ctx.model.payload.model.heads || ctx.model.heads.length;
     const heads = drawnHeads(ctx);
@@ -97,23 +97,28 @@
       }
     }
     if (!focus) return;
-    const src = ctx.source();
+    const src = A.headSource(ctx.model, ctx.state);
     const layer = src.perLayer ? ctx.state.layer : null;
     const heads = drawnHeads(ctx);
-    cols[focus.side].children[focus.index].classList.add("as-focus");
+    const picked = focus.indices || [focus.index]; // several queries (shift-click): shaded by their mean
+    for (const i of picked) cols[focus.side].children[i].classList.add("as-focus");
     const other = cols[focus.side === "q" ? "k" : "q"].children;
+    const count = heads.length * picked.length;
     for (let j = 0; j < ctx.model.n; j++) {
-      const [q, k] = focus.side === "q" ? [focus.index, j] : [j, focus.index];
       let sum = 0;
       let value = 0;
-      for (const h of heads) {
-        sum += src.value(layer, h, q, k) / src.top(layer, h);
-        value += src.value(layer, h, q, k);
+      for (const i of picked) {
+        const [q, k] = focus.side === "q" ? [i, j] : [j, i];
+        for (const h of heads) {
+          sum += src.value(layer, h, q, k) / src.top(layer, h);
+          value += src.value(layer, h, q, k);
+        }
       }
-      if (!heads.length) continue;
-      other[j].style.setProperty("--w", String(Math.min(1, sum / heads.length)));
-      const what = heads.length > 1 ? `mean over ${heads.length} heads` : src.label;
-      other[j].title = `${A.tokenLabel(ctx.model, j)} · ${what}: ≈ ${A.fmt(value / heads.length)} (8-bit approximation)`;
+      if (!count) continue;
+      other[j].style.setProperty("--w", String(Math.min(1, sum / count)));
+      const over = [heads.length > 1 ? `${heads.length} heads` : "", picked.length > 1 ? `${picked.length} queries` : ""];
+      const what = count > 1 ? `mean over ${over.filter(Boolean).join(" and ")}` : src.label;
+      other[j].title = `${A.tokenLabel(ctx.model, j)} · ${what}: ≈ ${A.fmt(value / count)} (8-bit approximation)`;
     }
   }
 
@@ -130,7 +135,7 @@
         hover.pin(side, at);
       } else if (e.key === "Escape") {
         hover.set(null);
-        ctx.set({ query: null });
+        ctx.set({ query: null, queries: null });
       } else return;
       e.preventDefault();
     });
@@ -140,11 +145,11 @@
     const fixed = ctx.options.fixed;
     panel.append(el("div", { class: "as-controls" }, [
       fixed ? null : A.controls.layer(ctx), A.controls.source(ctx), A.controls.filter(ctx),
-      fixed ? null : A.controls.heads(ctx, "multi"),
+      fixed ? null : A.controls.heads(ctx, "multi"), fixed ? null : meanToggle(ctx),
       A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: ctx.state.heads })),
     ]));
     panel.append(el("p", { class: "as-hint", text: "Left: queries, right: keys (0-indexed). Hover or arrow-key through " +
-      "tokens to see only their lines; click or Enter pins a query, Esc clears." }));
+      "tokens to see only their lines; click or Enter pins a query (shift-click adds more), Esc clears." }));
     panel.append(legend());
     const cols = { q: tokenColumn(ctx.model, "q"), k: tokenColumn(ctx.model, "k") };
     const canvas = el("canvas", { class: "as-lines", "aria-hidden": "true" });
@@ -152,6 +157,19 @@
     const status = el("p", { class: "as-hint as-status", "aria-live": "polite" });
     panel.append(body, status);
     return { cols: cols, canvas: canvas, body: body, status: status };
+  }
+
+  // "mean of the selected heads": one set of lines, the heads' mean weights (raw weights only).
+  function meanToggle(ctx) {
+    const button = el("button", { type: "button", class: "as-link as-mean", title: "draw the mean of the selected " +
+      "heads as one map", text: "mean of the selected heads", onclick: () => ctx.set({ meanHeads: !ctx.state.meanHeads }) });
+    const sync = () => {
+      button.setAttribute("aria-pressed", String(!!ctx.state.meanHeads));
+      button.disabled = ctx.source().name !== "weights";
+    };
+    ctx.subscribe((s, p) => ctx.changed(p, ["meanHeads", "source"]) && sync());
+    sync();
+    return button;
   }
 
   // What the lines mean: opacity is the weight, one colour per head, the values on hover.
@@ -179,7 +197,7 @@
       const at = (e) => e.target.closest(".as-tok");
       col.addEventListener("mouseover", (e) => at(e) && hover.set({ side: side, index: Number(at(e).dataset.index) }));
       col.addEventListener("mouseleave", () => hover.set(null));
-      col.addEventListener("click", (e) => at(e) && hover.pin(side, Number(at(e).dataset.index)));
+      col.addEventListener("click", (e) => at(e) && hover.pin(side, Number(at(e).dataset.index), e.shiftKey));
       col.addEventListener("blur", () => hover.set(null));
       keyboard(col, side, ctx, hover);
     }
@@ -196,8 +214,11 @@
                             height: Math.min(n * size.row, body.clientHeight || n * size.row) });
       let hovered = null;
       let frame = 0;
-      const focus = () => hovered || (ctx.state.query !== null && ctx.state.query !== undefined
-        ? { side: "q", index: ctx.state.query } : null);
+      const focus = () => {
+        if (hovered) return hovered;
+        const qs = A.selectedQueries(ctx.state);
+        return qs.length ? { side: "q", index: qs[0], indices: qs.length > 1 ? qs : null } : null;
+      };
       const paint = () => {
         const floor = draw(canvas, ctx, focus(), band());
         status.textContent = floor > 0 ? `Lines fainter than ${A.fmt(floor)} are left out here (the ` +
@@ -211,16 +232,17 @@
       const hover = {
         get: () => hovered,
         set(f) { hovered = f; redraw(); },
-        pin(side, i) {
+        pin(side, i, shift) {
           if (side !== "q") return;
-          ctx.set({ query: i });
+          ctx.set(A.pickQuery(ctx.state, i, shift));
           ctx.emit("attnscope:select", { view: "head", layer: ctx.state.layer, head: ctx.state.heads[0] ?? null,
                                          query: i, key: null, source: ctx.source().name });
         },
       };
       listen(ctx, cols, hover);
       const now = () => (cancelAnimationFrame(frame), paint(), shade(cols, ctx, focus()));
-      ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "theme"]) && now());
+      ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "queries", "theme",
+                                              "meanHeads"]) && now());
       body.addEventListener("scroll", () => later(paint), { passive: true });
       const resize = new ResizeObserver(redraw);
       resize.observe(body);

@@ -105,11 +105,9 @@
       g.strokeRect(geo.label + k * geo.cell - 1, geo.label + q * geo.cell - 1, geo.cell + 2, geo.cell + 2);
     };
     if (picked && picked.key !== null && picked.key !== undefined) box(picked.query, picked.key, 2);
-    if (picked && picked.query !== null && picked.query !== undefined) {
-      g.globalAlpha = 0.5;
-      g.strokeRect(geo.label, geo.label + picked.query * geo.cell, geo.side, geo.cell);
-      g.globalAlpha = 1;
-    }
+    g.globalAlpha = 0.5;
+    for (const q of (picked && picked.queries) || []) g.strokeRect(geo.label, geo.label + q * geo.cell, geo.side, geo.cell);
+    g.globalAlpha = 1;
     if (cursor) box(cursor.q, cursor.k, 1);
   }
 
@@ -187,7 +185,7 @@
     canvas.addEventListener("mouseleave", () => hover(null));
     canvas.addEventListener("click", (e) => {
       const c = cellAt(e, geo, n);
-      if (c) select(c.q, c.k);
+      if (c) select(c.q, c.k, e.shiftKey); // shift-click adds the row to the selected queries
     });
     canvas.addEventListener("keydown", (e) => {
       const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1] };
@@ -215,15 +213,16 @@
         return { src: src, layer: src.perLayer ? ctx.state.layer : null, head: src.perHead ? ctx.state.head : null };
       };
       const fg = () => A.cssVar(ctx.root.querySelector(".as-app") || ctx.root, "--fg");
-      const marks = () => drawCursor(parts.overlay, geo, cursor, { query: ctx.state.query, key: ctx.state.key }, fg());
+      const marks = () => drawCursor(parts.overlay, geo, cursor, { query: ctx.state.query, key: ctx.state.key,
+                                                                    queries: A.selectedQueries(ctx.state) }, fg());
       const hover = (c) => {
         cursor = c;
         marks();
         if (!c) return tip.hide();
         tip.show(geo.label + (c.k + 1) * geo.cell, geo.label + (c.q + 1) * geo.cell, describeCell(ctx, where(), c.q, c.k));
       };
-      const select = (q, k) => {
-        ctx.set({ query: q, key: k });
+      const select = (q, k, shift) => {
+        ctx.set(Object.assign(A.pickQuery(ctx.state, q, shift), { key: k }));
         const w = where();
         ctx.emit("attnscope:select", { view: "matrix", layer: w.layer, head: w.head, query: q, key: k, source: w.src.name });
       };
@@ -236,7 +235,7 @@
       };
       ctx.subscribe((s, p) => {
         if (ctx.changed(p, ["layer", "head", "source", "theme", "scale"])) full();
-        else if (ctx.changed(p, ["query", "key"])) (marks(), showInfo(parts.info, ctx, where()));
+        else if (ctx.changed(p, ["query", "queries", "key"])) (marks(), showInfo(parts.info, ctx, where()));
       });
       full();
     },
