@@ -116,7 +116,8 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                  "description": "Trace, verify and explain the self-attention of the served models. "
                                 "Layers, heads and tokens are 0-indexed."},
         "paths": {
-            "/api/trace": _post("Trace a text: tokens, verification and arrays by stage name",
+            "/api/trace": _post("Trace a text: tokens, verification and arrays by stage name (raw float32 "
+                                "arrays instead with Accept: application/x-attnscope-arrays, docs/serve.md)",
                                 trace_fields, _TRACE, "trace", _TRACE_LINKS),
             "/api/explain": _post("Walk through one layer, head and query token step by step "
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
