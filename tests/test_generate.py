@@ -22,7 +22,6 @@ from attnscope.generate_check import verify_generation
 from attnscope.generating import (
     GenerationInterrupted,
     StepRecorder,
-    assemble,
     generate,
     per_layer,
     recording_steps,
@@ -131,14 +130,14 @@ def test_steps_rows_and_probabilities(gpt2_generation: GenerationTrace) -> None:
 
 def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
     m = decoder("gpt2")
-    recorder = StepRecorder()
     enc = m.tokenizer(PROMPT, return_tensors="pt")
+    n_prompt = int(enc["input_ids"].shape[1])
+    recorder = StepRecorder(2, n_prompt + 3)
     with torch.no_grad(), recording_steps(m.model, recorder):
         out = m.model.generate(  # type: ignore[operator]
             input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                max_new_tokens=4, do_sample=False, pad_token_id=0)
-    layers = per_layer(assemble(recorder, 2, 4))
-    n_prompt = int(enc["input_ids"].shape[1])
+    layers = per_layer(recorder.cut(n_prompt + 3))
     layers["context"][1][0, 2, n_prompt + 1, 0] += 1e-3  # one number of step 2's context, layer 1, head 2
     comparisons, unsupported = verify_generation(m, layers, out[:, : n_prompt + 3], n_prompt, 4)
     assert unsupported is None
@@ -150,14 +149,16 @@ def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
 
 def test_trace_keeps_rows_not_cache_copies(decoder: Callable[[str], attnscope.Model]) -> None:
     m = decoder("gpt2")
-    recorder = StepRecorder()
     enc = m.tokenizer(PROMPT, return_tensors="pt")
+    n_prompt = int(enc["input_ids"].shape[1])
+    recorder = StepRecorder(2, n_prompt + 9)
     with torch.no_grad(), recording_steps(m.model, recorder):
         m.model.generate(  # type: ignore[operator]
             input_ids=enc["input_ids"], max_new_tokens=10, do_sample=False, pad_token_id=0)
-    kept_rows = sum(int(c["k"].shape[1]) for c in recorder.calls)
-    n_prompt = int(enc["input_ids"].shape[1])
-    assert kept_rows == 2 * (n_prompt + 9)  # per layer: the prompt's rows, then one new row per step
+    assert recorder.steps() == 10  # 10 forward passes: the prompt, then one new row each
+    held = [v for v in vars(recorder).values() if isinstance(v, torch.Tensor | list)]
+    assert not held  # no tensor of any step is held, only the arrays the rows were written into
+    assert recorder.arrays["k"].shape == (2, 4, n_prompt + 9, 16)
 
 
 def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) -> None:

@@ -28,6 +28,7 @@ from attnscope.errors import AttnscopeError, require_text
 from attnscope.families import family_of
 from attnscope.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.models import Model, ModelLike, describe, load_model
+from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token, encode
 from attnscope.traces import Trace
 
@@ -73,22 +74,72 @@ def require_decoder(m: Model) -> None:
 
 
 class StepRecorder:
-    """Keeps, per attention call, the rows its forward pass added: nothing of the cache before them."""
+    """Writes the rows each forward pass adds straight into arrays [layer, ...] sized for the whole generation.
 
-    def __init__(self) -> None:
-        self.calls: list[dict[str, torch.Tensor]] = []  # in call order: layer 0..L-1 of step 0, then step 1, ...
-        self.x: list[torch.Tensor] = []  # [new, d_model] per call
-        self.output: list[torch.Tensor] = []
+    Nothing of the cache is kept, and no small tensor per step: kept tensors between the cache's growing
+    buffers fragment the heap until it holds a copy of the cache per step. The arrays are zeros from the
+    system (calloc), so rows never written cost no memory. Calls arrive in layer order, step after step.
+    """
+
+    def __init__(self, n_layers: int, max_rows: int) -> None:
+        self.n_layers, self.max_rows = n_layers, max_rows
+        self.arrays: dict[str, np.ndarray] = {}  # stage -> [layer, ...] (the axes of attnscope.stages)
+        self._dst: dict[str, torch.Tensor] = {}  # the same memory, as tensors
+        self.counts = {"x": 0, "attention": 0, "output": 0}  # calls recorded, per hook
+        self.prompt_rows = 0
+
+    def _rows(self, kind: str, n: int) -> tuple[int, slice]:
+        """The layer and the rows of the next call of this kind: the prompt's, then one row per step."""
+        count = self.counts[kind]
+        self.counts[kind] += 1
+        layer, step = count % self.n_layers, count // self.n_layers
+        start = 0 if step == 0 else self.prompt_rows + step - 1
+        if start + n > self.max_rows:
+            raise RuntimeError(f"generation wrote more rows than the {self.max_rows} it was sized for")
+        return layer, slice(start, start + n)
+
+    def _zeros(self, stage: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        np_dtype = np.float64 if dtype == torch.float64 else np.float32
+        self.arrays[stage] = np.zeros(shape, np_dtype)
+        self._dst[stage] = torch.from_numpy(self.arrays[stage])
+
+    def on_x(self, x: torch.Tensor) -> None:
+        """x: [new, d_model], a layer's attention input."""
+        if not self.counts["x"]:
+            self.prompt_rows = int(x.shape[0])
+            for stage in ("x", "output"):
+                self._zeros(stage, (self.n_layers, self.max_rows, int(x.shape[-1])), x.dtype)
+        layer, rows = self._rows("x", int(x.shape[0]))
+        self._dst["x"][layer, rows] = x
+
+    def on_output(self, out: torch.Tensor) -> None:
+        layer, rows = self._rows("output", int(out.shape[0]))
+        self._dst["output"][layer, rows] = out  # [new, d_model]
 
     def on_attention(self, call: AttentionCall) -> None:
-        n = int(call.q.shape[2])  # the queries this forward pass added: the prompt, then 1 per step
-        self.calls.append({
-            "q": call.q[0],  # [head, new, d_head]
-            "k": call.k[0, :, -n:].clone(),  # [kv_head, new, d_head]: a copy, so the cache is not kept alive
-            "v": call.v[0, :, -n:].clone(),
-            "weights": call.weights[0],  # [head, new, key]
-            "context": call.context[0],  # [head, new, d_head]
-        })
+        heads, n, d_head = (int(i) for i in call.q.shape[1:])  # n: the queries this forward pass added
+        if not self.counts["attention"]:
+            for stage in ("q", "k", "v", "context"):
+                self._zeros(stage, (self.n_layers, heads, self.max_rows, d_head), call.q.dtype)
+            self._zeros("weights", (self.n_layers, heads, self.max_rows, self.max_rows), call.q.dtype)
+        layer, rows = self._rows("attention", n)
+        new = {"q": call.q[0], "k": call.k[0, :, -n:], "v": call.v[0, :, -n:], "weights": call.weights[0],
+               "context": call.context[0]}  # [head | kv_head, new, width]
+        for stage, t in new.items():
+            t = maths.expand_kv(t, heads // int(t.shape[0]))
+            self._dst[stage][layer, :, rows, : t.shape[-1]] = t
+
+    def steps(self) -> int:
+        """Forward passes recorded in full (x, attention and output of every layer)."""
+        return min(self.counts.values()) // self.n_layers
+
+    def cut(self, n_rows: int) -> dict[str, np.ndarray]:
+        """The arrays of the first n_rows positions (copied only when the generation stopped early)."""
+        out = {}
+        for stage, a in self.arrays.items():
+            index = tuple(slice(0, n_rows) if axis in TOKEN_AXES else slice(None) for axis in ARRAY_AXES[stage])
+            out[stage] = a if n_rows == self.max_rows else np.ascontiguousarray(a[index])
+        return out
 
 
 @contextlib.contextmanager
@@ -100,7 +151,7 @@ def recording_steps(model: PreTrainedModel, recorder: StepRecorder) -> Iterator[
         handles.append(mod.register_forward_pre_hook(_x_hook(recorder), with_kwargs=True))
         if fam is not None:
             proj = fam.out_proj(model, mod)
-            handles.append(proj.register_forward_hook(lambda _m, _i, out: recorder.output.append(out[0].detach())))
+            handles.append(proj.register_forward_hook(lambda _m, _i, out: recorder.on_output(out[0].detach())))
     try:
         with recording(model, recorder):
             yield
@@ -112,7 +163,7 @@ def recording_steps(model: PreTrainedModel, recorder: StepRecorder) -> Iterator[
 def _x_hook(recorder: StepRecorder) -> Callable[..., None]:
     def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs["hidden_states"]
-        recorder.x.append(x[0].detach())  # [new, d_model]
+        recorder.on_x(x[0].detach())  # [new, d_model]
 
     return hook
 
@@ -199,7 +250,8 @@ def generate(
     do_sample = any(v is not None for v in (temperature, top_k, top_p))
     settings = {"max_new_tokens": max_new_tokens, "do_sample": do_sample, "temperature": temperature,
                 "top_k": top_k, "top_p": top_p, "seed": seed}
-    recorder, dist = StepRecorder(), _Distribution()
+    recorder = StepRecorder(len(attention_modules(m.model)), len(prompt_tokens) + max_new_tokens - 1)
+    dist = _Distribution()
     steps = _Steps(m, dist, len(prompt_tokens), alternatives, on_token)
     sampling = {"temperature": temperature or 1.0, "top_k": top_k or 0, "top_p": top_p or 1.0} if do_sample else {}
     try:
@@ -236,12 +288,10 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
             settings: dict[str, Any], stopped: str, verify: bool) -> GenerationTrace | None:
     """The generation trace of every step both recorded in full and emitted as a token."""
     n_layers = len(attention_modules(m.model))
-    n_steps = min(len(steps.steps), *(len(kept) // n_layers for kept in (recorder.calls, recorder.x, recorder.output)))
+    n_steps = min(len(steps.steps), recorder.steps())
     if n_steps == 0:
         return None
-    arrays = assemble(recorder, n_layers, n_steps)
-    for kept in (recorder.calls, recorder.x, recorder.output):
-        kept.clear()  # the rows now live in the arrays only
+    arrays = recorder.cut(len(prompt_tokens) + n_steps - 1)
     layers = per_layer(arrays)
     new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in steps.steps[: n_steps - 1]]
     fam = family_of(m.model)
@@ -269,33 +319,6 @@ def _scalings(m: Model, n_layers: int) -> list[float]:
         return [p.scaling for p in params]
     mods = attention_modules(m.model)
     return [float(getattr(mod, "scaling", 1.0)) for mod in mods][:n_layers]
-
-
-def assemble(recorder: StepRecorder, n_layers: int, n_steps: int) -> dict[str, np.ndarray]:
-    """Every step's rows laid out as one sequence: stage -> [layer, ...] (the axes of attnscope.stages).
-
-    Rows: the prompt's (step 0), then one per later step. Weights are [layer, head, query, key] with 0 for
-    the keys a row could not see yet (as the causal softmax gives). Grouped k/v heads are repeated per query
-    head. Written once, straight into the arrays the trace keeps.
-    """
-    first = recorder.calls[0]
-    n_heads, n_prompt, d_head = (int(n) for n in first["q"].shape)
-    n_rows, d_model = n_prompt + n_steps - 1, int(recorder.x[0].shape[-1])
-    dtype = np.float64 if first["q"].dtype == torch.float64 else np.float32
-    out = {s: np.empty((n_layers, n_heads, n_rows, d_head), dtype) for s in ("q", "k", "v", "context")}
-    out["weights"] = np.zeros((n_layers, n_heads, n_rows, n_rows), dtype)  # [layer, head, query, key]
-    out.update({s: np.empty((n_layers, n_rows, d_model), dtype) for s in ("x", "output")})
-    dst = {s: torch.from_numpy(a) for s, a in out.items()}  # views: filled in place
-    for step in range(n_steps):
-        rows = slice(0, n_prompt) if step == 0 else slice(n_prompt + step - 1, n_prompt + step)
-        for layer in range(n_layers):
-            i = step * n_layers + layer
-            for stage, t in recorder.calls[i].items():
-                t = maths.expand_kv(t, n_heads // int(t.shape[0]))  # [head, new, width]
-                dst[stage][layer, :, rows, : t.shape[-1]] = t
-            dst["x"][layer, rows] = recorder.x[i]  # [new, d_model]
-            dst["output"][layer, rows] = recorder.output[i]
-    return out
 
 
 def per_layer(arrays: dict[str, np.ndarray]) -> dict[str, list[torch.Tensor]]:
