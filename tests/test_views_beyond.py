@@ -94,7 +94,7 @@ def test_matrix_view_shows_each_source_value(matrix_page: Any, full_trace: Trace
         info = matrix_page.inner_text(".as-info")
         label = {"rollout": "attention rollout", "flow": "attention flow", "norm_head": "norm-based, per head",
                  "norm_layer": "norm-based, per layer"}[name]
-        match = re.search(rf"{label}: ≈ ([0-9.e+-]+) \(±([0-9.e+-]+), 8-bit\)", info)
+        match = re.search(rf"{label}: ≈ ([0-9.e+-]+) \(8-bit approximation, within ±([0-9.e+-]+)\)", info)
         assert match, info
         shown, step = float(match.group(1)), float(match.group(2))
         # uint8 quantization (at most step) plus the 4 significant digits shown
