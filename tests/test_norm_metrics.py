@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -114,9 +115,10 @@ def test_unknown_or_repeated_metric_sets_are_one_line_errors() -> None:
         resolve(("norms", NORMS), causal=False)
 
 
-def _cls_share(tr: attnscope.Trace) -> np.ndarray:
-    """Per layer and head, the mean over rows of the share of norm_head on [CLS] (key 0): [layer, head]."""
-    norms = tr.norms()["norm_head"].astype(np.float64)  # [layer, head, query, key]
+def _cls_share(tr: attnscope.Trace, first_query: int = 0) -> np.ndarray:
+    """Per layer and head, the mean over rows (from first_query) of the share of norm_head on key 0
+    ([CLS], or a decoder's first token): [layer, head]."""
+    norms = tr.norms()["norm_head"].astype(np.float64)[..., first_query:, :]  # [layer, head, query, key]
     return (norms[..., 0] / norms.sum(-1)).mean(-1)
 
 
@@ -128,6 +130,17 @@ def test_corpus_run_gives_the_norm_shares_of_each_trace(minilm: attnscope.Model)
     assert np.abs(values_of(state)["norm_cls"]["mean"] - expected).max() <= TOL
     weights_cls = values_of(state)["cls"]["mean"]
     assert np.abs(weights_cls - expected).max() > 0.01  # the norms tell another story than the weights
+
+
+def test_corpus_norms_of_a_grouped_query_model_equal_its_traces(
+        tiny_model: Callable[[str], attnscope.Model]) -> None:
+    """Llama, 4 query heads on 2 k/v heads: each query head's norms use the v of its k/v head."""
+    llama = tiny_model("llama")
+    docs = [Document(text, f"test:{i}") for i, text in enumerate(TEXTS)]
+    state = process_documents(llama, docs, Settings(batch_size=2, metric_sets=("norms",)))
+    expected = np.mean([_cls_share(trace(text, model=llama), first_query=1) for text in TEXTS], axis=0)
+    got = values_of(state)["norm_sink"]["mean"]  # a causal model's first token, key 0 as [CLS] is for BERT
+    assert np.isfinite(got).all() and np.abs(got - expected).max() <= TOL
 
 
 def test_stats_command_adds_the_norm_columns_with_norms(tmp_path: Path, ud_dev: Path) -> None:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from attnscope.errors import AttnscopeError
-from attnscope.families import family_of
+from attnscope import maths
+from attnscope.families import base_of, family_of, why_unsupported
 from attnscope.stats.metrics import Metric, MetricFn, Units, Values, attention_to, clean
 
 if TYPE_CHECKING:
@@ -52,10 +53,11 @@ def norm_input(view: LayerView) -> torch.Tensor:
     fam = family_of(view.model.model)
     if fam is None:
         raise AttnscopeError(f"norm-weighted metrics need each layer's W_O, which attnscope cannot read for "
-                             f"{view.model.architecture}: use a bert, roberta, electra, distilbert, albert or "
-                             "gpt2 model")
-    w_o = fam.params(view.model.model, view.call.module, view.layer).w_o  # [head * d_head, d_model]
-    return norm_maps(view.call.v.detach(), view.call.weights.detach(), w_o)
+                             f"{view.model.architecture}: {why_unsupported(view.model.model)}")
+    w_o = fam.params(base_of(view.model.model), view.call.module, view.layer).w_o  # [head * d_head, d_model]
+    weights = view.call.weights.detach()  # [batch, head, query, key]
+    v = view.call.v.detach()  # [batch, kv_head, key, d_head]: grouped-query models share a k/v head
+    return norm_maps(maths.expand_kv(v, weights.shape[1] // v.shape[1]), weights, w_o)
 
 
 def shares(maps: torch.Tensor, units: Units) -> torch.Tensor:
