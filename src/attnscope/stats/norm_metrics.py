@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.errors import AttnscopeError
 from attnscope import maths
+from attnscope.errors import AttnscopeError
 from attnscope.families import base_of, family_of, why_unsupported
 from attnscope.stats.metrics import Metric, MetricFn, Units, Values, attention_to, clean
 
