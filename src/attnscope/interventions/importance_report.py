@@ -43,7 +43,7 @@ class Importance:
     normalised: np.ndarray  # [layer, head]: raw / ||raw[layer]||_2
     ablation: np.ndarray  # [layer, head]: the measure's mean change with that head removed, on the sample
     curve: list[tuple[int, float]]  # (heads removed, measure) in order of increasing importance
-    spearman: float  # normalised importance vs ablation effect
+    spearman: float  # normalised importance vs |ablation effect|
     spearman_raw: float
     measure: str  # "loss" or "embedding_distance"
     sample: int
@@ -121,8 +121,9 @@ def importance(m: Model, texts: Sequence[str] | Any, outdir: str | os.PathLike[s
     sample = [t for _, t in zip(range(min(settings.sample, sums.documents)), iter(texts), strict=False)]
     ablation = one_head_ablation(m, kind, sample, settings)
     curve = pruning_curve(m, kind, sample, settings, norm)
+    size = np.abs(ablation)  # |grad| estimates the size of the change, not its sign
     result = Importance(m.name, kind, sums.documents, sums.tokens, raw, norm, ablation, curve,
-                        spearman(norm, ablation), spearman(raw, ablation),
+                        spearman(norm, size), spearman(raw, size),
                         "loss" if kind != "encoder" else "embedding_distance", len(sample))
     write(result, Path(outdir))
     return result
@@ -152,7 +153,7 @@ def report_markdown(r: Importance) -> str:
              f"{r.documents:,} documents, {r.tokens:,} tokens; importance after Michel et al. 2019 "
              f"({'E ||d embedding / d gate||' if r.kind == 'encoder' else 'E |d loss / d gate|'}), "
              "normalised per layer. Layers and heads are 0-indexed.", "",
-             f"Rank correlation (Spearman) with real one-head ablation on {r.sample} documents: "
+             f"Rank correlation (Spearman) with the size |change| of real one-head ablation on {r.sample} documents: "
              f"{r.spearman:.3f} (normalised), {r.spearman_raw:.3f} (raw).", "",
              "## Most important heads", "", "| layer.head | normalised | raw | ablation |", "|---|---:|---:|---:|"]
     lines += [f"| {la}.{h} | {v:.4f} | {r.raw[la, h]:.4g} | {r.ablation[la, h]:+.4g} |" for v, la, h in top]
