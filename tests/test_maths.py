@@ -182,3 +182,12 @@ def test_a_sink_takes_its_share_of_each_row() -> None:
     e = scores.exp()
     want = e / (e.sum(-1, keepdim=True) + sinks.exp().view(1, 3, 1, 1))  # exp(s_j) / (sum_k exp(s_k) + exp(sink))
     assert (w - want).abs().max() <= TOL and bool((w.sum(-1) < 1.0).all())
+
+
+def test_softmax_exp_equals_torch_exp_bit_for_bit_across_underflow() -> None:
+    """The fast path for underflowing inputs (masked keys) gives torch.exp's numbers, denormals and NaN kept."""
+    x = torch.cat([torch.linspace(-120.0, 0.0, 200_001), torch.tensor([torch.finfo(torch.float32).min,
+                                                                       float("-inf"), float("nan")])])
+    got = maths._exp_(x.clone())
+    assert torch.equal(got[:-1], x[:-1].exp()) and bool(got[-1].isnan())
+    assert bool((got[(x > -103.0) & (x < -88.0)] > 0).all())  # denormal results are kept, not flushed

@@ -224,8 +224,26 @@ def softmax(masked: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     in_place=True overwrites `masked` (for a caller that owns it and needs it no longer); same numbers.
     """
     row_max = masked.amax(dim=-1, keepdim=True)
-    e = (masked.sub_(row_max) if in_place else masked - row_max).exp_()
+    e = _exp_(masked.sub_(row_max) if in_place else masked - row_max)
     return e.div_(e.sum(dim=-1, keepdim=True))
+
+
+_NORMAL_EXP = -87.0  # exp(x) of float32 is a normal number above this; below it, denormal or 0
+_ZERO_EXP = -104.0  # below this exp(x) rounds to exactly 0 in float32 (the smallest denormal is exp(-103.28))
+
+
+def _exp_(t: torch.Tensor) -> torch.Tensor:
+    """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: a masked
+    entry (the dtype's minimum) becomes exactly 0 directly; the rare inputs with denormal results keep them."""
+    if t.dtype != torch.float32:
+        return t.exp_()
+    low = t < _NORMAL_EXP  # masked keys, and scores far below the row's max
+    denormal = low & (t > _ZERO_EXP)
+    exact = t[denormal].exp() if bool(denormal.any()) else None
+    e = t.masked_fill_(low, 0.0).exp_().masked_fill_(low, 0.0)  # NaN is not low: it stays NaN
+    if exact is not None:
+        e[denormal] = exact
+    return e
 
 
 def softmax_with_sink(masked: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
