@@ -112,3 +112,11 @@ def test_toy_walkthrough_scaled_and_unscaled() -> None:
     unscaled = to_text(walkthrough_renderables(toy_walkthrough(scale=False)))
     assert "÷ sqrt(3) = ÷ 1.7321 = × 0.5774" in scaled and "9.2376" in scaled  # 16 / sqrt(3)
     assert "skipped (--no-scale)" in unscaled and "0.4683" in unscaled
+
+
+def test_walkthrough_after_attention_flow(minilm: attnscope.Model) -> None:
+    """A trace holding flow ([query, key], no layer axis) still explains any layer (it was an IndexError)."""
+    tr = attnscope.trace("time flies", model=minilm)  # 4 tokens, fewer than the 6 layers
+    tr.flow()
+    w = attnscope.walkthrough(tr, layer=5, head=3)
+    assert w.check["ok"] and any(s.stage == "weights" for s in w.steps)

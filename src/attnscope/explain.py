@@ -15,6 +15,7 @@ from attnscope.models import ModelLike, load_model
 from attnscope.numbers import scaling as scaling_text
 from attnscope.placement import on_host
 from attnscope.recompute import layer_params
+from attnscope.stages import ARRAY_AXES
 from attnscope.steps import Step, Walkthrough
 from attnscope.tracing import Trace
 
@@ -28,7 +29,8 @@ def walkthrough(tr: Trace, layer: int = 0, head: int = 0, token: int | None = No
     labels = [f"{i}:{t.text}" for i, t in enumerate(tr.tokens)]
     rows = labels if token is None else [labels[token]]
     sl = slice(None) if token is None else slice(token, token + 1)
-    a = {k: v[layer] for k, v in tr.arrays.items()}  # one layer: [head, ...] or [token, d_model]
+    # one layer of each array with a layer axis: [head, ...] or [token, d_model] (flow, [query, key], has none)
+    a = {k: tr.arrays[k][layer] for k in tr.arrays if ARRAY_AXES.get(k, ("layer",))[0] == "layer"}
     d_head = int(a["q"].shape[-1])
     p = _layer_params(model, layer, tr.n_tokens)  # None without the model, or for a family without a recompute
     steps = [_tokens_step(tr), *_x_steps(tr, a, labels)]
