@@ -43,10 +43,12 @@ def test_generate_streams_each_token_then_the_view(gen_server: Server, decoder_d
                                             json={"prompt": PROMPT, "max_new_tokens": 5}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
         events = [json.loads(line) for line in r.iter_lines() if line]
-    assert [e["event"] for e in events] == ["token"] * 5 + ["done"]
+    assert [e["event"] for e in events] == ["start"] + ["token"] * 5 + ["done"]
     expected = generate(PROMPT, model=str(decoder_dir), max_new_tokens=5)
-    assert [e["piece"] for e in events[:5]] == [s.piece for s in expected.steps]
-    done = events[-1]
+    assert [e["piece"] for e in events[1:6]] == [s.piece for s in expected.steps]
+    start, done = events[0], events[-1]
+    assert start["prompt_tokens"] == done["prompt_tokens"] == [t.text for t in expected.prompt_tokens]
+    assert start["model"] == done["model"]
     assert done["check"]["ok"] and len(done["steps"]) == 5
     assert done["steps"][4]["keys"] == expected.query_position(4) + 1
 
@@ -62,3 +64,64 @@ def test_generate_refusals_are_one_line(gen_server: Server, body: dict[str, obje
     r = httpx.post(gen_server.url + "api/generate", json=body, headers=gen_server.auth, timeout=60)
     assert r.status_code == status, r.text
     assert message in r.json()["error"] and "\n" not in r.json()["error"]
+
+
+# Records, in the page, every step the renderer was handed while the stream was still open.
+WATCH = """() => {
+  const A = window.attnscope;
+  const real = A.renderGeneration;
+  window.seen = { live: [], renders: 0, stopAfter: null };
+  A.renderGeneration = (element, data) => {
+    window.seen.renders += 1;
+    const view = real(element, data);
+    const add = view.addStep;
+    view.addStep = (s) => {
+      window.seen.live.push(s.piece);
+      add(s);
+      if (window.seen.live.length === window.seen.stopAfter) document.getElementById("sv-gen-stop").click();
+    };
+    return view;
+  };
+}"""
+
+
+@pytest.mark.browser
+def test_page_generates_live_and_stops(gen_server: Server, decoder_dir: Path) -> None:
+    from attnscope.views.browser import chromium
+
+    expected = generate(PROMPT, model=str(decoder_dir), max_new_tokens=6)
+    requests: list[str] = []
+    errors: list[str] = []
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("request", lambda r: requests.append(r.url))
+        page.on("console", lambda m: m.type in ("error", "warning") and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(gen_server.url)
+        page.wait_for_selector("#sv-gen:not([hidden])")
+        page.evaluate(WATCH)
+        page.fill("#sv-gen-prompt", PROMPT)
+        page.fill("#sv-gen-max", "6")
+        page.click("#sv-gen-go")
+        page.wait_for_selector("#sv-gen-view[data-state=done]", timeout=60_000)
+        seen = page.evaluate("() => window.seen")
+        shown = page.evaluate("() => [...document.querySelectorAll('#sv-gen-view .as-gen-tok')]"
+                              ".map((t) => t.textContent)")
+        status = page.text_content("#sv-gen-status")
+
+        page.evaluate("() => { window.seen.live = []; window.seen.stopAfter = 1; }")  # Stop at the first token
+        page.fill("#sv-gen-max", "64")
+        page.click("#sv-gen-go")
+        page.wait_for_selector("#sv-gen-view[data-state=stopped]", timeout=60_000)
+        stopped = page.evaluate("() => window.seen.live")
+        stop_status = page.text_content("#sv-gen-status")
+        page.close()
+    assert seen["live"] == [s.piece for s in expected.steps]  # drawn step by step as the lines arrived
+    assert seen["renders"] == 2  # once at "start", once with the rows and the check at "done"
+    assert shown[expected.prompt_length:] == [s.text for s in expected.steps]
+    assert shown[:expected.prompt_length] == [t.text for t in expected.prompt_tokens]
+    assert "✓ verified" in status and "6 tokens" in status, status
+    assert stopped == [expected.steps[0].piece] and stop_status.startswith("stopped after 1 token"), stop_status
+    assert errors == []
+    assert requests and all(r.startswith(gen_server.url) for r in requests), requests
+    assert "api/generate" in {r.removeprefix(gen_server.url) for r in requests}

@@ -1,6 +1,7 @@
 """`POST /api/generate`: a generation streamed as NDJSON, one line per step as the model writes it.
 
-Lines: {"event": "token", ...} for each step as soon as its token is chosen (token, probability, top
+Lines: {"event": "start", ...} once, with what the view needs before any step (model, prompt tokens);
+{"event": "token", ...} for each step as soon as its token is chosen (token, probability, top
 alternatives); then {"event": "done", ...} with the whole generation view payload (every step's attention
 rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun.
 Bounded like the other endpoints: max_new_tokens (at most MAX_NEW_TOKENS), the prompt's characters and
@@ -52,19 +53,29 @@ def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[
     from attnscope.views.generation import generation_payload, token_payload
 
     m = service.model(req.model)
-    n_prompt = len(m.tokenizer(req.prompt)["input_ids"])
+    ids = m.tokenizer(req.prompt)["input_ids"]
+    n_prompt = len(ids)
     if n_prompt > service.settings.max_tokens:
         raise AttnscopeError(f"the prompt is {n_prompt} tokens long, over this server's limit of "
                              f"{service.settings.max_tokens}: shorten it")
 
     def on_token(step: Any) -> None:
         checkpoint(stop)  # the client left or the deadline passed: stop writing
+        if step.step == 0:  # the prompt was accepted: the page can lay out the view
+            emit(_start(m, [str(t) for t in m.tokenizer.convert_ids_to_tokens(ids)]))
         emit({"event": "token", **token_payload(step)})
 
     with service.model_lock(m):
         checkpoint(stop)
         g = generate(req.prompt, model=m, max_new_tokens=req.max_new_tokens, on_token=on_token)
     return {"event": "done", **generation_payload(g)}
+
+
+def _start(m: Any, prompt_tokens: list[str]) -> dict[str, Any]:
+    """The first line: the generation view's payload without steps (the check comes with "done")."""
+    return {"event": "start", "title": f"{m.name}: generation from a {len(prompt_tokens)}-token prompt",
+            "model": {"name": m.name, "layers": m.n_layers, "heads": m.n_heads},
+            "prompt_tokens": prompt_tokens, "prompt_length": len(prompt_tokens)}
 
 
 async def stream_generation(pool: InferencePool, service: Service, req: GenerateRequest) -> Response:

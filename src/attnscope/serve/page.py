@@ -13,8 +13,10 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from attnscope.serve.generate import MAX_NEW_TOKENS
 from attnscope.views import css as views_css
 from attnscope.views import js as views_js
+from attnscope.views.generation import STYLE as GENERATION_STYLE
 from attnscope.views.page import json_for_script
 
 DEFAULT_TEXT = "time flies like an arrow"
@@ -56,9 +58,34 @@ def _form(max_chars: int) -> str:
 </form>"""
 
 
+@cache
+def _generation_js() -> str:
+    """The generation view's renderer (window.attnscope.renderGeneration), shared with its own pages."""
+    return (resources.files("attnscope.views") / "assets" / "generation.js").read_text(encoding="utf-8")
+
+
+def _generate_panel(max_chars: int, max_new_tokens: int) -> str:
+    """The Generate panel (shown by serve.js when a served model is a decoder): POST /api/generate, live."""
+    return f"""<section id="sv-gen" class="sv-gen" aria-label="generation" hidden>
+<form id="sv-gen-form" class="sv-form sv-gen-form" autocomplete="off">
+<label for="sv-gen-prompt">Prompt (a decoder continues it, one token at a time)<textarea id="sv-gen-prompt"
+  rows="2" maxlength="{max_chars}" required spellcheck="false">The capital of France is</textarea></label>
+<div class="sv-options">
+<label for="sv-gen-model">Decoder<select id="sv-gen-model"></select></label>
+<label for="sv-gen-max">Max new tokens<input type="number" id="sv-gen-max" min="1" max="{max_new_tokens}"
+  value="16" required></label>
+<button type="submit" id="sv-gen-go">Generate</button>
+<button type="button" id="sv-gen-stop" disabled>Stop</button>
+<span id="sv-gen-status" class="sv-gen-status" role="status" aria-live="polite"></span>
+</div>
+</form>
+<div id="sv-gen-view" class="sv-gen-view"></div>
+</section>"""
+
+
 def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
     """(the HTML page, its Content-Security-Policy header)."""
-    scripts = [views_js(), _asset("serve.js")]
+    scripts = [views_js(), _generation_js(), _asset("serve.js")]
     config = json_for_script({"models": models})
     page = f"""<!doctype html>
 <html lang="en">
@@ -70,6 +97,8 @@ def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
 <style>
 {views_css()}</style>
 <style>
+{GENERATION_STYLE}</style>
+<style>
 {_asset("serve.css")}</style>
 </head>
 <body>
@@ -80,9 +109,11 @@ every step (layers, heads and tokens are 0-indexed)</p></header>
 <section id="sv-views" class="sv-views" aria-label="attention views"></section>
 <aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
 </div>
+{_generate_panel(max_chars, MAX_NEW_TOKENS)}
 <script type="application/json" id="sv-config">{config}</script>
 <script>{scripts[0]}</script>
 <script>{scripts[1]}</script>
+<script>{scripts[2]}</script>
 </body>
 </html>
 """

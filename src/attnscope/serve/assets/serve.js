@@ -223,6 +223,103 @@
     return `${kind} ${at === 0 ? 0 : kept[at - 1] + 1}..${kept[at + 1] - 1} of ${n} not shown (0-indexed)`;
   }
 
+  // ---- the Generate panel: POST /api/generate, NDJSON read as it streams, drawn live ----------
+
+  const DECODER = /(ForCausalLM|LMHeadModel)$/; // the architectures a causal LM checkpoint is saved as
+  let generation = null; // {abort: AbortController, view: renderGeneration's controller}
+
+  function genStatus(text, kind) {
+    const s = $("sv-gen-status");
+    s.textContent = text;
+    s.dataset.kind = kind || "";
+  }
+
+  // Each complete line of the body as one parsed event, as the bytes arrive.
+  async function* ndjson(response) {
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffered = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      buffered += decoder.decode(value || new Uint8Array(), { stream: !done });
+      let at;
+      while ((at = buffered.indexOf("\n")) >= 0) {
+        const line = buffered.slice(0, at);
+        buffered = buffered.slice(at + 1);
+        if (line.trim()) yield JSON.parse(line);
+      }
+      if (done) return;
+    }
+  }
+
+  function onEvent(e, box, count) {
+    if (e.event === "start") {
+      const waiting = { unsupported: "checked when the generation ends (every step with its KV cache and " +
+        "against a no-cache pass)" };
+      generation.view = A.renderGeneration(box, Object.assign({}, e, { steps: [], check: waiting }));
+    } else if (e.event === "token") {
+      generation.view.addStep(e);
+      genStatus(`step ${e.step}: ${JSON.stringify(e.piece)} (p = ${e.probability.toFixed(4)})…`, "busy");
+    } else if (e.event === "done") {
+      generation.view = A.renderGeneration(box, e); // every step's rows, and the check
+      const c = e.check;
+      genStatus(`${e.steps.length} tokens (${e.stopped}) · ${c.ok ? "✓ verified" : "✗ check failed"}, max error ` +
+        `${A.fmtError(Number(c.max_error || 0))}`, c.ok ? "ok" : "error");
+    } else if (e.event === "error") {
+      genStatus(e.error, "error");
+    }
+    return count + (e.event === "token" ? 1 : 0);
+  }
+
+  async function generate(event) {
+    event.preventDefault();
+    if (generation) generation.abort.abort();
+    const abort = new AbortController();
+    generation = { abort: abort, view: null };
+    const box = $("sv-gen-view");
+    box.dataset.state = "streaming";
+    $("sv-gen-go").disabled = true;
+    $("sv-gen-stop").disabled = false;
+    genStatus("generating…", "busy");
+    let count = 0;
+    try {
+      const response = await fetch("/api/generate", { method: "POST", signal: abort.signal,
+        headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: $("sv-gen-prompt").value,
+          model: $("sv-gen-model").value || null, max_new_tokens: Number($("sv-gen-max").value) }) });
+      if (!response.ok) {
+        const data = await response.json().catch(() => null);
+        throw new Error((data && data.error) || `/api/generate answered HTTP ${response.status}`);
+      }
+      for await (const e of ndjson(response)) {
+        if (abort.signal.aborted) throw new DOMException("stopped", "AbortError"); // lines read before Stop
+        count = onEvent(e, box, count);
+      }
+      box.dataset.state = "done";
+    } catch (err) {
+      const stopped = err.name === "AbortError";
+      genStatus(stopped ? `stopped after ${count} token(s): not verified` : err.message, stopped ? "" : "error");
+      box.dataset.state = stopped ? "stopped" : "error";
+    } finally {
+      if (generation && generation.abort === abort) {
+        $("sv-gen-go").disabled = false;
+        $("sv-gen-stop").disabled = true;
+      }
+    }
+  }
+
+  function startGeneration() {
+    const decoders = config.models.filter((m) => DECODER.test(m.architecture));
+    if (!decoders.length) return; // nothing here can write: no panel
+    const select = $("sv-gen-model");
+    for (const m of decoders) {
+      select.append(el("option", { value: m.name, text: `${m.name} (${m.architecture}, ${m.layers} layers × ` +
+        `${m.heads} heads)` }));
+    }
+    $("sv-gen-form").addEventListener("submit", generate);
+    $("sv-gen-stop").addEventListener("click", () => { if (generation) generation.abort.abort(); });
+    $("sv-gen").hidden = false;
+  }
+
   // ---- start -------------------------------------------------------------------------------
 
   function start() {
@@ -237,6 +334,7 @@
     });
     $("sv-views").addEventListener("attnscope:select", (e) => explain(e.detail));
     clearExplanation();
+    startGeneration();
     if ($("sv-text").value.trim()) traceText(null);
   }
 
