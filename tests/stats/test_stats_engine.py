@@ -73,9 +73,12 @@ def reference(tr: attnscope.Trace, word_level: bool = False) -> dict[str, np.nda
 
 
 def compare(state: StatsState, expected: dict[str, np.ndarray], tol: float) -> None:
+    """tol bounds the error of a weight; distance, sum_j A[i,j] |i - j|, multiplies each by up to n - 1 tokens
+    (the engine pads a document to its bucket, so its float32 weights may differ from the trace's by an ulp)."""
     for name in state.metrics:
         got = state.mean(name)
-        assert np.abs(got - expected[name]).max() <= tol, name
+        bound = tol * max(1, state.tokens - 1) if name == "distance" else tol
+        assert np.abs(got - expected[name]).max() <= bound, name
         assert (state.count[name] == 1).all(), name
 
 
