@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
@@ -140,6 +140,18 @@ def batches(texts: Iterator[str], size: int) -> Iterator[list[str]]:
         yield chunk
 
 
+def pending(texts: Iterable[str], sums: Sums, settings: ImportanceSettings) -> Iterator[list[str]]:
+    """The batches still to run: the texts after those the sums hold, up to `limit`, cut into batches."""
+    return batches(islice(iter(texts), sums.documents, settings.limit), settings.batch_size)
+
+
+def batch_gradients(m: Model, kind: Kind, chunk: list[str], settings: ImportanceSettings) -> tuple[int, torch.Tensor]:
+    """One batch's real tokens and sum over its documents of |gradient| in float64: [layer, head].
+    The one path of both engines (the local loop and each Ray worker), so their numbers agree."""
+    enc = encode(m.tokenizer, chunk, max_length=settings.max_length)
+    return int(enc.inputs["attention_mask"].sum()), gradients(m, kind, enc.inputs).double()
+
+
 def identity(m: Model, source: dict[str, Any], settings: ImportanceSettings) -> dict[str, Any]:
     """What a resume must match: what changes the sums (not how often they are saved, nor the report's sample)."""
     summed = {k: v for k, v in asdict(settings).items() if k not in ("checkpoint_every", "sample")}
@@ -182,12 +194,10 @@ def accumulate(m: Model, texts: Sequence[str] | Iterator[str], outdir: str | os.
     ident = identity(m, source, settings)
     sums = start(out, ident, resume, m.n_layers, m.n_heads)
     total = torch.tensor(sums.total, dtype=torch.float64)
-    it = islice(iter(texts), sums.documents, settings.limit)  # skip what the checkpoint holds
-    for n, chunk in enumerate(batches(it, settings.batch_size), start=1):
-        enc = encode(m.tokenizer, chunk, max_length=settings.max_length)
-        total += gradients(m, kind, enc.inputs).double()
-        sums = Sums(sums.documents + len(chunk), sums.tokens + int(enc.inputs["attention_mask"].sum()),
-                    total.tolist())
+    for n, chunk in enumerate(pending(texts, sums, settings), start=1):
+        tokens, grad = batch_gradients(m, kind, chunk, settings)
+        total += grad
+        sums = Sums(sums.documents + len(chunk), sums.tokens + tokens, total.tolist())
         if n % settings.checkpoint_every == 0:
             save(out, ident, sums)
         if progress is not None:

@@ -112,10 +112,13 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def importance(m: Model, texts: Sequence[str] | Any, outdir: str | os.PathLike[str], source: dict[str, Any],
                settings: ImportanceSettings | None = None, resume: bool = False,
-               progress: Callable[[int, int], None] | None = None) -> Importance:
-    """Accumulate the gradients over the texts, then check them on the first `sample` texts; write OUTDIR."""
+               progress: Callable[[int, int], None] | None = None, *,
+               engine: Callable[..., Sums] = accumulate) -> Importance:
+    """Accumulate the gradients over the texts, then check them on the first `sample` texts; write OUTDIR.
+    engine: what accumulates, `importance.accumulate` (here) or `distributed.accumulate` bound to its
+    cluster options (on Ray workers, the same sums); the report's checks run here."""
     kind, settings = kind_of(m), settings or ImportanceSettings()
-    sums: Sums = accumulate(m, texts, outdir, source, settings, resume, progress)
+    sums: Sums = engine(m, texts, outdir, source, settings, resume, progress)
     raw = np.asarray(sums.total) / sums.documents
     norm = normalised(torch.from_numpy(raw)).numpy()
     sample = [t for _, t in zip(range(min(settings.sample, sums.documents)), iter(texts), strict=False)]

@@ -1,0 +1,100 @@
+"""Head importance on Ray: the same sums as the local engine on real UD sentences (an encoder and a causal LM,
+random weights), and a run interrupted on Ray resumes from its checkpoint to the local engine's numbers."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnscope
+import test_interventions_models
+from attnscope.interventions.importance import CHECKPOINT, ImportanceSettings, Sums, accumulate
+from attnscope.stats.sources import Source
+
+lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
+SETTINGS = ImportanceSettings(batch_size=4, checkpoint_every=1)  # 12 sentences: 3 batches, a checkpoint after each
+SOURCE = {"kind": "test"}
+TOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def ray_runtime() -> Iterator[object]:
+    """A local Ray with 2 CPUs, or the one this session already has (tests/stats_ray starts one per session)."""
+    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
+    if ray.is_initialized():
+        yield ray
+        return
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
+             log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The local baselines on one thread, like each worker: float32 sums may round otherwise on other counts."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sentences(ud_dev: Path) -> list[str]:
+    return [d.text for d in islice(iter(Source(str(ud_dev))), 12)]
+
+
+def _on_ray(m: attnscope.Model, texts: list[str], out: Path, resume: bool = False,
+            progress: Callable[[int, int], None] | None = None) -> Sums:
+    from attnscope.interventions.distributed import accumulate as on_ray
+
+    return on_ray(m, texts, out, SOURCE, SETTINGS, resume, progress, workers=2, threads=1)
+
+
+def _gap(a: Sums, b: Sums) -> float:
+    return float((torch.tensor(a.total) - torch.tensor(b.total)).abs().max())
+
+
+def test_ray_equals_local(ray_runtime: object, tiny_model: Callable[[str], attnscope.Model], sentences: list[str],
+                          tmp_path: Path) -> None:
+    m = tiny_model("bert")  # an encoder: forward-mode gradients of the pooled embedding, the heavier path
+    local = accumulate(m, sentences, tmp_path / "local", SOURCE, SETTINGS)
+    ray = _on_ray(m, sentences, tmp_path / "ray")
+    assert (ray.documents, ray.tokens) == (local.documents, local.tokens)
+    assert ray.documents == 12
+    assert float(torch.tensor(local.total).abs().min()) > 0  # every head has a gradient to compare
+    assert _gap(ray, local) <= TOL
+    saved = json.loads((tmp_path / "ray" / CHECKPOINT).read_text(encoding="utf-8"))
+    assert saved["sums"]["documents"] == 12
+
+
+def test_interrupted_ray_run_resumes(ray_runtime: object, lm_heads: Callable[[str], attnscope.Model],
+                                     sentences: list[str], tmp_path: Path) -> None:
+    """Interrupted on Ray after its first batch, resumed on the local engine (the checkpoint is the same
+    format): the numbers of one uninterrupted local run. A causal LM: reverse-mode loss gradients."""
+    m = lm_heads("gpt2")
+    local = accumulate(m, sentences, tmp_path / "local", SOURCE, SETTINGS)
+
+    def interrupt(documents: int, tokens: int) -> None:
+        raise KeyboardInterrupt  # once the first batch is folded (and checkpointed)
+
+    with pytest.raises(KeyboardInterrupt):
+        _on_ray(m, sentences, tmp_path / "run", progress=interrupt)
+    saved = json.loads((tmp_path / "run" / CHECKPOINT).read_text(encoding="utf-8"))
+    assert saved["sums"]["documents"] == SETTINGS.batch_size
+    seen: list[int] = []
+    resumed = accumulate(m, sentences, tmp_path / "run", SOURCE, SETTINGS, resume=True,
+                         progress=lambda d, t: seen.append(d))
+    assert seen == [8, 12]  # only the two batches the checkpoint did not hold ran
+    assert (resumed.documents, resumed.tokens) == (local.documents, local.tokens)
+    assert _gap(resumed, local) <= TOL
