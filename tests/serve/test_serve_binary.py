@@ -75,3 +75,43 @@ def test_accept_parsing() -> None:
     assert not binary.accepts(None) and not binary.accepts("*/*") and not binary.accepts(f"{binary.MEDIA_TYPE};q=0")
     with pytest.raises(ValueError, match="not an application/x-attnscope-arrays body"):
         binary.decode(b'{"arrays": {}}')
+
+
+def test_float16_is_numpys_float16_of_the_float32_bit_for_bit(http: httpx.Client) -> None:
+    header, exact = binary.decode(trace_of(http, binary.MEDIA_TYPE).content)
+    explicit = binary.decode(trace_of(http, binary.MEDIA_TYPE, precision="float32").content)[1]
+    assert all(explicit[n].tobytes() == exact[n].tobytes() for n in STAGES)  # float32 is the default, exact
+    assert {s["dtype"] for s in header["arrays"].values()} == {"float32"}
+    header, half = binary.decode(trace_of(http, binary.MEDIA_TYPE, precision="float16").content)
+    for name in STAGES:
+        spec = header["arrays"][name]
+        assert spec["dtype"] == "float16" and spec["nbytes"] == 2 * exact[name].size
+        assert half[name].dtype == np.float16 and half[name].tobytes() == exact[name].astype(np.float16).tobytes()
+
+
+def test_uint8_maps_decode_within_half_a_step(http: httpx.Client) -> None:
+    _, exact = binary.decode(trace_of(http, binary.MEDIA_TYPE).content)
+    header, sent = binary.decode(trace_of(http, binary.MEDIA_TYPE, precision="uint8").content)
+    assert header["arrays"]["weights"]["dtype"] == "uint8"
+    spec, w = header["arrays"]["weights"], exact["weights"]  # [layer, head, query, key]
+    scales = np.asarray(spec["scales"]).reshape(w.shape[:-2])
+    assert spec["nbytes"] == w.size and np.array_equal(scales, w.max(axis=(-2, -1)))  # one scale per map
+    step = scales[..., None, None] / 255.0
+    assert (np.abs(sent["weights"].astype(np.float64) - w) <= step / 2 * (1 + 1e-6)).all()
+    assert np.abs(sent["weights"] - w).max() > 0  # it is quantized, not exact
+    for name in ("q", "scores", "context"):  # not the views' maps (scores go below 0): float16
+        assert header["arrays"][name]["dtype"] == "float16"
+        assert sent[name].tobytes() == exact[name].astype(np.float16).tobytes()
+
+
+def test_precision_refusals() -> None:
+    for bad, precision in ((np.full((1, 2, 2), np.nan), "uint8"), (np.full((2, 2), 7e4), "float16")):
+        with pytest.raises(attnscope.AttnscopeError, match=f"precision '{precision}' .* ask for precision 'float32'"):
+            binary.encode({}, {"weights": (bad, ("head", "query", "key")[-bad.ndim:])}, precision)
+
+
+def test_precision_is_for_binary_only_and_validated(http: httpx.Client) -> None:
+    plain, half = trace_of(http, "application/json").json(), trace_of(http, None, precision="uint8").json()
+    assert half["arrays"] == plain["arrays"] and half["arrays"]["weights"]["dtype"] == "float32"  # JSON: float32
+    r = trace_of(http, binary.MEDIA_TYPE, precision="int4")
+    assert r.status_code == 422 and "precision" in r.json()["error"]

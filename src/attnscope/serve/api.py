@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from attnscope.serve.binary import MEDIA_TYPE, PRECISIONS
 from attnscope.serve.fields import ENCODINGS, Field
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAYS, DERIVED
@@ -37,6 +38,7 @@ class TraceRequest:
     encoding: str
     payload: bool
     sources: tuple[str, ...]
+    precision: str = "float32"  # binary arrays only (attnscope.serve.binary.PRECISIONS)
     binary: bool = False  # from the Accept header, not the body: arrays as attnscope.serve.binary
 
 
@@ -95,6 +97,9 @@ def trace_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -
         Field("sources", "array", "More sources for the payload: norm-based attention per head and per layer, "
               "attention rollout, attention flow (slow: seconds beyond 50 tokens, refused beyond 64).",
               default=(), enum=DERIVED, max_length=len(DERIVED)),
+        Field("precision", "string", "The arrays' dtype in a binary response (Accept: "
+              f"{MEDIA_TYPE}): float32 exact, float16, or uint8 with one scale per [query, key] map "
+              "(other arrays float16); JSON arrays are always float32.", default="float32", enum=PRECISIONS),
     ]
 
 

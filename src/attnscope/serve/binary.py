@@ -6,12 +6,19 @@ A client that sends `Accept: application/x-attnscope-arrays` gets one body:
     bytes 8-11   uint32, little-endian: H        the header's length in bytes
     bytes 12-15  zero
     16 .. 16+H   the JSON body (UTF-8, padded with spaces to a multiple of 8 bytes), whose "arrays"
-                 entries carry axes, shape, dtype "float32", encoding "binary", offset and nbytes
-                 instead of "data"
+                 entries carry axes, shape, dtype, encoding "binary", offset and nbytes instead of "data"
+                 (and "scales" when the dtype is "uint8")
     16+H ..      the buffer: each array in C order at its offset (from the buffer's start, a multiple of 8)
 
-Every float32 arrives bit for bit (no text in between), and a browser reads an array without a copy:
-`new Float32Array(body, 16 + H + offset, nbytes / 4)`. Clients that do not ask get JSON, as before.
+The request's "precision" picks the dtype (each array's header says which it got):
+- "float32" (default): every number bit for bit; `new Float32Array(body, 16 + H + offset, nbytes / 4)`.
+- "float16": numpy's float16 of each float32 (round to nearest even), bit for bit.
+- "uint8": the maps the views draw (stages.SOURCES: weights, norms, rollout, flow; all >= 0) as uint8
+  codes with one scale (the max) per [query, key] map, as the views' payload quantizes them
+  (views.payload.quantize): a value is code / 255 * scale, within half a step (scale / 510); "scales" lists
+  them in C order over the axes before query, key. Other arrays (q, scores, ...) travel as float16.
+Values float16 cannot hold (beyond +-65504) and maps uint8 cannot (NaN, below 0) are refused, never clipped.
+Clients that do not ask for the binary form get JSON (float32), as before.
 """
 
 from __future__ import annotations
@@ -22,10 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from attnscope.errors import AttnscopeError
+from attnscope.stages import SOURCES
+from attnscope.views.payload import quantize
+
 MEDIA_TYPE = "application/x-attnscope-arrays"
 MAGIC = b"ATNSARR1"
 PREFIX = 16  # magic, header length, padding
 ALIGN = 8
+PRECISIONS = ("float32", "float16", "uint8")
+_DTYPES = {"float32": "<f4", "float16": "<f2", "uint8": "u1"}
 
 
 def accepts(accept: str | None) -> bool:
@@ -46,15 +59,53 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray, tuple[str, ...]]]) -> bytes:
-    """`body` (without "arrays") and named (array, axes) pairs -> one binary body."""
+def _float16(name: str, a: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # overflow is refused below, by name
+        half = np.asarray(a, dtype="<f4").astype("<f2")
+    if not np.array_equal(np.isfinite(half), np.isfinite(a)):
+        raise AttnscopeError(f"precision 'float16' cannot hold '{name}' (values beyond +-65504): "
+                             "ask for precision 'float32'", parameter="precision")
+    return half
+
+
+def _uint8(name: str, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[..., query, key] -> uint8 codes and one scale per map (shape a.shape[:-2])."""
+    if not (np.isfinite(a).all() and (a >= 0).all()):
+        raise AttnscopeError(f"precision 'uint8' needs finite maps >= 0 and '{name}' has NaN, infinite or "
+                             "negative values: ask for precision 'float32'", parameter="precision")
+    maps = np.asarray(a, dtype="<f4").reshape(-1, 1, *a.shape[-2:])  # [map, 1, query, key]
+    codes, scales = quantize(maps)  # [map, 1, query, key], [map, 1]
+    return codes.reshape(a.shape), scales.reshape(a.shape[:-2])
+
+
+def pack(name: str, a: np.ndarray, axes: tuple[str, ...], precision: str) -> tuple[bytes, dict[str, Any]]:
+    """One array at a precision -> its bytes and its header entry (without offset)."""
+    spec: dict[str, Any] = {"axes": list(axes), "shape": list(a.shape)}
+    if precision == "uint8" and name in SOURCES and tuple(axes[-2:]) == ("query", "key"):
+        codes, scales = _uint8(name, a)
+        spec |= {"dtype": "uint8", "scales": [float(s) for s in scales.ravel()]}
+        data = codes.tobytes()
+    elif precision in ("float16", "uint8"):
+        spec["dtype"] = "float16"
+        data = _float16(name, a).tobytes()
+    else:
+        spec["dtype"] = "float32"
+        data = np.ascontiguousarray(a, dtype="<f4").tobytes()
+    return data, spec | {"encoding": "binary", "nbytes": len(data)}
+
+
+def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray, tuple[str, ...]]],
+           precision: str = "float32") -> bytes:
+    """`body` (without "arrays") and named (array, axes) pairs -> one binary body at `precision`."""
+    if precision not in PRECISIONS:
+        raise AttnscopeError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}",
+                             parameter="precision")
     parts: list[bytes] = []
     described: dict[str, Any] = {}
     at = 0
     for name, (a, axes) in arrays.items():
-        data = np.ascontiguousarray(a, dtype="<f4").tobytes()
-        described[name] = {"axes": list(axes), "shape": list(a.shape), "dtype": "float32", "encoding": "binary",
-                           "offset": at, "nbytes": len(data)}
+        data, spec = pack(name, a, axes, precision)
+        described[name] = spec | {"offset": at}
         parts += [data, b"\0" * _pad(len(data))]
         at += len(data) + _pad(len(data))
     header = json.dumps({**body, "arrays": described}, ensure_ascii=False, allow_nan=False,
@@ -63,8 +114,17 @@ def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray, tuple[str, 
     return MAGIC + struct.pack("<II", len(header), 0) + header + b"".join(parts)
 
 
+def unpack(chunk: bytes, spec: dict[str, Any]) -> np.ndarray:
+    """One array's bytes -> float32 or float16 as sent, uint8 decoded to float32 (code / 255 * scale)."""
+    a = np.frombuffer(chunk, dtype=_DTYPES[spec["dtype"]]).reshape(spec["shape"])
+    if spec["dtype"] != "uint8":
+        return a
+    scales = np.asarray(spec["scales"], dtype=np.float64).reshape(*spec["shape"][:-2], 1, 1)
+    return (a.astype(np.float64) / 255.0 * scales).astype(np.float32)
+
+
 def decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """A binary body -> (its JSON header, each array as float32 with its shape); for Python clients and tests."""
+    """A binary body -> (its JSON header, each array with its shape); for Python clients and tests."""
     if data[:8] != MAGIC or len(data) < PREFIX:
         raise ValueError(f"not an {MEDIA_TYPE} body (it starts with {data[:8]!r})")
     (size,) = struct.unpack_from("<I", data, 8)
@@ -72,6 +132,5 @@ def decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     start = PREFIX + size
     arrays = {}
     for name, spec in header["arrays"].items():
-        chunk = data[start + spec["offset"]:start + spec["offset"] + spec["nbytes"]]
-        arrays[name] = np.frombuffer(chunk, dtype="<f4").reshape(spec["shape"])
+        arrays[name] = unpack(data[start + spec["offset"]:start + spec["offset"] + spec["nbytes"]], spec)
     return header, arrays

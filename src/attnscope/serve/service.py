@@ -90,7 +90,7 @@ class Service:
             payload_json = views_payload(e, tuple(s for s in DERIVED if s in req.sources)) if req.payload else b""
         finally:
             self.cache.fit()  # the entry grew: derived arrays, a payload
-        self.budget.validate(arrays, "binary" if req.binary else req.encoding, len(payload_json))
+        self.budget.validate(arrays, f"binary {req.precision}" if req.binary else req.encoding, len(payload_json))
         checkpoint(stop)
         body: dict[str, Any] = {
             "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
@@ -98,7 +98,7 @@ class Service:
         }
         if req.binary:  # Accept: application/x-attnscope-arrays (attnscope.serve.binary)
             extra = {"payload": json.loads(payload_json)} if req.payload else {}
-            return binary.encode(body | extra, {s: (a, ARRAY_AXES[s]) for s, a in arrays.items()})
+            return binary.encode(body | extra, {s: (a, ARRAY_AXES[s]) for s, a in arrays.items()}, req.precision)
         body["arrays"] = {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
         out = to_json(body)
         return out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
@@ -160,7 +160,8 @@ class Budget:
             raise AttnscopeError(f"encoding 'list' is limited to {self.max_list_values} numbers per response and "
                                  f"these arrays hold {values}: use encoding 'base64', fewer stages or a smaller "
                                  "max_length", parameter="encoding")
-        size = extra + values * {"list": _LIST_BYTES, "binary": 4}.get(encoding, _BASE64_BYTES)
+        per_value = {"list": _LIST_BYTES, "binary float32": 4, "binary float16": 2, "binary uint8": 2}  # uint8: maps 1
+        size = extra + values * per_value.get(encoding, _BASE64_BYTES)
         if size > self.max_bytes:
             raise AttnscopeError(f"the response would be about {size / 2**20:.0f} MiB, over the server's limit of "
                                  f"{self.max_bytes / 2**20:.0f} MiB: ask for fewer stages or a smaller max_length")
