@@ -53,8 +53,27 @@ def test_generate_streams_each_token_then_the_view(gen_server: Server, decoder_d
     assert done["steps"][4]["keys"] == expected.query_position(4) + 1
 
 
+def test_sampling_with_a_seed_equals_the_api(gen_server: Server, decoder_dir: Path) -> None:
+    sampling = {"temperature": 1.5, "top_k": 50, "top_p": 0.9, "seed": 3}
+    with gen_server.client() as c:
+        r = c.post("/api/generate", json={"prompt": PROMPT, "max_new_tokens": 6, **sampling})
+    assert r.status_code == 200, r.text
+    events = [json.loads(line) for line in r.text.splitlines() if line]
+    expected = generate(PROMPT, model=str(decoder_dir), max_new_tokens=6, **sampling)  # type: ignore[arg-type]
+    greedy = generate(PROMPT, model=str(decoder_dir), max_new_tokens=6)
+    pieces = [e["piece"] for e in events if e["event"] == "token"]
+    assert pieces == [s.piece for s in expected.steps]
+    assert pieces != [s.piece for s in greedy.steps]  # it really sampled (random weights: a flat distribution)
+    assert events[-1]["settings"] == expected.settings and events[-1]["check"]["ok"]
+
+
 @pytest.mark.parametrize(("body", "status", "message"), [
     ({"prompt": PROMPT, "max_new_tokens": 65}, 422, "max_new_tokens"),
+    ({"prompt": PROMPT, "temperature": 0}, 422, "field 'temperature' must be above 0"),
+    ({"prompt": PROMPT, "temperature": True}, 422, "field 'temperature' must be a number"),
+    ({"prompt": PROMPT, "top_p": 1.5}, 422, "field 'top_p' must be above 0 and at most 1"),
+    ({"prompt": PROMPT, "top_k": 0}, 422, "field 'top_k' must be from 1"),
+    ({"prompt": PROMPT, "seed": -1}, 422, "field 'seed' must be from 0"),
     ({"prompt": PROMPT, "model": "minilm"}, 422, "is an encoder and cannot generate"),
     ({"prompt": "word " * 40}, 422, "over this server's limit of 32"),
     ({"prompt": " "}, 422, "field 'prompt' is empty"),

@@ -31,13 +31,14 @@ class Field:
     """One JSON body field: its type, bounds, default and the words a client reads."""
 
     name: str
-    type: str  # "string" | "integer" | "boolean" | "array" (of strings)
+    type: str  # "string" | "integer" | "number" | "boolean" | "array" (of strings)
     description: str
     required: bool = False
     nullable: bool = False
     default: Any = None
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: float | None = None  # integers and numbers
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # numbers: the minimum itself is refused (a temperature of 0)
     max_length: int | None = None  # strings: characters; arrays: items
     enum: tuple[str, ...] | None = None  # strings, or the items of an array
 
@@ -56,6 +57,8 @@ class Field:
         for key, value in (("minimum", self.minimum), ("maximum", self.maximum)):
             if value is not None:
                 s[key] = value
+        if self.exclusive_minimum:
+            s["exclusiveMinimum"] = True  # OpenAPI 3.0: a flag on minimum
         if self.max_length is not None:
             s["maxItems" if self.type == "array" else "maxLength"] = self.max_length
         if self.nullable:
@@ -74,6 +77,8 @@ class Field:
             return self._string(value)
         if self.type == "integer":
             return self._integer(value)
+        if self.type == "number":
+            return self._number(value)
         if self.type == "boolean":
             if not isinstance(value, bool):
                 raise self._bad("must be true or false", value)
@@ -108,6 +113,21 @@ class Field:
             span = f"from {self.minimum}" + ("" if self.maximum is None else f" to {self.maximum}")
             raise self._bad(f"must be {span}", value)
         return value
+
+    def _number(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._bad("must be a number", value)
+        number = float(value)
+        if not math.isfinite(number):
+            raise self._bad("must be a finite number", None)
+        low = -math.inf if self.minimum is None else self.minimum
+        high = math.inf if self.maximum is None else self.maximum
+        if number < low or number > high or (self.exclusive_minimum and number == low):
+            joint = "and at most" if self.exclusive_minimum else "to"
+            upper = "" if self.maximum is None else f" {joint} {self.maximum}"
+            span = f"{'above' if self.exclusive_minimum else 'from'} {self.minimum}{upper}"
+            raise self._bad(f"must be {span}", value)
+        return number
 
     def _array(self, value: Any) -> tuple[str, ...]:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

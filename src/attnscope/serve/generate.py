@@ -27,6 +27,8 @@ from attnscope.serve.settings import Settings
 
 MAX_NEW_TOKENS = 64  # per request
 NDJSON = "application/x-ndjson"
+MAX_TEMPERATURE = 100.0
+MAX_TOP_K = 1000
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,10 @@ class GenerateRequest:
     prompt: str
     model: str | None
     max_new_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
 
 
 def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
@@ -41,8 +47,16 @@ def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("prompt", "string", "The text to continue.", required=True, max_length=settings.max_chars),
         Field("model", "string", "A decoder this server serves (GET /api/models); null for the default.",
               nullable=True, enum=tuple(models)),
-        Field("max_new_tokens", "integer", "At most this many new tokens (greedy; stops at end of sequence).",
+        Field("max_new_tokens", "integer", "At most this many new tokens (stops at end of sequence).",
               default=16, minimum=1, maximum=MAX_NEW_TOKENS),
+        Field("temperature", "number", "Sample at this temperature (null: greedy unless top_k or top_p is set).",
+              nullable=True, minimum=0, exclusive_minimum=True, maximum=MAX_TEMPERATURE),
+        Field("top_k", "integer", "Sample from the k most probable tokens only (null: all).", nullable=True,
+              minimum=1, maximum=MAX_TOP_K),
+        Field("top_p", "number", "Sample from the smallest set of tokens whose probability reaches p (null: all).",
+              nullable=True, minimum=0, exclusive_minimum=True, maximum=1),
+        Field("seed", "integer", "Seed of the sampling, for a repeatable result (the same as attnscope.generate's).",
+              nullable=True, minimum=0, maximum=2**32 - 1),
     ]
 
 
@@ -67,7 +81,8 @@ def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[
 
     with service.model_lock(m):
         checkpoint(stop)
-        g = generate(req.prompt, model=m, max_new_tokens=req.max_new_tokens, on_token=on_token)
+        g = generate(req.prompt, model=m, max_new_tokens=req.max_new_tokens, temperature=req.temperature,
+                     top_k=req.top_k, top_p=req.top_p, seed=req.seed, on_token=on_token)
     return {"event": "done", **generation_payload(g)}
 
 
