@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_model_args, print_json
+from attnscope.cli.common import add_model_args, model_of, print_json
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
     p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
-    add_model_args(p)
+    add_model_args(p, placement=True)
     p.add_argument("--batch-size", type=int, default=32, metavar="N", help="documents per batch (default 32)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="read only the first N documents")
     p.add_argument("--word-level", action="store_true",
@@ -90,6 +90,8 @@ def _runner(args: argparse.Namespace) -> Callable[..., RunResult]:
     """`attnscope.stats.run`, or the Ray engine's bound to the cluster options (a missing Ray is reported here,
     before any model loads). Workers load a hub name or the bundled model themselves; a local checkpoint
     directory is shipped from this process."""
+    if args.engine == "ray" and (args.device is not None or args.dtype is not None):
+        raise AttnscopeError("--device and --dtype place the model of a local run: drop them with --engine ray")
     if args.engine != "ray":
         if args.address is not None or args.workers is not None:
             raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
@@ -107,14 +109,13 @@ def _runner(args: argparse.Namespace) -> Callable[..., RunResult]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from attnscope.models import load_model
     from attnscope.stats.outputs import write_outputs
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
     settings = settings_of(args)
     run = _runner(args)
-    model = load_model(args.model)
+    model = model_of(args)
     bar = None if args.no_progress else _progress_bar(source, settings.limit)
     try:
         try:

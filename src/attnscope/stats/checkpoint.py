@@ -43,8 +43,12 @@ def identity(model: Model, source: Source, settings: Settings, metrics: Sequence
     metrics (e.g. the "norms" set adds some), so the remaining batches are the same and every metric
     counts every document. JSON-able."""
     values = settings.to_json()
-    return {"model": model.name, "source": source.describe(), "settings": {k: values[k] for k in guarded()},
-            "metrics": list(metrics)}
+    found = {"model": model.name, "source": source.describe(), "settings": {k: values[k] for k in guarded()},
+             "metrics": list(metrics)}
+    dtype = str(model.dtype).removeprefix("torch.")
+    if dtype != "float32":  # another --dtype gives other numbers (float32 checkpoints stay as they were)
+        found["dtype"] = dtype
+    return found
 
 
 def save(outdir: str | os.PathLike[str], identity: dict[str, Any], state: StatsState, position: Position,

@@ -86,7 +86,7 @@ class _BatchRecorder:
             word = maps["weights"] if self.batch.unit_maps is self.batch.word_maps and "weights" in maps else None
             if word is None:
                 assert self.batch.word_maps is not None
-                word = self.batch.word_maps.apply(call.weights.detach())
+                word = self.batch.word_maps.apply(on_cpu(call.weights))
             self.syntax_hits.append(syn.layer_hits(word, self.syntax))
         self.layer += 1
 
@@ -95,10 +95,16 @@ class _BatchRecorder:
         self.ok[metric.name] = ok
 
     def _units(self, token_maps: torch.Tensor) -> torch.Tensor:
-        maps = token_maps.detach()
+        maps = on_cpu(token_maps)
         if self.batch.unit_maps is not None:
             maps = self.batch.unit_maps.apply(maps)
         return clean(maps, self.batch.units)
+
+
+def on_cpu(maps: torch.Tensor) -> torch.Tensor:
+    """Maps as the statistics read them: float32 on the CPU (the tensor itself on a CPU float32 model;
+    a model on another --device or --dtype has its maps widened there, never renormalised)."""
+    return maps.detach().to("cpu", torch.float32)
 
 
 def computation(model: Model, settings: Settings) -> Computation:
@@ -130,7 +136,7 @@ def run_batch(model: Model, batch: Batch, state: StatsState, settings: Settings)
         part.syntax = syn.SyntaxCounts(state.layers, state.heads)
     rec = _BatchRecorder(model, batch, comp, part.syntax)
     with torch.inference_mode(), recording(model.model, rec):
-        model.model(**batch.inputs)
+        model.model(**{k: v.to(model.device) for k, v in batch.inputs.items()})
     if rec.layer != state.layers:
         raise AttnscopeError(f"saw {rec.layer} attention calls for a model of {state.layers} layers")
     names = list(rec.values)
