@@ -159,8 +159,9 @@ def throughput(args: argparse.Namespace) -> None:
 
 def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
     """--part binary (issue 16): /api/trace's weights at 256 tokens as base64 JSON and as binary
-    (Accept: application/x-attnscope-arrays): response bytes, and new-text requests/s vs in-process traces."""
-    from attnscope.serve.binary import MEDIA_TYPE
+    (Accept: application/x-attnscope-arrays) at each "precision": response bytes, and new-text requests/s
+    vs in-process traces."""
+    from attnscope.serve.binary import MEDIA_TYPE, PRECISIONS
 
     torch.set_num_threads(1)
     logging.getLogger("attnscope").setLevel(logging.ERROR)
@@ -169,9 +170,10 @@ def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
     try:
         base = in_process(texts_of(args.requests, tokens, model.tokenizer, 0), tokens, model)
         rates, sizes = {}, {}
-        for i, (name, accept) in enumerate((("json", "application/json"), ("binary", MEDIA_TYPE))):
-            bodies = [{"text": t, "max_length": tokens} for t in texts_of(args.requests, tokens, model.tokenizer,
-                                                                          3000 + 1000 * i)]
+        forms = [("json", "application/json", "float32")] + [(p, MEDIA_TYPE, p) for p in PRECISIONS]
+        for i, (name, accept, precision) in enumerate(forms):
+            bodies = [{"text": t, "max_length": tokens, "precision": precision}
+                      for t in texts_of(args.requests, tokens, model.tokenizer, 3000 + 1000 * i)]
             with httpx.Client(base_url=url, timeout=300, headers={"accept": accept},
                               limits=httpx.Limits(max_connections=args.clients)) as client:
                 sizes[name] = len(client.post("/api/trace", json=bodies[0]).content)
