@@ -272,10 +272,19 @@ def _encode_prompt(m: Model, prompt: str, max_new_tokens: int) -> tuple[list[Tok
     enc = encode(m.tokenizer, [prompt], None, max_length=m.max_positions, truncate=False)
     n = len(enc.tokens[0])
     if n + max_new_tokens > m.max_positions:
+        # Dynamic RoPE could go on, but past the limit it rotates each step's new keys with new frequencies
+        # while the cache keeps the old ones: neither a recompute with one set nor a no-cache pass matches.
+        why = " (dynamic RoPE: past them the cached keys keep older rotations, not verifiable)" \
+            if _rope_type(m) == "dynamic" else ""
         raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: the prompt has {n} tokens and "
-                             f"{m.name} reads at most {m.max_positions} positions, so use at most "
+                             f"{m.name} reads at most {m.max_positions} positions{why}, so use at most "
                              f"{m.max_positions - n}", parameter="max_new_tokens")
     return enc.tokens[0], {k: v for k, v in enc.inputs.items() if k in ("input_ids", "attention_mask")}
+
+
+def _rope_type(m: Model) -> str | None:
+    rp = getattr(m.model.config, "rope_parameters", None) or getattr(m.model.config, "rope_scaling", None)
+    return str(rp.get("rope_type")) if isinstance(rp, dict) and "rope_type" in rp else None
 
 
 def _pad_id(m: Model) -> int | None:
@@ -298,7 +307,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
             "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
             "d_model": int(layers["x"][0].shape[-1])}
-    scaling = [float(s) for s in _scalings(m, n_layers)]
+    scaling = [float(s) for s in _scalings(m, n_layers, len(prompt_tokens) + n_steps)]
     tr = Trace(info, prompt, None, [*prompt_tokens, *new], trace_arrays(arrays), scaling)
     if verify:
         from attnscope.generate_check import verify_generation
@@ -311,10 +320,10 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     return GenerationTrace(prompt, tr, prompt_tokens, steps.steps[:n_steps], completion, settings, stopped)
 
 
-def _scalings(m: Model, n_layers: int) -> list[float]:
+def _scalings(m: Model, n_layers: int, n_positions: int) -> list[float]:
     from attnscope.recompute import layer_params
 
-    params = layer_params(m.model)
+    params = layer_params(m.model, n_positions=n_positions)  # the final sequence: dynamic RoPE depends on it
     if params is not None:
         return [p.scaling for p in params]
     mods = attention_modules(m.model)
