@@ -11,7 +11,7 @@ import httpx
 import pytest
 import torch
 import transformers as T
-from serve_support import Server, start_server
+from serve_support import ARTIFACTS, Server, start_server
 
 import attnscope
 from attnscope.generating import generate
@@ -128,6 +128,15 @@ def test_page_generates_live_and_stops(gen_server: Server, decoder_dir: Path) ->
                               ".map((t) => t.textContent)")
         status = page.text_content("#sv-gen-status")
 
+        page.evaluate("() => { window.seen.live = []; }")  # sampled, with a seed
+        for field, value in (("temperature", "1.5"), ("top-p", "0.9"), ("seed", "3")):
+            page.fill(f"#sv-gen-{field}", value)
+        page.click("#sv-gen-go")
+        page.wait_for_selector("#sv-gen-view[data-state=done]", timeout=60_000)
+        sampled = page.evaluate("() => window.seen.live")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "generate-panel.png"), full_page=True)
+
         page.evaluate("() => { window.seen.live = []; window.seen.stopAfter = 1; }")  # Stop at the first token
         page.fill("#sv-gen-max", "64")
         page.click("#sv-gen-go")
@@ -140,7 +149,9 @@ def test_page_generates_live_and_stops(gen_server: Server, decoder_dir: Path) ->
     assert shown[expected.prompt_length:] == [s.text for s in expected.steps]
     assert shown[:expected.prompt_length] == [t.text for t in expected.prompt_tokens]
     assert "✓ verified" in status and "6 tokens" in status, status
-    assert stopped == [expected.steps[0].piece] and stop_status.startswith("stopped after 1 token"), stop_status
+    assert sampled == [s.piece for s in generate(PROMPT, model=str(decoder_dir), max_new_tokens=6, temperature=1.5,
+                                                 top_p=0.9, seed=3).steps]
+    assert stopped == [sampled[0]] and stop_status.startswith("stopped after 1 token"), stop_status
     assert errors == []
     assert requests and all(r.startswith(gen_server.url) for r in requests), requests
     assert "api/generate" in {r.removeprefix(gen_server.url) for r in requests}

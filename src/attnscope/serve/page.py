@@ -74,6 +74,12 @@ def _generate_panel(max_chars: int, max_new_tokens: int) -> str:
 <label for="sv-gen-model">Decoder<select id="sv-gen-model"></select></label>
 <label for="sv-gen-max">Max new tokens<input type="number" id="sv-gen-max" min="1" max="{max_new_tokens}"
   value="16" required></label>
+<label for="sv-gen-temperature" title="empty: greedy">Temperature<input type="number" id="sv-gen-temperature"
+  min="0" max="100" step="any" placeholder="greedy"></label>
+<label for="sv-gen-top-p" title="empty: all tokens">Top p<input type="number" id="sv-gen-top-p" min="0" max="1"
+  step="any" placeholder="1"></label>
+<label for="sv-gen-seed" title="the same seed writes the same text">Seed<input type="number" id="sv-gen-seed"
+  min="0" max="4294967295" step="1" placeholder="none"></label>
 <button type="submit" id="sv-gen-go">Generate</button>
 <button type="button" id="sv-gen-stop" disabled>Stop</button>
 <span id="sv-gen-status" class="sv-gen-status" role="status" aria-live="polite"></span>

@@ -271,6 +271,14 @@
     return count + (e.event === "token" ? 1 : 0);
   }
 
+  // The request: empty sampling fields are null (greedy unless temperature or top p is given).
+  function generateRequest() {
+    const number = (id) => ($(id).value.trim() === "" ? null : Number($(id).value));
+    return { prompt: $("sv-gen-prompt").value, model: $("sv-gen-model").value || null,
+             max_new_tokens: Number($("sv-gen-max").value), temperature: number("sv-gen-temperature"),
+             top_p: number("sv-gen-top-p"), seed: number("sv-gen-seed") };
+  }
+
   async function generate(event) {
     event.preventDefault();
     if (generation) generation.abort.abort();
@@ -284,8 +292,7 @@
     let count = 0;
     try {
       const response = await fetch("/api/generate", { method: "POST", signal: abort.signal,
-        headers: { "Content-Type": "application/json" }, body: JSON.stringify({ prompt: $("sv-gen-prompt").value,
-          model: $("sv-gen-model").value || null, max_new_tokens: Number($("sv-gen-max").value) }) });
+        headers: { "Content-Type": "application/json" }, body: JSON.stringify(generateRequest()) });
       if (!response.ok) {
         const data = await response.json().catch(() => null);
         throw new Error((data && data.error) || `/api/generate answered HTTP ${response.status}`);
