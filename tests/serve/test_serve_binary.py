@@ -115,3 +115,15 @@ def test_precision_is_for_binary_only_and_validated(http: httpx.Client) -> None:
     assert half["arrays"] == plain["arrays"] and half["arrays"]["weights"]["dtype"] == "float32"  # JSON: float32
     r = trace_of(http, binary.MEDIA_TYPE, precision="int4")
     assert r.status_code == 422 and "precision" in r.json()["error"]
+
+
+def test_uint8_derived_maps_have_one_scale_per_map(http: httpx.Client) -> None:
+    body = {"text": TEXT, "stages": ["rollout", "flow"]}  # [layer, query, key] and one [query, key]
+    exact = binary.decode(http.post("/api/trace", json=body, headers={"accept": binary.MEDIA_TYPE}).content)[1]
+    header, sent = binary.decode(http.post("/api/trace", json=body | {"precision": "uint8"},
+                                           headers={"accept": binary.MEDIA_TYPE}).content)
+    for name, x in exact.items():
+        spec = header["arrays"][name]
+        scales = np.asarray(spec["scales"]).reshape(*x.shape[:-2], 1, 1)
+        assert spec["dtype"] == "uint8" and len(spec["scales"]) == int(np.prod(x.shape[:-2]))
+        assert (np.abs(sent[name].astype(np.float64) - x) <= scales / 510 * (1 + 1e-6)).all()
