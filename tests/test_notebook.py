@@ -34,6 +34,9 @@ def test_notebook_executes_quietly_and_its_checks_pass(runner: ModuleType) -> No
     assert "attnscope's toy example matches the hand computation" in out
     assert "embeddings from scratch vs the layer-0 attention input" in out
     assert "maths.attention vs scaled_dot_attention" in out and "ok: True" in out and "verified: True" in out
+    assert "query head 5 reads k/v head 1, which query heads [3, 4, 5] share" in out  # SmolLM2's grouped-query
+    assert "SmolLM2 q        vs the model's forward pass" in out  # the rotation: its q, k and weights are asserted
+    assert "SmolLM2 weights  vs the model's forward pass" in out
     assert not NOISE.search(out), NOISE.search(out)
     stderr = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("name") == "stderr"]
     assert stderr == []  # nothing on stderr either: no warnings, no progress bars
