@@ -35,7 +35,7 @@ chromium:
 test: $(STAMP) chromium dist
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q --wheel-dir dist
+	$(BIN)/python -m pytest -q tests --wheel-dir dist
 
 # sdist and wheel in dist/ (the views' and the web app's assets are inside the wheel)
 dist: $(STAMP)
