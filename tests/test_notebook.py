@@ -37,6 +37,7 @@ def test_notebook_executes_quietly_and_its_checks_pass(runner: ModuleType) -> No
     assert "query head 5 reads k/v head 1, which query heads [3, 4, 5] share" in out  # SmolLM2's grouped-query
     assert "SmolLM2 q        vs the model's forward pass" in out  # the rotation: its q, k and weights are asserted
     assert "SmolLM2 weights  vs the model's forward pass" in out
+    assert "head 23.4 removed: p(' Paris') " in out  # the ablation cell
     assert not NOISE.search(out), NOISE.search(out)
     stderr = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("name") == "stderr"]
     assert stderr == []  # nothing on stderr either: no warnings, no progress bars
