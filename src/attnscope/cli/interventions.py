@@ -77,6 +77,12 @@ def _register_importance(sub: Any) -> None:
                    help="documents for the pruning curve and the one-head ablations (default 16)")
     p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
                    help="write a checkpoint every N batches (default 10)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="compute the gradients here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
+    p.add_argument("--address", metavar="ADDR",
+                   help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="--engine ray: worker processes, each holding the model once (default: one per node)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
     p.set_defaults(func=run_importance)
@@ -234,11 +240,31 @@ class _Texts:
         return (doc.text for doc in self.source)
 
 
+def _importance_engine(args: argparse.Namespace) -> Any:
+    """importance.accumulate, or the Ray engine's bound to the cluster options (a missing Ray is reported
+    here, before the model loads)."""
+    from attnscope.interventions.importance import accumulate
+
+    if args.engine != "ray":
+        if args.address is not None or args.workers is not None:
+            raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
+        return accumulate
+    import functools
+
+    from attnscope.interventions import distributed
+    from attnscope.stats.distributed import require_ray
+
+    require_ray("--engine ray")
+    return functools.partial(distributed.accumulate, address=args.address, workers=args.workers)
+
+
 def run_importance(args: argparse.Namespace) -> int:
     for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample),
-                        ("--checkpoint-every", args.checkpoint_every), ("--limit", args.limit or 1)):
+                        ("--checkpoint-every", args.checkpoint_every), ("--limit", args.limit or 1),
+                        ("--workers", args.workers or 1)):
         if value < 1:
             raise AttnscopeError(f"{flag} must be at least 1, got {value}")
+    engine = _importance_engine(args)
     from tqdm import tqdm
 
     from attnscope.interventions.importance import ImportanceSettings
@@ -257,7 +283,8 @@ def run_importance(args: argparse.Namespace) -> int:
 
     try:
         try:
-            r = importance(m, _Texts(source), args.output, source.describe(), settings, args.resume, progress)
+            r = importance(m, _Texts(source), args.output, source.describe(), settings, args.resume, progress,
+                           engine=engine)
         finally:
             if bar is not None:
                 bar.close()
