@@ -98,3 +98,16 @@ def test_interrupted_ray_run_resumes(ray_runtime: object, lm_heads: Callable[[st
     assert seen == [8, 12]  # only the two batches the checkpoint did not hold ran
     assert (resumed.documents, resumed.tokens) == (local.documents, local.tokens)
     assert _gap(resumed, local) <= TOL
+
+
+@pytest.mark.parametrize(("flags", "says"), [(("--workers", "2"), "add --engine ray"),
+                                             (("--engine", "ray", "--workers", "0"), "--workers must be at least 1")])
+def test_cli_cluster_flags_are_validated(ud_dev: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         flags: tuple[str, ...], says: str) -> None:
+    from attnscope.cli.main import main
+
+    code = main(["importance", str(ud_dev), "-o", str(tmp_path / "out"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert says in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()  # refused before any model loads or directory is made

@@ -260,9 +260,9 @@ def _importance_engine(args: argparse.Namespace) -> Any:
 
 def run_importance(args: argparse.Namespace) -> int:
     for flag, value in (("--batch-size", args.batch_size), ("--sample", args.sample),
-                        ("--checkpoint-every", args.checkpoint_every), ("--limit", args.limit or 1),
-                        ("--workers", args.workers or 1)):
-        if value < 1:
+                        ("--checkpoint-every", args.checkpoint_every), ("--limit", args.limit),
+                        ("--workers", args.workers)):
+        if value is not None and value < 1:  # None: not given (--limit, --workers)
             raise AttnscopeError(f"{flag} must be at least 1, got {value}")
     engine = _importance_engine(args)
     from tqdm import tqdm
