@@ -37,16 +37,18 @@ IN_FLIGHT = 2  # batches queued per worker: one running, one waiting
 class ImportanceWorker:
     """One model per process; each call returns one batch's (documents, tokens, sum |gradient| [layer, head])."""
 
-    def __init__(self, model: list[Any], threads: int):
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.model: Model | None = None
+
+    def run(self, model: list[Any], chunk: list[str], settings: ImportanceSettings) -> tuple[int, int, torch.Tensor]:
+        """model: [ObjectRef of the Model], fetched at the first call (again after Ray restarts this worker):
+        no object-store argument in the constructor, whose loss would make a restart fail."""
         import ray
 
-        torch.set_num_threads(threads)
-        # the Model comes as [ObjectRef]: fetched here, so a worker Ray restarts fetches it again
-        self.model = load_model(ray.get(model[0]))
-        self.kind = kind_of(self.model)
-
-    def run(self, chunk: list[str], settings: ImportanceSettings) -> tuple[int, int, torch.Tensor]:
-        tokens, grad = batch_gradients(self.model, self.kind, chunk, settings)
+        if self.model is None:
+            self.model = load_model(ray.get(model[0]))
+        tokens, grad = batch_gradients(self.model, kind_of(self.model), chunk, settings)
         return len(chunk), tokens, grad
 
 
@@ -99,10 +101,10 @@ def _accumulate(m: Model, texts: Iterable[str], out: Path, source: dict[str, Any
     fold = Fold(start(out, ident, resume, m.n_layers, m.n_heads), out, ident, settings.checkpoint_every)
     plan = shape(workers, threads)
     remote = ray.remote(max_restarts=RESTARTS, max_task_retries=TASK_RETRIES)(ImportanceWorker)
-    shipped = [ray.put(m)]  # held by the driver for the run: a restarted worker fetches it again
-    actors: list[Any] = [remote.options(num_cpus=plan.cpus).remote(shipped, plan.threads) for _ in range(plan.workers)]
+    shipped = [ray.put(m)]  # in a list, so Ray passes the reference and the worker fetches it once
+    actors: list[Any] = [remote.options(num_cpus=plan.cpus).remote(plan.threads) for _ in range(plan.workers)]
     try:
-        _drive(actors, fold, pending(texts, fold.sums, settings), ray.put(settings), progress)
+        _drive(actors, fold, pending(texts, fold.sums, settings), (shipped, ray.put(settings)), progress)
     except KeyboardInterrupt:
         save(out, ident, fold.sums)
         raise
@@ -115,14 +117,14 @@ def _accumulate(m: Model, texts: Iterable[str], out: Path, source: dict[str, Any
     return fold.sums
 
 
-def _drive(actors: list[Any], fold: Fold, chunks: Iterable[list[str]], settings: Any,
+def _drive(actors: list[Any], fold: Fold, chunks: Iterable[list[str]], shared: tuple[list[Any], Any],
            progress: Callable[[int, int], None] | None) -> None:
     """Keep IN_FLIGHT batches on every worker (round robin) until the batches run out; fold results as they come."""
     jobs: dict[Any, int] = {}
     for n, chunk in enumerate(chunks):
         while len(jobs) >= IN_FLIGHT * len(actors):
             _collect(jobs, fold, progress)
-        jobs[actors[n % len(actors)].run.remote(chunk, settings)] = n
+        jobs[actors[n % len(actors)].run.remote(shared[0], chunk, shared[1])] = n  # shared: ([model ref], settings)
     while jobs:
         _collect(jobs, fold, progress)
 
