@@ -90,12 +90,12 @@ def test_interrupted_ray_run_resumes(ray_runtime: object, lm_heads: Callable[[st
 
     with pytest.raises(KeyboardInterrupt):
         _on_ray(m, sentences, tmp_path / "run", progress=interrupt)
-    saved = json.loads((tmp_path / "run" / CHECKPOINT).read_text(encoding="utf-8"))
-    assert saved["sums"]["documents"] == SETTINGS.batch_size
+    kept = json.loads((tmp_path / "run" / CHECKPOINT).read_text(encoding="utf-8"))["sums"]["documents"]
+    assert kept in (4, 8)  # the first folded prefix: batch 0, or batches 0 and 1 if batch 1 finished first
     seen: list[int] = []
     resumed = accumulate(m, sentences, tmp_path / "run", SOURCE, SETTINGS, resume=True,
                          progress=lambda d, t: seen.append(d))
-    assert seen == [8, 12]  # only the two batches the checkpoint did not hold ran
+    assert seen == list(range(kept + 4, 13, 4))  # only the batches the checkpoint did not hold ran
     assert (resumed.documents, resumed.tokens) == (local.documents, local.tokens)
     assert _gap(resumed, local) <= TOL
 

@@ -105,8 +105,8 @@ def _accumulate(m: Model, texts: Iterable[str], out: Path, source: dict[str, Any
     actors: list[Any] = [remote.options(num_cpus=plan.cpus).remote(plan.threads) for _ in range(plan.workers)]
     try:
         _drive(actors, fold, pending(texts, fold.sums, settings), (shipped, ray.put(settings)), progress)
-    except KeyboardInterrupt:
-        save(out, ident, fold.sums)
+    except (KeyboardInterrupt, AttnscopeError):
+        save(out, ident, fold.sums)  # the folded prefix: what a resume continues from
         raise
     finally:
         for a in actors:
@@ -131,7 +131,7 @@ def _drive(actors: list[Any], fold: Fold, chunks: Iterable[list[str]], shared: t
 
 def _collect(jobs: dict[Any, int], fold: Fold, progress: Callable[[int, int], None] | None) -> None:
     import ray
-    from ray.exceptions import RayTaskError
+    from ray.exceptions import RayActorError, RayTaskError
 
     (ref,), _ = ray.wait(list(jobs), num_returns=1)
     n = jobs.pop(ref)
@@ -144,5 +144,8 @@ def _collect(jobs: dict[Any, int], fold: Fold, progress: Callable[[int, int], No
         first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
         raise AttnscopeError(f"a Ray worker failed on batch {n}: {type(cause).__name__}: {first}; "
                              "run again with resume=True") from None
+    except RayActorError as exc:  # Ray's restarts of that worker are used up
+        raise AttnscopeError(f"the Ray worker of batch {n} died ({type(exc).__name__}): see the Ray logs "
+                             "(e.g. out of memory), then run again with resume=True") from None
     if folded and progress is not None:  # progress counts what a resume keeps: the folded prefix
         progress(fold.sums.documents, fold.sums.tokens)
