@@ -235,8 +235,8 @@ _ZERO_EXP = -104.0  # below this exp(x) rounds to exactly 0 in float32 (the smal
 def _exp_(t: torch.Tensor) -> torch.Tensor:
     """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: a masked
     entry (the dtype's minimum) becomes exactly 0 directly; the rare inputs with denormal results keep them."""
-    if t.dtype != torch.float32:
-        return t.exp_()
+    if t.dtype != torch.float32 or t.numel() == 0 or not float(t.amin()) < _NORMAL_EXP:  # NaN min: plain exp too
+        return t.exp_()  # nothing underflows: the plain exp is fast
     low = t < _NORMAL_EXP  # masked keys, and scores far below the row's max
     denormal = low & (t > _ZERO_EXP)
     exact = t[denormal].exp() if bool(denormal.any()) else None
