@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.test_families import _build, _configs
 
 import attnscope
 from attnscope import generate
-from tests.test_families import _build, _configs
 
 # llama and gpt2: tests/test_generate.py. The families with sliding windows (mistral, qwen2, gemma2, phi3, gpt_oss)
 # are not here: their per-step check FAILs past the window (the recompute of a cached step does not apply the
