@@ -9,10 +9,9 @@ from tests.test_families import _build, _configs
 import attnscope
 from attnscope import generate
 
-# llama and gpt2: tests/test_generate.py. The families with sliding windows (mistral, qwen2, gemma2, phi3, gpt_oss)
-# are not here: their per-step check FAILs past the window (the recompute of a cached step does not apply the
-# window yet), which the check reports; it never passes them.
-CAUSAL = ["qwen3", "gpt_neox", "olmo2"]
+# llama and gpt2: tests/test_generate.py. Mistral, Qwen2, Gemma 2, Phi-3 and GPT-OSS generate past their sliding
+# windows (4 tokens), where the cache keeps only the last keys.
+CAUSAL = ["mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss"]
 PROMPT = "the quick brown fox jumps"  # longer than the sliding windows (4 tokens) of the families that have them
 
 

@@ -45,7 +45,8 @@ def step_stages(x: torch.Tensor, p: maths.AttentionParams, k_cache: torch.Tensor
     if p.softcap is not None:
         logits = maths.soft_cap(logits, p.softcap)
     window = maths.window_mask(start + new, p.window)  # [query, key] over the whole sequence so far
-    weights = maths.softmax(maths.apply_mask(logits, None if window is None else window[start:]))
+    masked = maths.apply_mask(logits, None if window is None else window[start:])
+    weights = maths.softmax(masked) if p.sinks is None else maths.softmax_with_sink(masked, p.sinks)  # GPT-OSS
     context = maths.attend(weights, values)  # [head, new, d_head]
     output = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [new, d_model]
     return {"q": st["q"], "k": k_new, "v": v_new, "weights": weights, "context": context, "output": output}

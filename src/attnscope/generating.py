@@ -127,7 +127,10 @@ class StepRecorder:
                "context": call.context[0]}  # [head | kv_head, new, width]
         for stage, t in new.items():
             t = maths.expand_kv(t, heads // int(t.shape[0]))
-            self._dst[stage][layer, :, rows, : t.shape[-1]] = t
+            width = int(t.shape[-1])
+            # a sliding-window cache keeps only the last keys: a weights row ends at its own position
+            cols = slice(rows.stop - width, rows.stop) if stage == "weights" and width < rows.stop else slice(0, width)
+            self._dst[stage][layer, :, rows, cols] = t
 
     def steps(self) -> int:
         """Forward passes recorded in full (x, attention and output of every layer)."""
