@@ -42,6 +42,17 @@ TRACE_STAGES: tuple[str, ...] = ("x", "q", "k", "v", "scores", "weights", "conte
 # This is also their order in the views' source switch, after the raw weights.
 DERIVED: tuple[str, ...] = ("norm_head", "rollout", "norm_layer", "flow")
 
+# The three kinds of attention of an encoder-decoder model (T5, BART, Marian); a decoder-only or encoder-only
+# model's trace is of kind "self". A cross-attention trace's queries are target (decoder) tokens and its keys
+# source (encoder) tokens: its "key" axis and its k and v run over the source.
+ATTENTION_KINDS: tuple[str, ...] = ("encoder", "decoder", "cross")
+ATTENTION_LABELS: dict[str, str] = {
+    "self": "self-attention",
+    "encoder": "encoder self-attention",
+    "decoder": "decoder self-attention (causal)",
+    "cross": "cross-attention (target -> source)",
+}
+
 # Every array of a trace and its axes.
 ARRAY_AXES: dict[str, tuple[str, ...]] = {
     "x": ("layer", "token", "d_model"),

@@ -38,6 +38,8 @@ class Trace:
     unsupported: str | None = None  # why there is no recompute
     saved_check: dict[str, Any] | None = None  # a loaded trace's stored verification
     output_projection: list[np.ndarray] | None = None  # W_O per layer [head * d_head, d_model], for norms()
+    attention: str = "self"  # "self", or which of an encoder-decoder's three (stages.ATTENTION_KINDS)
+    key_tokens: list[Token] | None = None  # cross-attention: the source tokens the keys run over (else `tokens`)
 
     @property
     def n_layers(self) -> int:
@@ -59,6 +61,15 @@ class Trace:
     @property
     def n_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def keys(self) -> list[Token]:
+        """The tokens the keys run over: the source's for cross-attention, the queries' own otherwise."""
+        return self.tokens if self.key_tokens is None else self.key_tokens
+
+    @property
+    def n_keys(self) -> int:
+        return len(self.keys)
 
     @property
     def causal(self) -> bool:
@@ -167,7 +178,42 @@ class Trace:
         return load_trace(path)
 
     def __repr__(self) -> str:
+        kind = "" if self.attention == "self" else f"attention={self.attention!r}, "
         return (
-            f"Trace(model={self.model.get('name')!r}, tokens={self.n_tokens}, "
+            f"Trace(model={self.model.get('name')!r}, {kind}tokens={self.n_tokens}, "
             f"layers={self.n_layers}, heads={self.n_heads})"
         )
+
+
+@dataclass
+class EncoderDecoderTrace:
+    """An encoder-decoder model (T5, BART, Marian) on a source and a target: its three kinds of attention.
+
+    encoder: self-attention over the source tokens; decoder: causal self-attention over the target
+    (decoder input) tokens; cross: each target token's attention over the source tokens (weights
+    [layer, head, target, source], `cross.key_tokens` are the source tokens). Each is a Trace with its
+    own arrays and check.
+    """
+
+    model: dict[str, Any]
+    source: str
+    target: str | None  # the text given as target, or None when it was generated
+    encoder: Trace
+    decoder: Trace
+    cross: Trace
+
+    @property
+    def kinds(self) -> dict[str, Trace]:
+        """"encoder", "decoder", "cross" -> its Trace, in that order."""
+        return {"encoder": self.encoder, "decoder": self.decoder, "cross": self.cross}
+
+    def attention(self, kind: str) -> Trace:
+        """One kind of attention: "encoder", "decoder" or "cross"."""
+        if kind not in self.kinds:
+            raise AttnscopeError(f"attention {kind!r} is not one of an encoder-decoder's: use encoder, decoder "
+                                 "or cross")
+        return self.kinds[kind]
+
+    def __repr__(self) -> str:
+        return (f"EncoderDecoderTrace(model={self.model.get('name')!r}, source_tokens={self.encoder.n_tokens}, "
+                f"target_tokens={self.decoder.n_tokens}, layers={self.encoder.n_layers}/{self.decoder.n_layers})")
