@@ -10,7 +10,7 @@ import torch
 
 import attnscope
 import test_interventions_models
-from attnscope import maths
+from attnscope import families, maths
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
 from attnscope.interventions.ablate import setting_gates
@@ -19,19 +19,26 @@ from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, me
 from attnscope.recompute import layer_params
 from attnscope.tokens import encode
 
-FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama")
+FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+            "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
+NOT_GATED: dict[str, str] = {}  # a family check supports whose attention the gates cannot reach, and why
 TEXTS = ["the cat sat on the mat", "dogs bark"]
 TOL = 1e-5
-lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
+lm_heads = test_interventions_models.lm_heads  # the fixtures, shared by the intervention tests
+any_family = test_interventions_models.any_family
 
 
 def _batch(m: attnscope.Model) -> dict[str, torch.Tensor]:
     return encode(m.tokenizer, TEXTS).inputs
 
 
+def test_the_gate_tests_cover_every_family_check_supports() -> None:
+    assert set(FAMILIES) | set(NOT_GATED) == set(families.FAMILIES)  # a new family needs its gate test
+
+
 @pytest.mark.parametrize("family", FAMILIES)
-def test_open_gates_change_nothing_bit_for_bit(tiny_model: Callable[[str], attnscope.Model], family: str) -> None:
-    m = tiny_model(family)
+def test_open_gates_change_nothing_bit_for_bit(any_family: Callable[[str], attnscope.Model], family: str) -> None:
+    m = any_family(family)
     inputs = _batch(m)
     with torch.no_grad():
         plain = m.model(**inputs, output_hidden_states=True)
@@ -44,10 +51,12 @@ def test_open_gates_change_nothing_bit_for_bit(tiny_model: Callable[[str], attns
     assert not torch.equal(plain.last_hidden_state, closed.last_hidden_state)  # the gates do act
 
 
-@pytest.mark.parametrize("family", ("bert", "distilbert", "albert", "gpt2"))
-def test_zeroed_head_equals_projection_of_the_other_heads(tiny_model: Callable[[str], attnscope.Model],
+@pytest.mark.parametrize("family", ("bert", "distilbert", "albert", "gpt2", "llama", "gemma2", "gpt_oss"))
+def test_zeroed_head_equals_projection_of_the_other_heads(any_family: Callable[[str], attnscope.Model],
                                                           family: str) -> None:
-    m = tiny_model(family)
+    """Also on the modern families: grouped k/v heads and RoPE (llama), soft-capping and a sliding layer
+    (gemma2), attention sinks (gpt_oss)."""
+    m = any_family(family)
     inputs = encode(m.tokenizer, TEXTS[:1]).inputs
     layer, head = m.n_layers - 1, 2
     scale = setting_gates(m, [[(layer, head)]], each=False)  # row 0 open, row 1 without (layer, head)

@@ -1,4 +1,5 @@
-"""The intervention tests' models with a language-model head (a fixture module: it holds no tests)."""
+"""The intervention tests' models: with a language-model head, and one of every family (a fixture module: it
+holds no tests)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 import attnscope
+from test_families import _build, _configs
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +31,26 @@ def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
             model = build[name]()
             model.config._attn_implementation = "eager"
             cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def any_family(tiny_model: Callable[[str], attnscope.Model],
+               minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """any_family("gemma2") -> a tiny random-weight model of that family: conftest's tiny models for the
+    first families, test_families' configs for the modern ones (RoPE, GQA, windows, sinks, QK-norm). Eager
+    attention, as load_model loads a model: the gates edit the eager attention, so "untouched" means that."""
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(name: str) -> attnscope.Model:
+        if name not in _configs():
+            return tiny_model(name)
+        if name not in cache:
+            model = _build(_configs()[name]())
+            model.config._attn_implementation = "eager"
+            cache[name] = attnscope.load_model(model, tokenizer=minilm.tokenizer)
         return cache[name]
 
     return get
