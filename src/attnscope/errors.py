@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class AttnscopeError(Exception):
     """Bad input or an unavailable resource; the CLI prints it on one line and exits 2.
@@ -29,3 +36,19 @@ def require_text(text: object, what: str = "text", parameter: str | None = None)
     if not isinstance(text, str) or not text.strip():
         raise AttnscopeError(f"the {what} is empty: give a sentence to trace", parameter=parameter)
     return text
+
+
+def read_path(path: str | os.PathLike[str], read: Callable[[Path], T], kind: str) -> T:
+    """read(path), a failure to open or decode the file turned into a one-line error; kind says what the
+    file should be ("a text file")."""
+    p = Path(path)
+    try:
+        return read(p)
+    except FileNotFoundError as exc:
+        raise AttnscopeError(f"cannot read {p}: no such file") from exc
+    except IsADirectoryError as exc:
+        raise AttnscopeError(f"cannot read {p}: it is a directory, give {kind}") from exc
+    except UnicodeDecodeError as exc:
+        raise AttnscopeError(f"cannot read {p}: it is not UTF-8 text (re-save it as UTF-8)") from exc
+    except OSError as exc:
+        raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, read_path
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +56,14 @@ def smollm2_gguf() -> Path:
 
 def validate_gguf(path: Path) -> None:
     """A readable file that starts with the GGUF magic bytes, or AttnscopeError."""
-    try:
-        with path.open("rb") as f:
-            magic = f.read(len(_MAGIC))
-    except FileNotFoundError as exc:
-        raise AttnscopeError(f"cannot read {path}: no such file") from exc
-    except IsADirectoryError as exc:
-        raise AttnscopeError(f"cannot read {path}: it is a directory, give a .gguf file") from exc
-    except OSError as exc:
-        raise AttnscopeError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    magic = read_path(path, _first_bytes, "a .gguf file")
     if magic != _MAGIC:
         raise AttnscopeError(f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)")
+
+
+def _first_bytes(path: Path) -> bytes:
+    with path.open("rb") as f:
+        return f.read(len(_MAGIC))
 
 
 def checkpoint_for(gguf: Path) -> Path:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, read_path
 from attnscope.placement import DTYPES, validate_device_name
 
 if TYPE_CHECKING:
@@ -74,17 +73,7 @@ def read_text(args: argparse.Namespace) -> str:
 
 
 def read_text_file(path: str) -> str:
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8").strip("\n")
-    except FileNotFoundError as exc:
-        raise AttnscopeError(f"cannot read {p}: no such file") from exc
-    except IsADirectoryError as exc:
-        raise AttnscopeError(f"cannot read {p}: it is a directory, give a text file") from exc
-    except UnicodeDecodeError as exc:
-        raise AttnscopeError(f"cannot read {p}: it is not UTF-8 text (re-save it as UTF-8)") from exc
-    except OSError as exc:
-        raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    return read_path(path, lambda p: p.read_text(encoding="utf-8"), "a text file").strip("\n")
 
 
 def console() -> Console:
