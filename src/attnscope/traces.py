@@ -214,6 +214,25 @@ class EncoderDecoderTrace:
                                  "or cross")
         return self.kinds[kind]
 
+    # Views (attnscope.views): one page with the three kinds and a selector, as Trace's.
+    def to_html(self, view: str = "all", **options: Any) -> str:
+        """A self-contained HTML page: view is "head", "model", "neuron", "matrix" or "all"; attention= the kind
+        drawn first ("encoder", "decoder" or "cross")."""
+        from attnscope.views import to_html
+
+        return to_html(self, view=view, **options)
+
+    def _repr_html_(self) -> str:
+        from attnscope.views import repr_html
+
+        return repr_html(self)
+
+    def show(self, view: str = "head", **options: Any) -> Any:
+        """Display a view in Jupyter."""
+        from attnscope.views import show
+
+        return show(self, view=view, **options)
+
     def __repr__(self) -> str:
         return (f"EncoderDecoderTrace(model={self.model.get('name')!r}, source_tokens={self.encoder.n_tokens}, "
                 f"target_tokens={self.decoder.n_tokens}, layers={self.encoder.n_layers}/{self.decoder.n_layers})")

@@ -18,8 +18,8 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.tokens import Token
-from attnscope.tracing import Trace
-from attnscope.views import HTMLPage, display, frame_height, to_html
+from attnscope.traces import Trace
+from attnscope.views import HTMLPage, display, family_html, frame_height, to_html
 
 UNVERIFIED = "weights passed in directly, without their model: nothing to verify them against"
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|<[^<>\s]+>|<\|[a-z_]+\|>)$")
@@ -30,74 +30,108 @@ def _prettify(tokens: Sequence[str]) -> list[str]:
     return [t.replace("Ġ", " ").replace("▁", " ").replace("</w>", "") for t in tokens]
 
 
-def _choose(attention: Any, tokens: Any, enc: Any, dec: Any, cross: Any, enc_tokens: Any,
-            dec_tokens: Any) -> tuple[Any, Any]:
-    """The one self-attention to draw, from bertviz's self-attention or encoder/decoder arguments."""
-    others = (enc, dec, cross, enc_tokens, dec_tokens)
-    if attention is not None:
-        if any(o is not None for o in others):
-            raise AttnscopeError("give attention= for a self-attention model, or the encoder/decoder arguments, "
-                                 "not both")
-        return attention, tokens
-    if cross is not None or (enc is not None and dec is not None):
-        raise AttnscopeError("attnscope's views draw self-attention: pass encoder_attention or decoder_attention "
-                             "alone (cross-attention is not supported)")
-    if enc is not None:
-        return enc, enc_tokens
-    if dec is not None:
-        return dec, dec_tokens
-    raise AttnscopeError("no attention given: pass attention= (the model's output_attentions tuple) and tokens=")
+# bertviz's encoder-decoder arguments: kind -> (its attention argument, the tokens of its queries, of its keys).
+KIND_ARGUMENTS: dict[str, tuple[str, str, str]] = {
+    "encoder": ("encoder_attention", "encoder_tokens", "encoder_tokens"),
+    "decoder": ("decoder_attention", "decoder_tokens", "decoder_tokens"),
+    "cross": ("cross_attention", "decoder_tokens", "encoder_tokens"),  # queries: target; keys: source
+}
+_AXES = {"tokens": "tokens", "encoder_tokens": "encoder tokens", "decoder_tokens": "decoder tokens"}
+EMPTY_OUTPUTS = ("attention is empty: outputs[-1] is the empty cross-attention of an encoder (transformers 5 "
+                 "ends an encoder's outputs with cross_attentions=()): pass outputs.attentions")
 
 
-def _as_array(layer_attention: Any, layer: int) -> np.ndarray:
+def _shape(rows: str, cols: str) -> str:
+    return f"(1, heads, {_AXES[rows]}, {_AXES[cols]})"
+
+
+def _as_array(layer_attention: Any, layer: int, name: str, expected: str) -> np.ndarray:
     detach = getattr(layer_attention, "detach", None)
     raw = detach().float().cpu().numpy() if callable(detach) else layer_attention
     a = np.asarray(raw, dtype=np.float32)
     if a.ndim != 4:
-        raise AttnscopeError(f"attention[{layer}] has shape {tuple(a.shape)}: expected (1, heads, tokens, tokens); "
+        raise AttnscopeError(f"{name}[{layer}] has shape {tuple(a.shape)}: expected {expected}; "
                              "run the model with output_attentions=True")
     if a.shape[0] != 1:
-        raise AttnscopeError(f"attention[{layer}] holds a batch of {a.shape[0]}: pass one example, "
-                             "e.g. [a[i:i + 1] for a in attention]")
+        raise AttnscopeError(f"{name}[{layer}] holds a batch of {a.shape[0]}: pass one example, "
+                             f"e.g. [a[i:i + 1] for a in {name}]")
     one: np.ndarray = a[0]  # [head, query, key]
     return one
 
 
-def stack_attention(attention: Any, tokens: Any) -> np.ndarray:
-    """bertviz's input (a tuple of [1, head, query, key] tensors per layer) -> [layer, head, query, key]."""
+def stack_attention(attention: Any, tokens: Any, key_tokens: Any = None, name: str = "attention",
+                    axes: tuple[str, str] = ("tokens", "tokens")) -> np.ndarray:
+    """bertviz's input (a tuple of [1, head, query, key] tensors per layer) -> [layer, head, query, key].
+
+    key_tokens: the keys' tokens when they are not the queries' (cross-attention: the encoder's); name and
+    axes: the argument and its token arguments, as error messages say them.
+    """
     if tokens is None:
-        raise AttnscopeError("tokens= is required: the list of token strings the attention is over")
-    layers = [_as_array(a, i) for i, a in enumerate(attention)]
+        raise AttnscopeError(f"{axes[0]}= is required: the list of token strings the attention is over")
+    expected = _shape(*axes)
+    layers = [_as_array(a, i, name, expected) for i, a in enumerate(attention)]
     if not layers:
-        raise AttnscopeError("attention is empty: pass one [1, heads, tokens, tokens] tensor per layer")
+        raise AttnscopeError(EMPTY_OUTPUTS if name == "attention" else
+                             f"{name} is empty: pass one {expected} tensor per layer (outputs.{name}s)")
     if len({a.shape for a in layers}) != 1:
-        raise AttnscopeError(f"attention layers differ in shape: {sorted({a.shape for a in layers})}")
-    weights = np.stack(layers).astype(np.float32)
-    n = len(tokens)
-    if weights.shape[-1] != n or weights.shape[-2] != n:
-        raise AttnscopeError(f"attention has {weights.shape[-2]} x {weights.shape[-1]} positions, while there are {n} "
-                             "tokens: pass the tokens the model attended over")
+        raise AttnscopeError(f"{name} layers differ in shape: {sorted({a.shape for a in layers})}")
+    weights = np.stack(layers).astype(np.float32)  # [layer, head, query, key]
+    keys = tokens if key_tokens is None else key_tokens
+    if weights.shape[-2] != len(tokens) or weights.shape[-1] != len(keys):
+        counts = (f"{len(tokens)} tokens" if axes[0] == axes[1] == "tokens" else
+                  f"{len(tokens)} {axes[0]} and {len(keys)} {axes[1]}" if axes[0] != axes[1] else
+                  f"{len(tokens)} {axes[0]}")
+        raise AttnscopeError(f"{name} has {weights.shape[-2]} x {weights.shape[-1]} positions, while there are "
+                             f"{counts}: pass the tokens the model attended over (expected {expected})")
     return weights
 
 
-def trace_from_attention(weights: np.ndarray, tokens: Sequence[str], sentence_b_start: int | None = None) -> Trace:
-    """A Trace that carries only given weights [layer, head, query, key] and token strings (unverified)."""
+def _kinds(given: dict[str, Any], tokens: dict[str, Any], prettify: bool) -> dict[str, Trace]:
+    """bertviz's encoder/decoder/cross arguments -> one weights-only Trace per kind given, as bertviz checks them."""
+    traces: dict[str, Trace] = {}
+    for kind, (name, rows, cols) in KIND_ARGUMENTS.items():
+        if given[name] is None:
+            continue
+        for arg in (rows, cols):
+            if tokens[arg] is None:
+                raise AttnscopeError(f"{arg}= is required with {name}: the token strings of its {_AXES[arg]}")
+        queries, keys = ([_prettify(tokens[a]) if prettify else list(tokens[a]) for a in (rows, cols)])
+        weights = stack_attention(given[name], queries, keys, name, (rows, cols))
+        traces[kind] = trace_from_attention(weights, queries, key_tokens=keys if kind == "cross" else None,
+                                            attention=kind)
+    return traces
+
+
+def _tokens(tokens: Sequence[str], segment_b: int) -> list[Token]:
+    return [Token(i, str(t), -1, None, None, bool(_SPECIAL.match(str(t))), None, int(i >= segment_b))
+            for i, t in enumerate(tokens)]
+
+
+def trace_from_attention(weights: np.ndarray, tokens: Sequence[str], sentence_b_start: int | None = None,
+                         key_tokens: Sequence[str] | None = None, attention: str = "self") -> Trace:
+    """A Trace that carries only given weights [layer, head, query, key] and token strings (unverified).
+
+    key_tokens: cross-attention's source tokens (the keys); attention: "self", "encoder", "decoder" or "cross".
+    """
     n = len(tokens)
     if sentence_b_start is not None and not 0 <= sentence_b_start <= n:
         raise AttnscopeError(f"sentence_b_start {sentence_b_start} is outside the {n} tokens (0-indexed)")
     b = n if sentence_b_start is None else sentence_b_start
-    toks = [Token(i, str(t), -1, None, None, bool(_SPECIAL.match(str(t))), None, int(i >= b))
-            for i, t in enumerate(tokens)]
-    causal = n > 1 and not np.triu(weights, 1).any()  # nothing ever attended to a later key
+    toks = _tokens(tokens, b)
+    # nothing ever attended to a later key; a cross-attention's keys are another text's tokens
+    causal = key_tokens is None and n > 1 and not np.triu(weights, 1).any()
     info = {"name": "weights given to attnscope.bertviz", "architecture": None, "layers": int(weights.shape[0]),
             "heads": int(weights.shape[1]), "causal": bool(causal), "family": None}
     text = " ".join(t.text for t in toks[:b])
     pair = " ".join(t.text for t in toks[b:]) if sentence_b_start is not None else None
-    return Trace(info, text, pair, toks, {"weights": weights}, [], unsupported=UNVERIFIED)
+    keys = None if key_tokens is None else _tokens(key_tokens, len(key_tokens))
+    return Trace(info, text, pair, toks, {"weights": weights}, [], unsupported=UNVERIFIED, attention=attention,
+                 key_tokens=keys)
 
 
-def _finish(trace: Trace, html: str, view: str, html_action: str) -> HTMLPage | None:
-    page = HTMLPage(html, frame_height(trace, view))
+def _finish(traces: Trace | Sequence[Trace], html: str, view: str, html_action: str) -> HTMLPage | None:
+    shown = [traces] if isinstance(traces, Trace) else list(traces)
+    page = HTMLPage(html, max(frame_height(t, view) for t in shown))
     if html_action == "return":
         return page
     if html_action == "view":
@@ -106,12 +140,38 @@ def _finish(trace: Trace, html: str, view: str, html_action: str) -> HTMLPage | 
     raise AttnscopeError(f"html_action {html_action!r} is not known: use 'view' or 'return'")
 
 
-def _trace_of(attention: Any, tokens: Sequence[str] | None, sentence_b_start: int | None, prettify: bool,
-              *alternatives: Any) -> Trace:
-    """bertviz's arguments -> a weights-only Trace (the part head_view and model_view share)."""
-    att, toks = _choose(attention, tokens, *alternatives)
-    weights = stack_attention(att, toks)
-    return trace_from_attention(weights, _prettify(toks) if prettify else list(toks), sentence_b_start)
+def _traces_of(attention: Any, tokens: Sequence[str] | None, sentence_b_start: int | None, prettify: bool,
+               given: dict[str, Any], kind_tokens: dict[str, Any]) -> dict[str, Trace]:
+    """bertviz's arguments -> weights-only Traces by kind: {"self": ...}, or some of encoder, decoder and cross."""
+    if attention is not None:
+        if any(v is not None for v in (*given.values(), *kind_tokens.values())):
+            raise AttnscopeError("give attention= for a self-attention model, or the encoder/decoder arguments, "
+                                 "not both")
+        weights = stack_attention(attention, tokens)
+        toks = _prettify(tokens) if prettify and tokens is not None else list(tokens or [])
+        return {"self": trace_from_attention(weights, toks, sentence_b_start)}
+    if all(v is None for v in given.values()):
+        raise AttnscopeError("no attention given: pass attention= (the model's output_attentions tuple) and tokens=, "
+                             "or encoder_attention=, decoder_attention=, cross_attention= with encoder_tokens=, "
+                             "decoder_tokens=")
+    if sentence_b_start is not None:
+        raise AttnscopeError("sentence_b_start is for attention= (a sentence pair): the encoder-decoder arguments "
+                             "take encoder_tokens= and decoder_tokens= instead")
+    return _kinds(given, kind_tokens, prettify)
+
+
+def _page(traces: dict[str, Trace], view: str, initial: dict[str, Any], layers: Sequence[int] | None,
+          heads: Sequence[int] | None) -> str:
+    """The page of one self-attention, or of the encoder-decoder kinds given with the selector among them."""
+    title = f"attnscope {view} view"
+    if "self" in traces:
+        return to_html(traces["self"], view, layers=layers, heads=heads, title=title, **initial)
+    src, tgt = traces.get("encoder") or traces.get("cross"), traces.get("decoder") or traces.get("cross")
+    source = None if src is None else " ".join(t.text for t in src.keys)  # the encoder's tokens
+    target = None if tgt is None else " ".join(t.text for t in tgt.tokens)  # the decoder's
+    texts = (source, target) if source is not None else (target or "", None)
+    start = {"view": view, **{("heads" if k == "show_heads" else k): v for k, v in initial.items()}}
+    return family_html(traces, texts, start, layers=layers, heads=heads, title=title)
 
 
 def head_view(
@@ -129,11 +189,18 @@ def head_view(
     include_layers: Sequence[int] | None = None,
     html_action: str = "view",
 ) -> HTMLPage | None:
-    """bertviz.head_view: layer is the first layer shown, heads the heads first selected (0-indexed)."""
-    tr = _trace_of(attention, tokens, sentence_b_start, prettify_tokens, encoder_attention, decoder_attention,
-                   cross_attention, encoder_tokens, decoder_tokens)
-    html = to_html(tr, "head", layers=include_layers, layer=layer, show_heads=heads, title="attnscope head view")
-    return _finish(tr, html, "head", html_action)
+    """bertviz.head_view: layer is the first layer shown, heads the heads first selected (0-indexed).
+
+    Encoder-decoder models: any of encoder_attention, decoder_attention, cross_attention (each a tuple of
+    (1, heads, query tokens, key tokens) per layer; cross: (1, heads, decoder tokens, encoder tokens)) with
+    encoder_tokens and decoder_tokens; the page's selector switches among the kinds given.
+    """
+    traces = _traces_of(attention, tokens, sentence_b_start, prettify_tokens,
+                        {"encoder_attention": encoder_attention, "decoder_attention": decoder_attention,
+                         "cross_attention": cross_attention},
+                        {"encoder_tokens": encoder_tokens, "decoder_tokens": decoder_tokens})
+    html = _page(traces, "head", {"layer": layer, "show_heads": heads}, include_layers, None)
+    return _finish(list(traces.values()), html, "head", html_action)
 
 
 def model_view(
@@ -151,9 +218,13 @@ def model_view(
     include_heads: Sequence[int] | None = None,
     html_action: str = "view",
 ) -> HTMLPage | None:
-    """bertviz.model_view: every included layer x head; display_mode is "dark" or "light"."""
-    tr = _trace_of(attention, tokens, sentence_b_start, prettify_tokens, encoder_attention, decoder_attention,
-                   cross_attention, encoder_tokens, decoder_tokens)
-    html = to_html(tr, "model", layers=include_layers, heads=include_heads, theme=display_mode,
-                   title="attnscope model view")
-    return _finish(tr, html, "model", html_action)
+    """bertviz.model_view: every included layer x head; display_mode is "dark" or "light".
+
+    Encoder-decoder models: the arguments of head_view; the selector switches among the kinds given.
+    """
+    traces = _traces_of(attention, tokens, sentence_b_start, prettify_tokens,
+                        {"encoder_attention": encoder_attention, "decoder_attention": decoder_attention,
+                         "cross_attention": cross_attention},
+                        {"encoder_tokens": encoder_tokens, "decoder_tokens": decoder_tokens})
+    html = _page(traces, "model", {"theme": display_mode}, include_layers, include_heads)
+    return _finish(list(traces.values()), html, "model", html_action)

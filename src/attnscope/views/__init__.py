@@ -24,22 +24,29 @@ Layers, heads and tokens are 0-indexed everywhere, as in the trace.
 
 Sources: every [query, key] array in `trace.arrays` (raw "weights" first, then "norm_head",
 "rollout", "norm_layer", "flow" when computed) is offered in the views' source switch.
+
+Encoder-decoder traces (traces.EncoderDecoderTrace): one page carries the encoder, decoder and
+cross-attention payloads (views/kinds.py) and a selector in every view switches among them.
+Cross-attention's queries are the target tokens and its keys the source tokens ("key_tokens").
 """
 
 from __future__ import annotations
 
 import html
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
+from attnscope.views.kinds import family_payload
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
 
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
-    from attnscope.traces import Trace
+    from attnscope.traces import EncoderDecoderTrace, Trace
+
+    AnyTrace = Trace | EncoderDecoderTrace
 
 REPR_VIEW = "all"
 
@@ -48,6 +55,7 @@ __all__ = [
     "HTMLPage",
     "bundle",
     "css",
+    "family_html",
     "iframe",
     "js",
     "neuron_block",
@@ -66,7 +74,7 @@ def validate_view(view: str) -> str:
 
 
 def to_html(
-    trace: Trace,
+    trace: AnyTrace,
     view: str = "all",
     *,
     layers: Iterable[int] | None = None,
@@ -80,6 +88,7 @@ def to_html(
     neuron: NeuronChoice = "budget",
     title: str | None = None,
     word_level: bool = False,
+    attention: str | None = None,
 ) -> str:
     """A self-contained HTML page with one view, or all four as tabs (view="all").
 
@@ -87,17 +96,47 @@ def to_html(
     layer, head, show_heads, query, source: the starting selection. theme: auto, light, dark.
     neuron: exact data carried for the neuron view ("budget", "all", "none" or (layer, head) pairs).
     word_level: also carry the maps merged into words (views/words.py), behind the page's "words" toggle.
+    attention: an encoder-decoder trace's kind drawn first, "encoder" (default), "decoder" or "cross"; the
+    page's selector switches among the three (layer, head and query then apply to that kind).
     """
     validate_view(view)
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
                "heads": None if show_heads is None else list(show_heads)}
     wants_neuron = view in ("neuron", "all")
+    from attnscope.traces import EncoderDecoderTrace
+
+    if isinstance(trace, EncoderDecoderTrace):
+        if word_level:
+            raise AttnscopeError("word_level is not available for an encoder-decoder trace: leave it False")
+        texts = (trace.source, trace.decoder.text if trace.target is None else trace.target)
+        return family_html(trace.kinds, texts, initial, layers=layers, heads=heads, attention=attention, title=title,
+                           neuron=neuron if wants_neuron else "none")
+    if attention not in (None, trace.attention):
+        raise AttnscopeError(f"attention={attention!r} is for encoder-decoder traces: this trace is {trace.attention} "
+                             "attention alone")
     data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial)
     if word_level:
         from attnscope.views.words import word_trace
 
         data["words"] = payload(word_trace(trace), layers, heads, "none", initial=initial | {"query": None})
     return page(data, title or f"attnscope {view} view: {_short(trace.text)}")
+
+
+def family_html(
+    kinds: Mapping[str, Trace],
+    texts: tuple[str, str | None],
+    initial: dict[str, Any],
+    *,
+    layers: Iterable[int] | None = None,
+    heads: Iterable[int] | None = None,
+    attention: str | None = None,
+    title: str | None = None,
+    neuron: NeuronChoice = "budget",
+) -> str:
+    """One page of some of an encoder-decoder's kinds of attention ("encoder", "decoder", "cross" -> Trace), with
+    the selector among them; texts: (source, target) for the header; initial: as to_html's, for the first kind."""
+    data = family_payload(kinds, texts, layers, heads, neuron, initial, attention)
+    return page(data, title or f"attnscope {initial.get('view') or 'all'} view: {_short(texts[0])}")
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -114,10 +153,14 @@ def iframe(document: str, height: int = 640) -> str:
     )
 
 
-def frame_height(trace: Trace, view: str) -> int:
+def frame_height(trace: AnyTrace, view: str) -> int:
     """A first height for a notebook frame (people can drag it taller): what the view needs, within 320-760 px."""
-    needs = {"head": 20 * trace.n_tokens + 190, "neuron": 22 * trace.n_tokens + 240, "matrix": 640,
-             "model": 66 * trace.n_layers + 200}
+    from attnscope.traces import EncoderDecoderTrace
+
+    if isinstance(trace, EncoderDecoderTrace):  # the tallest of its kinds
+        return max(frame_height(t, view) for t in trace.kinds.values())
+    rows = max(trace.n_tokens, trace.n_keys)  # cross-attention: the longer of target and source
+    needs = {"head": 20 * rows + 190, "neuron": 22 * rows + 240, "matrix": 640, "model": 66 * trace.n_layers + 200}
     need = max(needs.values()) if view == "all" else needs[view]
     return max(320, min(760, need))
 
@@ -144,7 +187,7 @@ class HTMLPage:
         return self.data
 
 
-def repr_html(trace: Trace) -> str:
+def repr_html(trace: AnyTrace) -> str:
     """The notebook display of a Trace: every view, as tabs, in an isolated iframe."""
     return iframe(to_html(trace, REPR_VIEW), frame_height(trace, REPR_VIEW))
 
@@ -163,6 +206,6 @@ def display(page_: HTMLPage) -> None:
     shown(page_)
 
 
-def show(trace: Trace, view: str = "head", **options: Any) -> None:
+def show(trace: AnyTrace, view: str = "head", **options: Any) -> None:
     """Display one view (head, model, neuron, matrix or all) in Jupyter."""
     display(HTMLPage(to_html(trace, view, **options), frame_height(trace, view)))

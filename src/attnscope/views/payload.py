@@ -120,8 +120,9 @@ def source_payload(trace: Trace, name: str, sel: Selection, compress: bool) -> d
     }
 
 
-def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tuple[int, int]) -> list[tuple[int, int]]:
-    """The (layer, head) pairs whose exact numbers a page carries, the initial one first."""
+def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tuple[int, int],
+                 budget: int = NEURON_BUDGET) -> list[tuple[int, int]]:
+    """The (layer, head) pairs whose exact numbers a page carries, the initial one first (within `budget` bytes)."""
     if any(s not in trace.arrays for s in NEURON_STAGES):
         return []
     everything = [(layer, head) for layer in sel.layers for head in sel.heads]
@@ -135,7 +136,7 @@ def neuron_pairs(trace: Trace, sel: Selection, choice: NeuronChoice, first: tupl
             raise AttnscopeError(f"neuron={choice!r} is not understood: use 'budget', 'all', 'none' "
                                  "or (layer, head) pairs")
         per_pair = sum(trace.arrays[s][0, 0].nbytes for s in block_stages(trace))
-        return everything[: max(1, NEURON_BUDGET // max(per_pair, 1))]
+        return everything[: max(1, budget // max(per_pair, 1))]
     pairs = [(int(layer), int(head)) for layer, head in choice]
     for layer, head in pairs:
         trace.validate(layer=layer, head=head)
@@ -196,6 +197,7 @@ def payload(
     neuron: NeuronChoice = "budget",
     compress: bool = True,
     initial: dict[str, Any] | None = None,
+    budget: int = NEURON_BUDGET,
 ) -> dict[str, Any]:
     """A JSON-serialisable description of a trace that `window.attnscope.render` draws.
 
@@ -209,8 +211,8 @@ def payload(
     names = source_names(trace)
     if start["source"] is not None and start["source"] not in names:
         raise AttnscopeError(f"source {start['source']!r} is not in this trace: it has {', '.join(names)}")
-    pairs = neuron_pairs(trace, sel, neuron, (start["layer"], start["head"]))
-    return {
+    pairs = neuron_pairs(trace, sel, neuron, (start["layer"], start["head"]), budget)
+    return key_token_fields(trace) | {
         "format": FORMAT,
         "model": _model_info(trace),
         "text": trace.text,
@@ -219,7 +221,7 @@ def payload(
         "tokens": [t.text for t in trace.tokens],
         "segments": [int(t.segment) for t in trace.tokens],
         "special": [bool(t.special) for t in trace.tokens],
-        "causal": trace.causal,
+        "causal": trace.causal and trace.key_tokens is None,  # cross-attention sees every source token
         "layers": sel.layers,
         "heads": sel.heads,
         "sources": [source_payload(trace, name, sel, compress) for name in names],
@@ -229,6 +231,16 @@ def payload(
         "check": check_payload(trace, sel),
         "initial": start,
     }
+
+
+def key_token_fields(trace: Trace) -> dict[str, Any]:
+    """Which attention this is, and for cross-attention the source tokens its keys run over (else the tokens)."""
+    fields: dict[str, Any] = {"attention": trace.attention}
+    if trace.key_tokens is not None:
+        fields |= {"key_tokens": [t.text for t in trace.key_tokens],
+                   "key_special": [bool(t.special) for t in trace.key_tokens],
+                   "key_segments": [int(t.segment) for t in trace.key_tokens]}
+    return fields
 
 
 def initial_state(trace: Trace, sel: Selection, given: dict[str, Any]) -> dict[str, Any]:

@@ -120,6 +120,63 @@
     return box;
   };
 
+  // The tokens the keys run over: a cross-attention's source tokens (payload "key_tokens"), else the queries' own.
+  A.keys = function (model) {
+    const p = model.payload;
+    if (!model.keyInfo) {
+      model.keyInfo = p.key_tokens
+        ? { tokens: p.key_tokens, special: p.key_special, segments: p.key_segments, n: p.key_tokens.length }
+        : { tokens: model.tokens, special: model.special, segments: model.segments, n: model.n };
+    }
+    return model.keyInfo;
+  };
+  A.keyLabel = (model, j) => `${j}: ${A.keys(model).tokens[j]}`;
+
+  // An encoder-decoder page: kind -> payload for the encoder, decoder and cross-attention (views/kinds.py), kept
+  // on the element so that the payload drawn now, whichever kind it is, finds the others; null on other pages.
+  A.kindFamily = function (ctx) {
+    const p = ctx.model.payload;
+    if (p.kinds) {
+      const family = {};
+      for (const [kind, other] of Object.entries(p.kinds)) family[kind] = other || p;
+      ctx.root.attnscopeKinds = family;
+      return family;
+    }
+    const known = ctx.root.attnscopeKinds;
+    return known && Object.values(known).includes(p) ? known : null;
+  };
+
+  // Draw another kind of attention: its own payload, keeping the tab, theme and what still applies (layer, head).
+  A.showKind = async function (ctx, kind) {
+    const family = A.kindFamily(ctx);
+    const next = family[kind];
+    const s = ctx.state;
+    const shown = ctx.root.attnscopeShown;
+    const tab = shown ? shown.view() : null;
+    const has = (v, list) => (list.includes(v) ? v : undefined);
+    const controller = await A.render(ctx.root, next, {
+      layer: has(s.layer, next.layers), head: has(s.head, next.heads), theme: s.theme, query: null,
+      heads: s.heads.filter((h) => next.heads.includes(h)), source: has(s.source, next.sources.map((x) => x.name)),
+    });
+    if (controller.show && tab && tab !== ctx.root.attnscopeShown.view()) await controller.show(tab);
+    return controller;
+  };
+
+  // Encoder / decoder / cross: which of an encoder-decoder's three kinds of attention the views draw.
+  C.attention = function (ctx) {
+    const family = ctx.options.fixed ? null : A.kindFamily(ctx);
+    if (!family) return null;
+    const select = el("select", { "aria-label": "which attention (encoder, decoder or cross)", class: "as-attention" });
+    for (const [kind, p] of Object.entries(family)) select.append(el("option", { value: kind, text: p.attention_label }));
+    select.value = ctx.model.payload.attention;
+    select.addEventListener("change", () => A.showKind(ctx, select.value));
+    return labelled("attention", select);
+  };
+
+  // How the two token columns or axes read: target and source for cross-attention.
+  A.sides = (model) => (model.payload.attention === "cross"
+    ? { q: "queries: target (decoder) tokens", k: "keys: source (encoder) tokens" } : { q: "queries", k: "keys" });
+
   C.query = function (ctx) {
     const select = el("select", { "aria-label": "query token (0-indexed)", class: "as-query" });
     ctx.model.tokens.forEach((t, i) => select.append(el("option", { value: String(i), text: A.tokenLabel(ctx.model, i) })));

@@ -63,14 +63,16 @@
 
   // Exact float32 numbers of one head for the neuron view, in the block's order of stages: q, k, v, context
   // [token, d_head]; scores, weights [query, key] (older blocks carry q, k, scores, weights only).
-  async function decodeBlock(block, n) {
+  // nk: the keys' count (cross-attention: the source tokens, so k and v are [nk, d_head]); else n.
+  async function decodeBlock(block, n, nk) {
     const bytes = await unpack(block.encoding, block.data);
     const f = new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
     const d = block.d_head;
     const parts = {};
     let at = 0;
     const stages = block.stages || ["q", "k", "scores", "weights"];
-    for (const [name, len] of stages.map((s) => [s, s === "scores" || s === "weights" ? n * n : n * d])) {
+    const sizes = { q: n * d, context: n * d, k: nk * d, v: nk * d, scores: n * nk, weights: n * nk };
+    for (const [name, len] of stages.map((s) => [s, sizes[s]])) {
       parts[name] = f.subarray(at, at + len);
       at += len;
     }
@@ -91,7 +93,7 @@
     const ready = new Map(); // decoded blocks, for code that cannot wait
     const keep = (b) => {
       const key = `${b.layer}:${b.head}`;
-      const p = decodeBlock(b, n).then((d) => (ready.set(key, d), d));
+      const p = decodeBlock(b, n, payload.key_tokens ? payload.key_tokens.length : n).then((d) => (ready.set(key, d), d));
       blocks.set(key, p);
       return p;
     };

@@ -11,12 +11,15 @@
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
   A.views = A.views || {};
 
+  // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
   function tokenColumn(model, side) {
     const col = el("div", { class: `as-tokens as-${side}`, tabindex: "0", role: "listbox",
-                            "aria-label": side === "q" ? "query tokens (from)" : "key tokens (to)" });
-    model.tokens.forEach((t, i) => {
-      const cls = ["as-tok", model.special[i] ? "as-special" : "", model.segments[i] > 0 ? "as-seg-b" : ""];
-      col.append(el("div", { class: cls.join(" "), "data-index": String(i), role: "option", title: A.tokenLabel(model, i),
+                            "aria-label": side === "q" ? `${A.sides(model).q} (from)` : `${A.sides(model).k} (to)` });
+    const toks = side === "q" ? model : A.keys(model);
+    const label = side === "q" ? A.tokenLabel : A.keyLabel;
+    toks.tokens.forEach((t, i) => {
+      const cls = ["as-tok", toks.special[i] ? "as-special" : "", toks.segments[i] > 0 ? "as-seg-b" : ""];
+      col.append(el("div", { class: cls.join(" "), "data-index": String(i), role: "option", title: label(model, i),
                              text: t }));
     });
     return col;
@@ -25,16 +28,16 @@
   // Calls each(q, k, opacity) for every line of one head that crosses the visible band [top, top + height)
   // and passes the sentence filter. Only that band is drawn (the canvas stays put while the tokens scroll).
   function eachLine(model, src, layer, head, focus, filter, band, each) {
-    const n = model.n;
+    const [n, nk] = [model.n, A.keys(model).n];
     const codes = src.codes(layer, head);
     const perCode = src.scale(layer, head) / 255 / src.top(layer, head); // opacity of one code step
     const minCode = focus ? 1 : Math.max(1, Math.ceil(MIN_ALPHA / (perCode || 1)));
     const qs = focus && focus.side === "q" ? focus.indices || [focus.index] : [...Array(n).keys()];
-    const [k0, k1] = focus && focus.side === "k" ? [focus.index, focus.index + 1] : [0, n];
+    const [k0, k1] = focus && focus.side === "k" ? [focus.index, focus.index + 1] : [0, nk];
     for (const q of qs) {
       const yq = q * band.row + band.row / 2 - band.top;
       for (let k = k0; k < k1; k++) {
-        const c = codes[q * n + k];
+        const c = codes[q * nk + k];
         if (c < minCode) continue;
         const yk = k * band.row + band.row / 2 - band.top;
         if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height) || !A.passes(model, filter, q, k)) continue;
@@ -104,7 +107,7 @@
     for (const i of picked) cols[focus.side].children[i].classList.add("as-focus");
     const other = cols[focus.side === "q" ? "k" : "q"].children;
     const count = heads.length * picked.length;
-    for (let j = 0; j < ctx.model.n; j++) {
+    for (let j = 0; j < other.length; j++) {
       let sum = 0;
       let value = 0;
       for (const i of picked) {
@@ -118,7 +121,7 @@
       other[j].style.setProperty("--w", String(Math.min(1, sum / count)));
       const over = [heads.length > 1 ? `${heads.length} heads` : "", picked.length > 1 ? `${picked.length} queries` : ""];
       const what = count > 1 ? `mean over ${over.filter(Boolean).join(" and ")}` : src.label;
-      other[j].title = `${A.tokenLabel(ctx.model, j)} · ${what}: ≈ ${A.fmt(value / count)} (8-bit approximation)`;
+      other[j].title = `${(focus.side === "q" ? A.keyLabel : A.tokenLabel)(ctx.model, j)} · ${what}: ≈ ${A.fmt(value / count)} (8-bit approximation)`;
     }
   }
 
@@ -128,7 +131,7 @@
       const at = cur && cur.side === side ? cur.index : -1;
       const moves = { ArrowDown: 1, ArrowUp: -1, PageDown: 10, PageUp: -10, Home: -1e9, End: 1e9 };
       if (e.key in moves) {
-        const i = Math.max(0, Math.min(ctx.model.n - 1, at + moves[e.key]));
+        const i = Math.max(0, Math.min(col.children.length - 1, at + moves[e.key]));
         hover.set({ side: side, index: i });
         col.children[i].scrollIntoView({ block: "nearest" });
       } else if (e.key === "Enter" && at >= 0) {
@@ -144,11 +147,12 @@
   function layout(panel, ctx) {
     const fixed = ctx.options.fixed;
     panel.append(el("div", { class: "as-controls" }, [
-      fixed ? null : A.controls.layer(ctx), A.controls.source(ctx), A.controls.filter(ctx),
+      A.controls.attention(ctx), fixed ? null : A.controls.layer(ctx), A.controls.source(ctx), A.controls.filter(ctx),
       fixed ? null : A.controls.heads(ctx, "multi"), fixed ? null : meanToggle(ctx),
       A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: ctx.state.heads })),
     ]));
-    panel.append(el("p", { class: "as-hint", text: "Left: queries, right: keys (0-indexed). Hover or arrow-key through " +
+    panel.append(el("p", { class: "as-hint", text: `Left: ${A.sides(ctx.model).q}, right: ${A.sides(ctx.model).k} ` +
+      "(0-indexed). Hover or arrow-key through " +
       "tokens to see only their lines; click or Enter pins a query (shift-click adds more), Esc clears." }));
     panel.append(legend());
     const cols = { q: tokenColumn(ctx.model, "q"), k: tokenColumn(ctx.model, "k") };
@@ -207,7 +211,7 @@
     label: "Head",
     render(panel, ctx) {
       const { cols, canvas, body, status } = layout(panel, ctx);
-      const n = ctx.model.n;
+      const n = Math.max(ctx.model.n, A.keys(ctx.model).n); // rows: the longer column (cross: target or source)
       const size = fit(panel, cols, body, n);
       // the part of the token columns in view: the canvas is sticky, so only that band gets lines
       const band = () => ({ top: body.scrollTop, width: size.width, row: size.row,

@@ -7,32 +7,38 @@
   A.views = A.views || {};
   const SIZES = { small: 56, medium: 84, large: 128 };
 
-  // n x n codes -> r x r image, each pixel the max of its block, coloured through the theme's table.
-  function thumbImage(ctx, src, layer, head, r) {
-    const n = ctx.model.n;
+  // nq x nk codes -> rq x rk image, each pixel the max of its block, coloured through the theme's table.
+  function thumbImage(ctx, src, layer, head, rq, rk) {
+    const [nq, nk] = [src.nq, src.nk];
     const codes = src.codes(layer, head);
-    const pooled = new Uint8Array(r * r);
-    const bin = Array.from({ length: n }, (_, i) => Math.floor((i * r) / n));
-    for (let q = 0; q < n; q++) {
-      const row = bin[q] * r;
-      for (let k = 0; k < n; k++) {
-        const c = codes[q * n + k];
-        if (c > pooled[row + bin[k]]) pooled[row + bin[k]] = c;
+    const pooled = new Uint8Array(rq * rk);
+    const binQ = Array.from({ length: nq }, (_, i) => Math.floor((i * rq) / nq));
+    const binK = Array.from({ length: nk }, (_, i) => Math.floor((i * rk) / nk));
+    for (let q = 0; q < nq; q++) {
+      const row = binQ[q] * rk;
+      for (let k = 0; k < nk; k++) {
+        const c = codes[q * nk + k];
+        if (c > pooled[row + binK[k]]) pooled[row + binK[k]] = c;
       }
     }
     const toLut = src.scale(layer, head) / A.top(ctx, src, layer, head);
     const colours = new Uint32Array(A.lut(ctx.theme()).buffer);
-    const img = new ImageData(r, r);
+    const img = new ImageData(rk, rq);
     const pixels = new Uint32Array(img.data.buffer);
-    for (let i = 0; i < r * r; i++) pixels[i] = colours[Math.min(255, Math.round(pooled[i] * toLut))];
+    for (let i = 0; i < rq * rk; i++) pixels[i] = colours[Math.min(255, Math.round(pooled[i] * toLut))];
     return img;
   }
 
+  // A thumbnail px wide; a cross-attention map (target x source) keeps its aspect: px tall for the longer side.
   function thumb(ctx, src, layer, head, px, open) {
-    const r = Math.min(ctx.model.n, px * Math.min(2, window.devicePixelRatio || 1));
-    const canvas = el("canvas", { width: String(r), height: String(r) });
-    canvas.style.width = canvas.style.height = `${px}px`;
-    canvas.getContext("2d").putImageData(thumbImage(ctx, src, layer, head, r), 0, 0);
+    const longest = Math.max(src.nq, src.nk);
+    const [hq, wk] = [Math.max(4, Math.round((px * src.nq) / longest)), Math.max(4, Math.round((px * src.nk) / longest))];
+    const dpr = Math.min(2, window.devicePixelRatio || 1);
+    const [rq, rk] = [Math.min(src.nq, Math.ceil(hq * dpr)), Math.min(src.nk, Math.ceil(wk * dpr))];
+    const canvas = el("canvas", { width: String(rk), height: String(rq) });
+    canvas.style.width = `${wk}px`;
+    canvas.style.height = `${hq}px`;
+    canvas.getContext("2d").putImageData(thumbImage(ctx, src, layer, head, rq, rk), 0, 0);
     const name = [layer === null ? "" : `layer ${layer}`, head === null ? "" : `head ${head}`].filter(Boolean).join(", ");
     return el("button", { type: "button", class: "as-thumb", "data-layer": layer === null ? null : String(layer),
                           "data-head": head === null ? null : String(head), title: `${name || src.label}: open large`,
@@ -103,10 +109,12 @@
       sizeSelect.value = ctx.model.n > 128 ? "medium" : "small";
       const holder = el("div", { class: "as-grid-holder" });
       panel.append(el("div", { class: "as-controls" }, [
-        A.controls.source(ctx), A.controls.scale(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
+        A.controls.attention(ctx), A.controls.source(ctx), A.controls.scale(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
       ]));
+      const cross = ctx.model.payload.attention === "cross" ? " Cross-attention: rows are the target (decoder) " +
+        "tokens, columns the source (encoder) tokens." : "";
       panel.append(el("p", { class: "as-hint", text: "Each thumbnail is one head's query x key map (0-indexed; the max " +
-        "over each block of cells). Click or press Enter on one to open it large." }), holder);
+        "over each block of cells). Click or press Enter on one to open it large." + cross }), holder);
       const draw = () => holder.replaceChildren(grid(ctx, SIZES[sizeSelect.value], (l, h) => openDialog(ctx, l, h)));
       sizeSelect.addEventListener("change", draw);
       ctx.subscribe((s, p) => ctx.changed(p, ["source", "theme", "scale"]) && draw());

@@ -51,9 +51,11 @@
     canvas.addEventListener("mouseleave", () => tip.hide());
   }
 
+  // The keys in the chosen order (cross-attention: the source tokens, nk of them).
   function orderKeys(model, b, query, order) {
-    const keys = [...Array(model.n).keys()];
-    if (order === "weight") keys.sort((x, y) => b.weights[query * model.n + y] - b.weights[query * model.n + x]);
+    const nk = A.keys(model).n;
+    const keys = [...Array(nk).keys()];
+    if (order === "weight") keys.sort((x, y) => b.weights[query * nk + y] - b.weights[query * nk + x]);
     return keys;
   }
 
@@ -91,7 +93,7 @@
 
   function table(ctx, b, query, order, tip, width) {
     const { model } = ctx;
-    const [n, d] = [model.n, b.d];
+    const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const cw = cellWidth(d, width);
     const keys = orderKeys(model, b, query, order);
     const q = b.q.subarray(query * d, (query + 1) * d);
@@ -104,7 +106,7 @@
     ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
     titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
-    const who = (r) => `key ${A.tokenLabel(model, keys[r])}`;
+    const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t])}`], 2],
       [n, (r, t) => k(keys[r], t), "k vectors of every key", (r, t) => [who(r), `k[${t}] = ${A.fmt(k(keys[r], t))}`], 4],
@@ -118,7 +120,7 @@
     });
     const scaling = f32(b.scaling);
     keys.forEach((j, r) => keyRow(put, {
-      key: j, label: A.tokenLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
+      key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
       scaled: f32(b.scores[query * n + j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
     }, 4 + r));
     const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` });
@@ -130,7 +132,7 @@
   // Every key's v, weight × v (float32) and their sum over keys, next to the trace's context row.
   function valuesPart(ctx, b, query, keys, cw, tip) {
     const { model } = ctx;
-    const [n, d] = [model.n, b.d];
+    const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const w = (j) => b.weights[query * n + j];
     const v = (j, t) => b.v[j * d + t];
     const wv = (j, t) => f32(w(j) * v(j, t));
@@ -139,7 +141,7 @@
     put(el("span", { class: "as-th", text: "query" }), 1, 1);
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
     ["key", "v", "weight × v", "weight"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
-    const who = (r) => `key ${A.tokenLabel(model, keys[r])}`;
+    const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [(r, t) => v(keys[r], t), "v vectors of every key", (r, t) => [who(r), `v[${t}] = ${A.fmt(v(keys[r], t))}`]],
       [(r, t) => wv(keys[r], t), "weight times v", (r, t) => [who(r), `${A.fmt(w(keys[r]))} × v[${t}] = ${A.fmt(wv(keys[r], t))}`]],
@@ -151,7 +153,7 @@
     });
     keys.forEach((j, r) => {
       const off = model.causal && j > query ? "as-off" : "";
-      put(el("span", { class: `as-tok-cell ${off}`, "data-key": String(j), text: A.tokenLabel(model, j) }), 4 + r, 1);
+      put(el("span", { class: `as-tok-cell ${off}`, "data-key": String(j), text: A.keyLabel(model, j) }), 4 + r, 1);
       put(el("span", { "data-key": String(j), class: off }, [number("weights", w(j))]), 4 + r, 4);
     });
     const sum = [...Array(d).keys()].map((t) => keys.reduce((s, j) => s + wv(j, t), 0));
@@ -166,8 +168,13 @@
   }
 
   // RoPE and grouped-query attention in words: q and k shown are the rotated ones; which k/v head this head reads.
-  function modernNote(info, head) {
+  // Cross-attention: where q, k and v come from.
+  function modernNote(info, head, attention) {
     const parts = [];
+    if (attention === "cross") {
+      parts.push("Cross-attention: q comes from the decoder (this target token's hidden state), k and v from the " +
+        "encoder's output over the source tokens, so every target token sees every source token (no causal mask).");
+    }
     if (info.rope) {
       parts.push(`q and k are shown after the rotation (RoPE, ${info.rope}: ${info.d_rot} of ${info.d_head} dims ` +
         "of each head turned by position × θ_i): their dot products are the scores.");
@@ -194,7 +201,7 @@
       const order = el("select", { "aria-label": "order of the keys" });
       for (const o of ["position", "weight"]) order.append(el("option", { value: o, text: o }));
       panel.append(el("div", { class: "as-controls" }, [
-        A.controls.layer(ctx), A.controls.heads(ctx, "single"), A.controls.query(ctx),
+        A.controls.attention(ctx), A.controls.layer(ctx), A.controls.heads(ctx, "single"), A.controls.query(ctx),
         el("label", { class: "as-control" }, [el("span", { text: "order" }), order]),
         A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
       ]));
@@ -212,7 +219,7 @@
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
         const width = content.clientWidth || 1280;
-        if (block) content.append(modernNote(model.payload.model, head), table(ctx, block, query, order.value, tip, width));
+        if (block) content.append(modernNote(model.payload.model, head, model.payload.attention), table(ctx, block, query, order.value, tip, width));
         else content.append(missing(ctx, layer, head));
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
       };
