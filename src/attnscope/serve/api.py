@@ -8,6 +8,7 @@ from typing import Protocol
 
 from attnscope.serve.binary import MEDIA_TYPE, PRECISIONS
 from attnscope.serve.fields import ENCODINGS, Field
+from attnscope.serve.maps import MODES as MAP_MODES
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAYS, DERIVED
 
@@ -39,6 +40,7 @@ class TraceRequest:
     payload: bool
     sources: tuple[str, ...]
     precision: str = "float32"  # binary arrays only (attnscope.serve.binary.PRECISIONS)
+    maps: str = "inline"  # the payload's maps: inline, lazy (GET /api/trace/ID/map) or auto (attnscope.serve.maps)
     binary: bool = False  # from the Accept header, not the body: arrays as attnscope.serve.binary
 
 
@@ -100,6 +102,9 @@ def trace_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -
         Field("precision", "string", "The arrays' dtype in a binary response (Accept: "
               f"{MEDIA_TYPE}): float32 exact, float16, or uint8 with one scale per [query, key] map "
               "(other arrays float16); JSON arrays are always float32.", default="float32", enum=PRECISIONS),
+        Field("maps", "string", "The payload's maps: 'inline' (every map in the payload), 'lazy' (scales and "
+              "overviews only; each map from GET /api/trace/{id}/map when shown) or 'auto' (lazy for a large "
+              "trace: more than 2^24 weights).", default="inline", enum=MAP_MODES),
     ]
 
 

@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
-from attnscope.serve import binary, memory, page
+from attnscope.serve import binary, maps, memory, page
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -75,6 +75,23 @@ class Server:
         req = TraceRequest(**parse_body(data, self.trace_fields), binary=wants)
         body = await self._run(request, self.service.trace_body, req)
         return Response(body, media_type=binary.MEDIA_TYPE if wants else JSON, headers={"Vary": "Accept"})
+
+    async def map(self, request: Request) -> Response:
+        """GET /api/trace/{id}/map: one map (or a layer's heads) of a lazily sent trace (attnscope.serve.maps)."""
+        kept = self.service.maps.get(request.path_params["id"])
+        if kept is None:
+            raise RequestError(404, f"this server no longer has trace {request.path_params['id'][:16]!r} "
+                               "(evicted or restarted): trace the text again")
+        try:
+            q = maps.parse_query(dict(request.query_params), kept)
+            maps.validate_size(kept, q, self.settings.max_response_bytes)
+        except AttnscopeError as exc:
+            raise RequestError(422, str(exc)) from exc
+        headers = {"Cache-Control": "private, max-age=3600"}  # the id names the text: its maps never change
+        if q.precision == "uint8":  # as stored: no forward pass, no new quantization
+            return Response(maps.stored_body(kept, q), media_type=binary.MEDIA_TYPE, headers=headers)
+        body = await self._run(request, self.service.exact_map, (kept, q))
+        return Response(body, media_type=binary.MEDIA_TYPE, headers=headers)
 
     async def explain(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
@@ -194,6 +211,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     routes = [
         Route("/", server.index, methods=["GET"]),
         Route("/api/trace", server.trace, methods=["POST"]),
+        Route("/api/trace/{id}/map", server.map, methods=["GET"]),
         Route("/api/explain", server.explain, methods=["POST"]),
         Route("/api/neuron", server.neuron, methods=["POST"]),
         Route("/api/generate", server.generate, methods=["POST"]),

@@ -100,12 +100,16 @@ def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray, tuple[str, 
     if precision not in PRECISIONS:
         raise AttnscopeError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}",
                              parameter="precision")
+    return encode_packed(body, {name: pack(name, a, axes, precision) for name, (a, axes) in arrays.items()})
+
+
+def encode_packed(body: dict[str, Any], packed: dict[str, tuple[bytes, dict[str, Any]]]) -> bytes:
+    """`body` and named (bytes, header entry) pairs, as `pack` makes them -> one binary body."""
     parts: list[bytes] = []
     described: dict[str, Any] = {}
     at = 0
-    for name, (a, axes) in arrays.items():
-        data, spec = pack(name, a, axes, precision)
-        described[name] = spec | {"offset": at}
+    for name, (data, spec) in packed.items():
+        described[name] = spec | {"encoding": "binary", "nbytes": len(data), "offset": at}
         parts += [data, b"\0" * _pad(len(data))]
         at += len(data) + _pad(len(data))
     header = json.dumps({**body, "arrays": described}, ensure_ascii=False, allow_nan=False,

@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
-from attnscope.serve import binary
+from attnscope.serve import binary, maps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.pool import checkpoint
@@ -26,6 +26,8 @@ from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
+from attnscope.views.payload import NEURON_STAGES
+from attnscope.views.payload import source_names as payload_sources
 
 _BASE64_BYTES = 16 / 3  # JSON bytes per float32 value: 4 bytes, base64
 _LIST_BYTES = 16  # at most, as a JSON number in a list: "-1.2345678e-05," (float32 repr)
@@ -39,6 +41,7 @@ class Service:
         self.models = load_models(settings.models)
         self.default = next(iter(self.models.values()))
         self.cache = TraceCache(settings.cache_entries, settings.cache_bytes)
+        self.maps = maps.MapStore(settings.cache_entries, settings.cache_bytes)  # long traces' maps, uint8
         self.budget = Budget(settings.max_response_bytes, settings.max_list_values)
         # capture hooks live on the model, so one model runs one forward pass at a time
         self._locks = {id(m): threading.Lock() for m in self.models.values()}
@@ -69,25 +72,31 @@ class Service:
 
     def entry(self, req: TextRequest, stop: threading.Event) -> tuple[Model, Entry]:
         """The trace of this text, from the cache or from a forward pass (not started once `stop` is set)."""
-        m = self.model(req.model)
-        n = req.max_length if req.max_length is not None else min(self.settings.max_tokens, m.max_positions)
-        key: CacheKey = (m.name, req.text, req.pair, n, req.truncate)
+        m, key = self.key(req)
         hit = self.cache.get(key)
         if hit is not None:
             return m, hit
         with self._locks[id(m)]:
             checkpoint(stop)  # its client may have left while it waited for the model
-            tr = trace(req.text, req.pair, model=m, max_length=n, truncate=req.truncate)
+            tr = trace(req.text, req.pair, model=m, max_length=key[3], truncate=req.truncate)
         e = Entry(tr, tr.check().to_dict())  # a trace keeps only its errors, so the check is cheap to keep
         self.cache.put(key, e)
         return m, e
 
+    def key(self, req: TextRequest) -> tuple[Model, CacheKey]:
+        m = self.model(req.model)
+        n = req.max_length if req.max_length is not None else min(self.settings.max_tokens, m.max_positions)
+        return m, (m.name, req.text, req.pair, n, req.truncate)
+
     def trace_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
         _m, e = self.entry(req, stop)
         tr = e.trace
+        optional = tuple(s for s in DERIVED if s in req.sources)
+        lazy = req.maps == "lazy" or (req.maps == "auto" and maps.is_large(tr))
         try:
             arrays = {s: stage_array(tr, s) for s in req.stages}
-            payload_json = views_payload(e, tuple(s for s in DERIVED if s in req.sources)) if req.payload else b""
+            payload_json = b"" if not req.payload else (
+                self.lazy_payload(e, optional, self.key(req)[1]) if lazy else views_payload(e, optional))
         finally:
             self.cache.fit()  # the entry grew: derived arrays, a payload
         self.budget.validate(arrays, f"binary {req.precision}" if req.binary else req.encoding, len(payload_json))
@@ -102,6 +111,32 @@ class Service:
         body["arrays"] = {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
         out = to_json(body)
         return out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
+
+    def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
+        """The views' payload without maps (attnscope.serve.maps), its maps kept as uint8 in self.maps."""
+        if ("lazy", *optional) not in e.payloads:
+            for name in optional:
+                stage_array(e.trace, name)
+            names = [n for n in payload_sources(e.trace) if n not in DERIVED or n in optional]
+            kept = maps.compact(e.trace, names, key)
+            # the payload's own fields from a stand-in whose maps are 1 x 1 (then replaced): no quantizing twice
+            small = {k: np.zeros((*v.shape[:-2], 1, 1), np.float32) if k in names else v
+                     for k, v in e.trace.arrays.items() if k not in DERIVED or k in optional}
+            p = payload(dataclasses.replace(e.trace, arrays=small), neuron="none")
+            p["neuron"]["available"] = all(s in e.trace.arrays for s in NEURON_STAGES)
+            p["sources"] = maps.lazy_sources(kept, p)
+            p["maps"] = {"trace": kept.id, "url": f"/api/trace/{kept.id}/map", "stored": self.maps.put(kept)}
+            e.payloads[("lazy", *optional)] = to_json(p)
+        return e.payloads[("lazy", *optional)]
+
+    def exact_map(self, req: tuple[maps.MapSet, maps.MapQuery], stop: threading.Event) -> bytes:
+        """float32 or float16 of a stored trace's map from its exact trace (cached, else traced again)."""
+        kept, q = req
+        _m, e = self.entry(maps.Retrace.of(kept.key), stop)
+        try:
+            return maps.exact_body(kept, q, e.trace, stage_array(e.trace, q.source))
+        finally:
+            self.cache.fit()
 
     def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
         m, e = self.entry(req, stop)

@@ -1,0 +1,256 @@
+"""Long traces in the web app: the page gets tokens and summaries first, each map when it is shown.
+
+`POST /api/trace` with `"maps": "lazy"` (or "auto" on a large trace) answers with a views payload
+whose sources carry no maps, only what the page needs at once: per map its scale (the max) and a
+max-pooled overview of at most OVERVIEW x OVERVIEW uint8 codes (the model view's thumbnails), and
+`"maps": {"trace": ID, "url": "/api/trace/ID/map"}`. The server keeps the trace's drawable maps as
+uint8 codes in a MapStore (a quarter of float32; SmolLM2 at 2,048 tokens: 1.1 GB instead of 4.5 GB),
+and `GET /api/trace/ID/map?source=&layer=&head=&precision=` sends one map (or, without head, every
+head of a layer) in the binary form of attnscope.serve.binary. uint8 comes from the store as quantized
+once (the codes the inline payload would carry); float16 and float32 come from the exact trace (the
+trace cache, or a new forward pass of the same text when it was evicted).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from attnscope.errors import AttnscopeError, validate_index
+from attnscope.serve import binary
+from attnscope.stages import ARRAY_AXES, SOURCE_LABELS
+from attnscope.views.payload import encode_bytes, quantize
+
+if TYPE_CHECKING:
+    from attnscope.serve.cache import CacheKey
+    from attnscope.traces import Trace
+
+OVERVIEW = 64  # the overview's side at most, in cells: each cell the max of its block of codes
+LAZY_FROM = 2**24  # "auto": maps travel lazily when a source holds more codes than this (16 MiB of uint8)
+MODES = ("inline", "lazy", "auto")
+
+
+def trace_id(key: CacheKey) -> str:
+    """A stable id for one traced text (same text, model and length: same id, across restarts)."""
+    return hashlib.sha256(repr(key).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass
+class Source:
+    """One drawable array as uint8: codes [layer, head, query, key] (length-1 axes where it has none)."""
+
+    name: str
+    codes: np.ndarray  # [layer, head, query, key] uint8
+    scales: np.ndarray  # [layer, head] float64, the max of each map
+    per_layer: bool
+    per_head: bool
+
+
+@dataclass
+class MapSet:
+    """A trace's drawable maps, compact, and how to trace it again for exact numbers."""
+
+    id: str
+    key: CacheKey
+    sources: dict[str, Source]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values())
+
+
+def is_large(trace: Trace) -> bool:
+    """Would the raw weights as uint8 exceed LAZY_FROM codes (the point where "auto" goes lazy)?"""
+    return trace.n_layers * trace.n_heads * len(trace.tokens) ** 2 > LAZY_FROM
+
+
+def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
+    """Quantize each source one layer at a time (float64 scratch of one layer, not of the whole trace)."""
+    out: dict[str, Source] = {}
+    for name in names:
+        a, axes = trace.arrays[name], ARRAY_AXES[name]
+        per_layer, per_head = "layer" in axes, "head" in axes
+        maps = a if per_layer else a[None]  # [layer, (head,) query, key]
+        # one layer at a time -> [1, head, query, key] codes and [1, head] scales
+        parts = [quantize(_drawable(name, i, maps[i:i + 1] if per_head else maps[i:i + 1, None]))
+                 for i in range(maps.shape[0])]
+        codes = np.concatenate([c for c, _ in parts])  # [layer, head, query, key]
+        scales = np.concatenate([s for _, s in parts])  # [layer, head]
+        out[name] = Source(name, codes, scales, per_layer, per_head)
+    return MapSet(trace_id(key), key, out)
+
+
+def _drawable(name: str, layer: int, m: np.ndarray) -> np.ndarray:
+    """Views draw finite maps >= 0: say where one is not (never patch it)."""
+    if not (np.isfinite(m).all() and (m >= 0).all()):
+        raise AttnscopeError(f"cannot draw {name!r}: layer {layer} holds NaN, infinite or negative values; "
+                             "views need finite values >= 0")
+    return m
+
+
+def overview(codes: np.ndarray, side: int = OVERVIEW) -> np.ndarray:
+    """[..., query, key] codes -> [..., s_q, s_k] with each cell the max over its block (s <= side)."""
+    nq, nk = codes.shape[-2:]
+    bq, bk = -(-nq // side), -(-nk // side)  # block sizes, rounded up
+    sq, sk = -(-nq // bq), -(-nk // bk)
+    padded = np.zeros((*codes.shape[:-2], sq * bq, sk * bk), dtype=np.uint8)
+    padded[..., :nq, :nk] = codes
+    pooled: np.ndarray = padded.reshape(*codes.shape[:-2], sq, bq, sk, bk).max(axis=(-3, -1))
+    return pooled
+
+
+def lazy_sources(maps: MapSet, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The payload's sources without their maps: scales, an overview each, and where to fetch the rest."""
+    out = []
+    for s in maps.sources.values():
+        view = overview(s.codes)  # [layer, head, s_q, s_k]
+        suffix, data = encode_bytes(view.tobytes(), True)
+        out.append({
+            "name": s.name, "label": SOURCE_LABELS.get(s.name, s.name.replace("_", " ")),
+            "axes": list(ARRAY_AXES[s.name]), "shape": list(s.codes.shape),
+            "layers": payload["layers"] if s.per_layer else [], "heads": payload["heads"] if s.per_head else [],
+            "range": "unit" if s.name == "weights" else "max", "scales": [float(x) for x in s.scales.ravel()],
+            "encoding": "lazy", "data": None,
+            "overview": {"shape": list(view.shape[-2:]), "encoding": "u8" + suffix, "data": data},
+        })
+    return out
+
+
+@dataclass(frozen=True)
+class MapQuery:
+    """What `GET /api/trace/ID/map` asks for: a source, a layer, one head or all (None), a precision."""
+
+    source: str
+    layer: int | None
+    head: int | None
+    precision: str
+
+
+def parse_query(params: dict[str, str], maps: MapSet) -> MapQuery:
+    """The query string, validated against this trace (AttnscopeError: the server answers 422)."""
+    unknown = sorted(set(params) - {"source", "layer", "head", "precision"})
+    if unknown:
+        raise AttnscopeError(f"unknown parameter {unknown[0]!r}: use source, layer, head and precision")
+    source = params.get("source", "weights")
+    if source not in maps.sources:
+        raise AttnscopeError(f"source {source!r} is not in this trace: it has {', '.join(maps.sources)}")
+    precision = params.get("precision", "uint8")
+    if precision not in binary.PRECISIONS:
+        raise AttnscopeError(f"precision {precision!r} is not known: use one of {', '.join(binary.PRECISIONS)}")
+    s = maps.sources[source]
+    layer = _index(params, "layer", s.codes.shape[0]) if s.per_layer else None
+    head = _index(params, "head", s.codes.shape[1]) if s.per_head and "head" in params else None
+    if s.per_layer and layer is None:
+        raise AttnscopeError(f"parameter 'layer' is required for source {source!r} (0-indexed)")
+    return MapQuery(source, layer, head, precision)
+
+
+def _index(params: dict[str, str], name: str, count: int) -> int | None:
+    text = params.get(name)
+    if text is None:
+        return None
+    if not text.isascii() or not text.isdigit() or len(text) > 9:
+        raise AttnscopeError(f"parameter {name!r} must be a whole number from 0 to {count - 1}, got {text[:20]!r}")
+    validate_index(name, int(text), count, "this trace")
+    return int(text)
+
+
+def _header(maps: MapSet, q: MapQuery, shape: tuple[int, ...]) -> dict[str, Any]:
+    return {"trace": maps.id, "source": q.source, "layer": q.layer, "head": q.head,
+            "n_query": int(shape[-2]), "n_key": int(shape[-1])}
+
+
+def stored_body(maps: MapSet, q: MapQuery) -> bytes:
+    """The uint8 codes as stored (no new quantization): [query, key] for one head, else [head, query, key]."""
+    s = maps.sources[q.source]
+    at = s.codes[q.layer or 0]  # [head, query, key]
+    scales = s.scales[q.layer or 0]  # [head]
+    if q.head is not None or not s.per_head:
+        at, scales = at[q.head or 0], scales[q.head or 0:(q.head or 0) + 1]
+    axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
+    spec = {"axes": list(axes), "shape": list(at.shape), "dtype": "uint8", "scales": [float(x) for x in scales]}
+    return binary.encode_packed(_header(maps, q, at.shape), {q.source: (at.tobytes(), spec)})
+
+
+def exact_body(maps: MapSet, q: MapQuery, trace: Trace, array: np.ndarray) -> bytes:
+    """float32 (bit for bit) or float16 from the exact trace; the same slice as stored_body."""
+    s = maps.sources[q.source]
+    at = array if s.per_layer else array[None]
+    at = at[q.layer or 0] if s.per_head else at[q.layer or 0][None]  # [head, query, key]
+    if q.head is not None or not s.per_head:
+        at = at[q.head or 0]
+    axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
+    body = _header(maps, q, at.shape) | {"check_ok": trace.check().ok}
+    return binary.encode(body, {q.source: (at, axes)}, q.precision)
+
+
+class MapStore:
+    """Thread-safe LRU of MapSets by trace id, bounded in entries and bytes like the trace cache."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, MapSet] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, id: str) -> MapSet | None:
+        with self._lock:
+            found = self._items.get(id)
+            if found is not None:
+                self._items.move_to_end(id)
+            return found
+
+    def put(self, maps: MapSet) -> bool:
+        """Keep it (evicting the oldest); False when it alone is over the byte cap (not kept)."""
+        with self._lock:
+            if maps.nbytes > self.max_bytes or self.max_entries == 0:
+                return False
+            self._items[maps.id] = maps
+            self._items.move_to_end(maps.id)
+            total = sum(m.nbytes for m in self._items.values())
+            while len(self._items) > self.max_entries or total > self.max_bytes:
+                _, old = self._items.popitem(last=False)
+                total -= old.nbytes
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"entries": len(self._items), "bytes": sum(m.nbytes for m in self._items.values())}
+
+
+
+@dataclass(frozen=True)
+class Retrace:
+    """The text request a MapSet was traced from (a TextRequest), to trace it again for exact numbers."""
+
+    model: str | None
+    text: str
+    pair: str | None
+    max_length: int | None
+    truncate: bool
+
+    @classmethod
+    def of(cls, key: CacheKey) -> Retrace:
+        return cls(*key)
+
+
+_BYTES = {"uint8": 1, "float16": 2, "float32": 4}
+
+
+def validate_size(maps: MapSet, q: MapQuery, limit: int) -> None:
+    """Refuse (422) a response over the server's limit before building it: ask for one head."""
+    codes = maps.sources[q.source].codes
+    count = 1 if q.head is not None or not maps.sources[q.source].per_head else codes.shape[1]
+    size = count * codes.shape[-2] * codes.shape[-1] * _BYTES[q.precision]
+    if size > limit:
+        raise AttnscopeError(f"the map would be {size / 2**20:.0f} MiB, over the server's limit of "
+                             f"{limit / 2**20:.0f} MiB: ask for one head (head=) or precision uint8")
