@@ -10,6 +10,7 @@ from typing import Any
 from attnscope.cli.common import add_text_args
 from attnscope.cli.core import traced
 from attnscope.errors import AttnscopeError
+from attnscope.views.size import MAX_PAGE_MB, PageSize, page_size, validate_page_size
 
 
 def register(sub: Any) -> None:
@@ -28,6 +29,9 @@ def register(sub: Any) -> None:
                    help="exact numbers carried for the neuron view: a size budget (default), every head, or none")
     p.add_argument("--word-level", action="store_true",
                    help="also carry word-level maps (pieces merged as stats --word-level does) behind a toggle")
+    p.add_argument("--max-mb", type=float, default=MAX_PAGE_MB, metavar="MB",
+                   help=f"refuse a page that would exceed MB megabytes, measured before it is built (default "
+                        f"{MAX_PAGE_MB:g}; a 2,048-token map takes 5.6 MB: choose --layers and --heads)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="FILE.html (the page), or one view as a figure: FILE.svg, FILE.png or FILE.pdf")
     p.add_argument("--format", default=None, metavar="FORMAT",
@@ -83,13 +87,19 @@ def run_view(args: argparse.Namespace) -> int:
         from attnscope.views.figures import validate_figure
 
         validate_figure(args.view, scale)
+    validate_page_size(PageSize(0, 0, 0, 0, 0), args.max_mb, flags=True)
     tr = traced(args)
+    from attnscope.traces import Trace
     from attnscope.views import to_html  # heavy: after the input checks
 
+    neuron = "all" if figure and args.view == "neuron" else args.neuron
+    if isinstance(tr, Trace):  # measured before the page is built, refused in the CLI's words
+        carried = neuron if args.view in ("neuron", "all") else "none"
+        validate_page_size(page_size(tr, layers, heads, carried, args.word_level), args.max_mb, flags=True)
     show_heads = [args.head] if args.view == "head" and args.head is not None else None
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
-                   show_heads=show_heads, theme="light" if figure else args.theme,
-                   neuron="all" if figure and args.view == "neuron" else args.neuron, word_level=args.word_level)
+                   show_heads=show_heads, theme="light" if figure else args.theme, neuron=neuron,
+                   word_level=args.word_level, max_mb=args.max_mb)
     out = Path(args.output)
     if figure:
         from attnscope.views.figures import render_figure

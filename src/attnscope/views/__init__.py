@@ -42,6 +42,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.views.kinds import family_payload
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
+from attnscope.views.size import MAX_PAGE_MB, page_size, validate_page_size
 
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
     from attnscope.traces import EncoderDecoderTrace, Trace
@@ -89,6 +90,7 @@ def to_html(
     title: str | None = None,
     word_level: bool = False,
     attention: str | None = None,
+    max_mb: float | None = MAX_PAGE_MB,
 ) -> str:
     """A self-contained HTML page with one view, or all four as tabs (view="all").
 
@@ -98,6 +100,8 @@ def to_html(
     word_level: also carry the maps merged into words (views/words.py), behind the page's "words" toggle.
     attention: an encoder-decoder trace's kind drawn first, "encoder" (default), "decoder" or "cross"; the
     page's selector switches among the three (layer, head and query then apply to that kind).
+    max_mb: refuse (AttnscopeError naming layers and heads) a page that would exceed this many MB, measured
+    before it is built (views/size.py; None: no limit).
     """
     validate_view(view)
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
@@ -114,6 +118,8 @@ def to_html(
     if attention not in (None, trace.attention):
         raise AttnscopeError(f"attention={attention!r} is for encoder-decoder traces: this trace is {trace.attention} "
                              "attention alone")
+    layers, heads = (None if layers is None else list(layers)), (None if heads is None else list(heads))
+    validate_page_size(page_size(trace, layers, heads, neuron if wants_neuron else "none", word_level), max_mb)
     data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial)
     if word_level:
         from attnscope.views.words import word_trace
