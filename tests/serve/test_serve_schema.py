@@ -19,6 +19,7 @@ from serve_support import Server
 EXAMPLES = 25
 OPERATIONS = [("/api/trace", "POST"), ("/api/explain", "POST"), ("/api/neuron", "POST"), ("/api/models", "GET"),
               ("/healthz", "GET")]
+MAP = ("/api/trace/{id}/map", "GET")  # a made-up id is 404: its refusals are tested in test_serve_long.py
 # Valid by the schema yet impossible for this text: more tokens than max_length with truncate=false, and
 # a query token past the end of the text, a max_length that fits one text's special tokens but not a pair's.
 # Each is refused with 422 and exactly this reason.
@@ -33,7 +34,7 @@ def api_schema(server: Server) -> Any:
 
 def test_the_schema_lists_every_operation(api_schema: Any) -> None:
     found = sorted((op.ok().path, op.ok().method.upper()) for op in api_schema.get_all_operations())
-    assert found == sorted(OPERATIONS)
+    assert found == sorted([*OPERATIONS, MAP])
 
 
 CASES = [(p, m, GenerationMode.POSITIVE) for p, m in OPERATIONS] + \

@@ -12,6 +12,7 @@ _ERROR = {"$ref": "#/components/schemas/Error"}
 _STATUS_TEXT = {
     403: "Not from this server's own page or a local client: a foreign Host or Origin, a CORS preflight, "
          "or a missing access token.",
+    404: "No such route, or a trace this server no longer has (evicted or restarted): trace the text again.",
     408: "The body did not arrive within the server's body deadline.",
     413: "The request body is larger than the server's limit.",
     415: "The body is not sent as Content-Type: application/json.",
@@ -108,6 +109,28 @@ _NEURON = _obj(["layer", "head", "scaling", "d_head", "encoding", "data"], layer
                encoding={"type": "string"}, data={"type": "string"})
 
 
+def _map_route() -> dict[str, Any]:
+    """GET /api/trace/{id}/map: the maps of a lazily sent trace, in the binary form (attnscope.serve.maps)."""
+    def param(name: str, where: str, schema: dict[str, Any], text: str, required: bool = False) -> dict[str, Any]:
+        return {"name": name, "in": where, "required": required, "schema": schema, "description": text}
+
+    binary_body = {"description": "OK", "content": {"application/x-attnscope-arrays": {
+        "schema": {"type": "string", "format": "binary"}}}}
+    return {"get": {
+        "operationId": "map", "summary": "One map of a trace sent with \"maps\": \"lazy\" (or a layer's heads), "
+        "binary (docs/serve.md): uint8 as stored, float16 or float32 exact from the trace",
+        "parameters": [
+            param("id", "path", {"type": "string"}, "payload.maps.trace of the POST /api/trace answer", True),
+            param("source", "query", {"type": "string", "default": "weights"}, "a source of the payload"),
+            param("layer", "query", {"type": "integer", "minimum": 0}, "layer, 0-indexed (sources with layers)"),
+            param("head", "query", {"type": "integer", "minimum": 0}, "head, 0-indexed; absent: every head"),
+            param("precision", "query", {"type": "string", "enum": ["uint8", "float16", "float32"],
+                                         "default": "uint8"}, "the values' dtype"),
+        ],
+        "responses": {"200": binary_body, **_errors(403, 404, 422, 500, 503, 504)},
+    }}
+
+
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
     return {
@@ -119,6 +142,7 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
             "/api/trace": _post("Trace a text: tokens, verification and arrays by stage name (raw float32 "
                                 "arrays instead with Accept: application/x-attnscope-arrays, docs/serve.md)",
                                 trace_fields, _TRACE, "trace", _TRACE_LINKS),
+            "/api/trace/{id}/map": _map_route(),
             "/api/explain": _post("Walk through one layer, head and query token step by step "
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
             "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
