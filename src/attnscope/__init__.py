@@ -25,6 +25,8 @@ _EXPORTS = {
     "Token": "attnscope.tokens",
     "Trace": "attnscope.traces",
     "trace": "attnscope.tracing",
+    "trace_seq2seq": "attnscope.seq2seq",
+    "EncoderDecoderTrace": "attnscope.traces",
     "generate": "attnscope.generating",
     "GenerationTrace": "attnscope.generation",
     "walkthrough": "attnscope.explain",
@@ -36,6 +38,7 @@ __all__ = [
     "TOLERANCE",
     "AttnscopeError",
     "CheckReport",
+    "EncoderDecoderTrace",
     "GenerationTrace",
     "Model",
     "Token",
@@ -44,6 +47,7 @@ __all__ = [
     "generate",
     "load_model",
     "trace",
+    "trace_seq2seq",
     "walkthrough",
 ]
 
@@ -54,8 +58,9 @@ if TYPE_CHECKING:
     from attnscope.generation import GenerationTrace
     from attnscope.models import DEFAULT_MODEL, Model, load_model
     from attnscope.report import TOLERANCE, CheckReport
+    from attnscope.seq2seq import trace_seq2seq
     from attnscope.tokens import Token
-    from attnscope.traces import Trace
+    from attnscope.traces import EncoderDecoderTrace, Trace
     from attnscope.tracing import trace
 
 

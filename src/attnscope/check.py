@@ -23,9 +23,11 @@ class ErrorTable:
     For each (stage, source), errors[row] is [layer, head] (per-head stages) or [layer, 1].
     """
 
-    def __init__(self, keep: torch.Tensor, n_layers: int, n_heads: int) -> None:
+    def __init__(self, keep: torch.Tensor, n_layers: int, n_heads: int, key_keep: torch.Tensor | None = None) -> None:
         self.keep = keep.bool()  # [batch, token]: False on padding
-        self.padded = not bool(self.keep.all())
+        # cross-attention: keys (and k, v) run over the source, [batch, key]; self-attention: keep
+        self.key_keep = self.keep if key_keep is None else key_keep.bool()
+        self.padded = not bool(self.keep.all()) or not bool(self.key_keep.all())
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
         self._scratch: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
@@ -36,9 +38,10 @@ class ErrorTable:
         valid = torch.ones((), dtype=torch.bool)
         for i, axis in enumerate(axes):
             if axis in TOKEN_AXES:
+                side = self.key_keep if axis == "key" or stage in PER_KV_HEAD else self.keep
                 shape = [-1] + [1] * len(axes)
-                shape[i + 1] = self.keep.shape[1]
-                valid = valid & self.keep.view(shape)
+                shape[i + 1] = side.shape[1]
+                valid = valid & side.view(shape)
         return valid
 
     def add(self, stage: str, source: str, layer: int, captured: torch.Tensor, other: torch.Tensor) -> None:

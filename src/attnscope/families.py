@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnscope.maths import AttentionParams, QKNorm, Rope, Window
+from attnscope.maths import AttentionParams, QKNorm, RelativeBias, Rope, Window
 
 SCALED_ROPE = ("linear", "dynamic", "llama3", "yarn")  # rope_type values recomputed besides "default"
 
@@ -39,6 +39,7 @@ class Family:
     pre_attention: str | None = None  # base-model module applied to the hidden state to give x, "{layer}" filled in
     rotary: bool = False  # RoPE from config.rope_parameters
     shared_layers: bool = False  # one attention module serves every layer (ALBERT)
+    cross: str | None = None  # encoder-decoder: the name of the decoder's cross-attention modules
 
 
 def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -191,6 +192,39 @@ def _decoder(name: str, cls: str, params: Callable[[nn.Module, Any, int], Attent
                   _DECODER_X.format(norm=norm, scaled=scaled), pre_attention=pre, rotary=True)
 
 
+# Encoder-decoder families: one attention class serves the encoder's self-attention, the decoder's causal
+# self-attention and the decoder's cross-attention; a module's place in the model says which (attention_kind).
+def _t5_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """T5: no biases and no 1/sqrt(d_head) scaling (its initialisation folds it into W_Q); seq2seq_params adds
+    the relative position bias."""
+    cfg: Any = model.config
+    return replace(_linear_params(m.q, m.k, m.v, m.o, int(cfg.num_heads)), scaling=1.0)
+
+
+def _bart_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
+    """BART, mBART, Marian: q_proj, k_proj, v_proj, out_proj with biases, scores scaled by 1/sqrt(d_head)."""
+    cfg: Any = model.config
+    heads = cfg.encoder_attention_heads if attention_kind(model, m) == "encoder" else cfg.decoder_attention_heads
+    return _linear_params(m.q_proj, m.k_proj, m.v_proj, m.out_proj, int(heads))
+
+
+_SEQ2SEQ_X = {
+    "t5": "layer_norm (RMS, no mean, no bias) of the residual stream: the token embeddings for layer 0, the output "
+          "of layer l-1 after that (positions enter through the relative position bias, not through x); "
+          "cross-attention: the same norm of the decoder's stream after its self-attention, k and v from the "
+          "encoder's output (after its final RMS norm)",
+    "bart": "the residual stream after LayerNorm: token {scaled}+ {positions} position embeddings, then layernorm_"
+            "embedding, for layer 0, the output of layer l-1 after that; cross-attention: the decoder's stream after "
+            "its self-attention block, k and v from the encoder's output",
+}
+
+
+def _seq2seq(name: str, cls: str, params: Callable[[nn.Module, Any, int], AttentionParams], cross: str,
+             x_source: str, out: str, pre: str | None = None) -> Family:
+    return Family(name, (cls,), False, params, lambda model, m: getattr(m, out), x_source, pre_attention=pre,
+                  cross=cross)
+
+
 FAMILIES: dict[str, Family] = {
     "bert": _bert_family("bert", "Bert"),
     "roberta": _bert_family("roberta", "Roberta"),
@@ -234,6 +268,21 @@ FAMILIES: dict[str, Family] = {
     "gpt_oss": _decoder("gpt_oss", "GptOssAttention"),  # attention sinks, alternating sliding layers, YaRN
     "olmo2": _decoder("olmo2", "Olmo2Attention", norm="no norm (OLMo2 normalises after attention): x is",
                       pre=None),
+    "t5": _seq2seq("t5", "T5Attention", _t5_params, "EncDecAttention", _SEQ2SEQ_X["t5"], "o",
+                   pre="{stack}.block.{layer}.layer.0.layer_norm"),
+    "bart": _seq2seq("bart", "BartAttention", _bart_params, "encoder_attn",
+                     _SEQ2SEQ_X["bart"].format(scaled="", positions="learned"), "out_proj"),
+    "mbart": _seq2seq("mbart", "MBartAttention", _bart_params, "encoder_attn",
+                      "self_attn_layer_norm (LayerNorm, before attention) of the residual stream: scaled token + "
+                      "learned position embeddings, then layernorm_embedding, for layer 0, the output of layer l-1 "
+                      "after that; cross-attention: encoder_attn_layer_norm of the decoder's stream, k and v from "
+                      "the encoder's output (after its final LayerNorm)", "out_proj",
+                      pre="{stack}.layers.{layer}.self_attn_layer_norm"),
+    "marian": _seq2seq("marian", "MarianAttention", _bart_params, "encoder_attn",
+                       "the residual stream: token embeddings x sqrt(d_model) + sinusoidal position embeddings for "
+                       "layer 0 (no LayerNorm there), the output of layer l-1 after that (post-norm); "
+                       "cross-attention: the decoder's stream after its self-attention block, k and v from the "
+                       "encoder's output", "out_proj"),
     "modernbert": Family(
         name="modernbert",
         attention_classes=("ModernBertAttention",),
@@ -308,12 +357,57 @@ def eager_attention(module: nn.Module) -> Callable[..., tuple[torch.Tensor, torc
     return modeling_bert.eager_attention_forward
 
 
-def pre_attention(model: nn.Module, layer: int) -> nn.Module | None:
-    """The module that turns layer's hidden state into its attention input, or None when x is the hidden state."""
+def pre_attention(model: nn.Module, layer: int, stack: str = "encoder") -> nn.Module | None:
+    """The module that turns layer's hidden state into its attention input, or None when x is the hidden state.
+
+    stack: an encoder-decoder's "encoder" or "decoder" (self-attention)."""
     fam = family_of(model)
     if fam is None or fam.pre_attention is None:
         return None
-    return base_of(model).get_submodule(fam.pre_attention.format(layer=layer))
+    return base_of(model).get_submodule(fam.pre_attention.format(layer=layer, stack=stack))
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """T5, BART, Marian...: an encoder reads the source, a decoder the target with cross-attention to it."""
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def attention_kind(model: nn.Module, module: nn.Module) -> str:
+    """"self" for a decoder-only or encoder-only model; an encoder-decoder's "encoder", "decoder" or "cross"."""
+    kinds = seq2seq_modules(model)
+    return next((kind for kind, mods in kinds.items() if any(m is module for m in mods)), "self")
+
+
+def seq2seq_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
+    """An encoder-decoder's attention modules by kind ("encoder", "decoder", "cross"), each in layer order."""
+    fam = family_of(model)
+    if fam is None or fam.cross is None:
+        return {}
+    kinds: dict[str, list[nn.Module]] = {"encoder": [], "decoder": [], "cross": []}
+    for name, mod in model.named_modules():
+        if type(mod).__name__ in fam.attention_classes:
+            parts = name.split(".")
+            kinds["cross" if fam.cross in parts else "encoder" if "encoder" in parts else "decoder"].append(mod)
+    return kinds
+
+
+def seq2seq_params(model: nn.Module) -> dict[str, list[AttentionParams]]:
+    """Each kind's per-layer parameters: the decoder's self-attention sees no later key; T5 adds the relative
+    position bias of its stack's first layer (bidirectional in the encoder) to every self-attention layer."""
+    fam, cfg = family_of(model), model.config
+    assert fam is not None and fam.cross is not None
+    out: dict[str, list[AttentionParams]] = {}
+    for kind, mods in seq2seq_modules(model).items():
+        params = [fam.params(model, m, layer) for layer, m in enumerate(mods)]
+        first = getattr(mods[0], "relative_attention_bias", None) if mods else None
+        if isinstance(first, nn.Embedding):
+            table = RelativeBias(first.weight.detach(), kind == "encoder",
+                                 int(getattr(cfg, "relative_attention_max_distance", 128)))
+            params = [replace(p, relative_bias=table) for p in params]
+        if kind == "decoder":
+            params = [replace(p, window=Window(None, 0)) for p in params]
+        out[kind] = params
+    return out
 
 
 def rope(config: Any, layer: int, n_positions: int) -> Rope:

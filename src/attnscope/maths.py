@@ -64,6 +64,15 @@ class Window:
 
 
 @dataclass(frozen=True)
+class RelativeBias:
+    """T5's relative position bias: one learned number per head for each bucket of key - query distances."""
+
+    table: torch.Tensor  # [bucket, head]
+    bidirectional: bool  # the encoder's: keys before and after the query get buckets of their own
+    max_distance: int  # distances from here on share the last bucket
+
+
+@dataclass(frozen=True)
 class AttentionParams:
     """One attention layer's parameters in the x @ W convention: W is [d_model, n_head * d_head]."""
 
@@ -84,6 +93,7 @@ class AttentionParams:
     softcap: float | None = None  # Gemma 2: scores pass through softcap * tanh(scores / softcap)
     sinks: torch.Tensor | None = None  # [head]: GPT-OSS's attention sinks, one extra logit per head (softmax_with_sink)
     window: Window = Window()  # the keys each query sees (before the padding mask)
+    relative_bias: RelativeBias | None = None  # T5: added to the scaled scores (every layer reads the first's)
 
     @property
     def d_head(self) -> int:
@@ -171,6 +181,35 @@ def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
 def soft_cap(scaled: torch.Tensor, cap: float) -> torch.Tensor:
     """cap * tanh(scores / cap): scores stay in (-cap, cap), nearly unchanged when small (Gemma 2)."""
     return torch.tanh(scaled / cap) * cap
+
+
+def relative_position_bucket(relative: torch.Tensor, bidirectional: bool, n_buckets: int,
+                             max_distance: int) -> torch.Tensor:
+    """T5's bucket of each key - query distance (Raffel et al. 2020, after Mesh TensorFlow): one bucket per
+    distance below half the buckets, then logarithmically wider ones up to max_distance.
+
+    relative: key - query, integers [query, key] -> bucket [query, key]. bidirectional (the encoder): keys
+    after the query use the upper half of the buckets; otherwise (the decoder) future keys share bucket 0.
+    """
+    bucket = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        bucket = bucket + (relative > 0).long() * n_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp(min=0)
+    exact = n_buckets // 2
+    # log(0) is -inf where distance is 0: those entries take the exact branch below
+    log_ratio = torch.log(distance.float() / exact) / math.log(max_distance / exact)
+    wide = (exact + (log_ratio * (n_buckets - exact)).long()).clamp(max=n_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, wide)
+
+
+def relative_position_bias(n_query: int, n_key: int, bias: RelativeBias) -> torch.Tensor:
+    """T5's learned bias of each query-key pair's distance bucket: [head, query, key]."""
+    relative = torch.arange(n_key)[None, :] - torch.arange(n_query)[:, None]  # [query, key]: key - query
+    buckets = relative_position_bucket(relative, bias.bidirectional, int(bias.table.shape[0]), bias.max_distance)
+    return bias.table[buckets].permute(2, 0, 1)  # [query, key, head] -> [head, query, key]
 
 
 def padding_mask(keep: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -277,8 +316,9 @@ def attention(
 def multi_head_attention(
     x: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None, keep: Collection[str] | None = None, in_place: bool = False,
+    memory: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Every stage of one multi-head self-attention layer, by name.
+    """Every stage of one multi-head attention layer, by name: self-attention, or cross-attention with memory.
 
     x: [..., token, d_model]; mask: additive, broadcastable to [..., head, query, key] (padding, causal,
     window: see window_mask); positions: [token], 0..n-1 by default (for RoPE).
@@ -289,9 +329,11 @@ def multi_head_attention(
     output [..., token, d_model].
     keep: the stage names to return (default all). in_place=True forms scaled, capped and masked in one
     fresh tensor that the softmax then overwrites (same numbers, less memory): they are not returned.
+    memory: cross-attention (encoder-decoder models): q from x (the decoder's), k and v from memory (the
+    encoder's output) [..., key, d_model]. params.relative_bias (T5) adds position_bias [head, query, key].
     """
-    st: dict[str, torch.Tensor] = {"x": x}
-    _project_qkv(st, x, params, positions)
+    st: dict[str, torch.Tensor] = {"x": x} if memory is None else {"x": x, "memory": memory}
+    _project_qkv(st, x, params, positions, memory)
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
     st["scores"] = dot_scores(st["q"], k)  # [..., head, query, key]
     logits = scale(st["scores"], params.scaling)
@@ -300,6 +342,10 @@ def multi_head_attention(
         st["capped"] = logits
     else:
         st["scaled"] = logits
+    if params.relative_bias is not None:  # T5: a learned bias per head and query-key distance
+        n_query, n_key = int(logits.shape[-2]), int(logits.shape[-1])
+        st["position_bias"] = relative_position_bias(n_query, n_key, params.relative_bias)  # [head, query, key]
+        logits = logits.add_(st["position_bias"]) if in_place else logits + st["position_bias"]
     if in_place:
         logits = logits if mask is None else logits.add_(mask)  # the same sum as apply_mask, in place
         st.pop("scaled"), st.pop("capped", None)
@@ -316,9 +362,10 @@ def multi_head_attention(
 
 
 def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,
-                 positions: torch.Tensor | None) -> None:
-    """q, k, v of one layer into st: projection, QK-norm, split into heads, rotation."""
-    q, k = project(x, p.w_q, p.b_q), project(x, p.w_k, p.b_k)  # [..., token, head|kv_head * d_head]
+                 positions: torch.Tensor | None, memory: torch.Tensor | None = None) -> None:
+    """q, k, v of one layer into st: projection, QK-norm, split into heads, rotation (k, v from memory if given)."""
+    kv_in = x if memory is None else memory  # cross-attention: keys and values from the encoder's output
+    q, k = project(x, p.w_q, p.b_q), project(kv_in, p.w_k, p.b_k)  # [..., token, head|kv_head * d_head]
     if p.q_norm is not None and not p.q_norm.per_head:
         q = rms_norm(q, p.q_norm)  # OLMo2: over the whole projection, before the split
     if p.k_norm is not None and not p.k_norm.per_head:
@@ -328,7 +375,7 @@ def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParam
         q = rms_norm(q, p.q_norm)  # Qwen3: each head's d_head on its own
     if p.k_norm is not None and p.k_norm.per_head:
         k = rms_norm(k, p.k_norm)
-    st["v"] = split_heads(project(x, p.w_v, p.b_v), p.kv_heads)  # [..., kv_head, token, d_head]
+    st["v"] = split_heads(project(kv_in, p.w_v, p.b_v), p.kv_heads)  # [..., kv_head, token, d_head]
     if p.rope is None:
         st["q"], st["k"] = q, k
         return

@@ -24,6 +24,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
     AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -189,10 +190,12 @@ def _load_by_name(name: str, dtype: torch.dtype) -> Model:
 
 
 def _load_from(where: str, name: str, local_only: bool, dtype: torch.dtype = torch.float32) -> Model:
-    """On the CPU: a decoder with its LM head (AutoModelForCausalLM), anything else with AutoModel."""
+    """On the CPU: a decoder with its LM head (AutoModelForCausalLM), an encoder-decoder with its LM head
+    (AutoModelForSeq2SeqLM: T5, BART, Marian), anything else with AutoModel."""
     try:
         config = AutoConfig.from_pretrained(where, local_files_only=local_only)
-        auto: Any = AutoModelForCausalLM if _is_causal_lm(config) else AutoModel
+        auto: Any = (AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False)
+                     else AutoModelForCausalLM if _is_causal_lm(config) else AutoModel)
         model = auto.from_pretrained(
             where, config=config, attn_implementation="eager", local_files_only=local_only, dtype=dtype
         )

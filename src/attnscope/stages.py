@@ -13,7 +13,8 @@ from __future__ import annotations
 
 # The steps of one attention layer, in order (attnscope.maths computes each one).
 STAGES: tuple[str, ...] = (
-    "x",  # the attention input [token, d_model]
+    "x",  # the attention input [token, d_model] (cross-attention: the decoder's, for the queries)
+    "memory",  # cross-attention: the encoder's output, the input of k and v [key, d_model]
     "q_pre",  # x W_Q + b_Q (then QK-norm) split into heads, before the rotation (RoPE families) [head, token, d_head]
     "k_pre",  # the same for keys [kv_head, token, d_head]
     "position_ids",  # each token's position (RoPE) [token]
@@ -23,7 +24,8 @@ STAGES: tuple[str, ...] = (
     "k",  # the keys, one per k/v head (grouped-query attention shares each among several query heads)
     "v",  # x W_V + b_V per k/v head [kv_head, token, d_head]
     "scores",  # q k^T [head, query, key]
-    "scaled",  # scores x scaling (1 / sqrt(d_head) usually)
+    "scaled",  # scores x scaling (1 / sqrt(d_head) usually; T5: 1)
+    "position_bias",  # T5: a learned bias per head for each bucket of key - query distance, added [head, query, key]
     "capped",  # softcap x tanh(scaled / softcap) (Gemma 2's logit soft-capping)
     "masked",  # scaled (or capped) + the additive mask (padding, future keys, sliding window)
     "weights",  # softmax over keys (GPT-OSS: with one extra sink logit per head, dropped: rows sum below 1)
@@ -32,8 +34,10 @@ STAGES: tuple[str, ...] = (
     "output",  # merged W_O + b_O [token, d_model]
 )
 
-# Stages only some families have: the rotation (RoPE) and logit soft-capping.
-OPTIONAL_STAGES: tuple[str, ...] = ("q_pre", "k_pre", "position_ids", "cos", "sin", "capped")
+# Stages only some families have: the rotation (RoPE), logit soft-capping, and an encoder-decoder's cross-attention
+# input (memory) and T5's relative position bias.
+OPTIONAL_STAGES: tuple[str, ...] = ("memory", "q_pre", "k_pre", "position_ids", "cos", "sin", "position_bias",
+                                    "capped")
 
 # The stages a trace keeps, and their axes (saved traces, JSON, views), in stage order.
 TRACE_STAGES: tuple[str, ...] = ("x", "q", "k", "v", "scores", "weights", "context", "output")
@@ -60,6 +64,8 @@ ARRAY_AXES: dict[str, tuple[str, ...]] = {
     "k": ("layer", "kv_head", "token", "d_head"),  # kv_head = head unless grouped-query attention
     "v": ("layer", "kv_head", "token", "d_head"),
     "scores": ("layer", "head", "query", "key"),
+    "position_bias": ("layer", "head", "query", "key"),  # T5 (the first layer's table, shared by every layer)
+    "memory": ("key", "d_model"),  # cross-attention: the encoder's output (once: every layer reads the same)
     "weights": ("layer", "head", "query", "key"),
     "context": ("layer", "head", "token", "d_head"),
     "output": ("layer", "token", "d_model"),

@@ -48,8 +48,11 @@ def encode(
     pairs: Sequence[str | None] | None = None,
     max_length: int = 256,
     truncate: bool = True,
+    as_target: bool = False,
 ) -> Encoded:
-    """Tokenize texts (and optional second sentences) as one right-padded batch."""
+    """Tokenize texts (and optional second sentences) as one right-padded batch.
+
+    as_target: as an encoder-decoder's labels (the tokenizer's target mode: Marian's target vocabulary)."""
     pairs = list(pairs) if pairs is not None else [None] * len(texts)
     for text, pair in zip(texts, pairs, strict=True):
         require_text(text)
@@ -58,11 +61,11 @@ def encode(
     validate_max_length(tokenizer, max_length, pair=any(p is not None for p in pairs))
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
-    lengths = _untruncated_lengths(tokenizer, texts, pairs)
+    lengths = _untruncated_lengths(tokenizer, texts, pairs, "text_target" if as_target else "text")
     truncated = [_too_long(n, max_length, truncate) for n in lengths]
     batch = tokenizer(
-        list(texts),
-        *([list(pairs)] if any(p is not None for p in pairs) else []),
+        **{"text_target" if as_target else "text": list(texts)},
+        **({"text_pair": list(pairs)} if any(p is not None for p in pairs) else {}),
         max_length=max_length,
         truncation=True,
         padding=True,
@@ -79,15 +82,18 @@ def encode(
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
 
 
-def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pairs: list[str | None]) -> list[int]:
-    """Each text's token count with special tokens, before any truncation (one batched call)."""
+def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pairs: list[str | None],
+                         key: str = "text") -> list[int]:
+    """Each text's token count with special tokens, before any truncation (one batched call); key "text_target"
+    counts labels."""
     with_pairs = [i for i, p in enumerate(pairs) if p is not None]
     alone = [i for i, p in enumerate(pairs) if p is None]
     lengths = [0] * len(texts)
     for rows, args in ((alone, ([texts[i] for i in alone],)),
                        (with_pairs, ([texts[i] for i in with_pairs], [pairs[i] for i in with_pairs]))):
         if rows:
-            ids = tok(*args, truncation=False, verbose=False)["input_ids"]
+            named = dict(zip((key, "text_pair"), args, strict=False))
+            ids = tok(**named, truncation=False, verbose=False)["input_ids"]
             for i, row_ids in zip(rows, ids, strict=True):
                 lengths[i] = len(row_ids)
     return lengths

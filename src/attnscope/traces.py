@@ -207,6 +207,25 @@ class EncoderDecoderTrace:
         """"encoder", "decoder", "cross" -> its Trace, in that order."""
         return {"encoder": self.encoder, "decoder": self.decoder, "cross": self.cross}
 
+    @property
+    def generated(self) -> bool:
+        """True when the model generated the target (greedily) rather than being given one."""
+        return self.target is None
+
+    @property
+    def target_text(self) -> str:
+        """The target: as given, or the generated text (special tokens skipped)."""
+        return self.target if self.target is not None else self.decoder.text
+
+    def check(self, tolerance: float | None = None) -> dict[str, report.CheckReport]:
+        """Each kind's verification: "encoder", "decoder", "cross" -> its CheckReport."""
+        return {kind: tr.check(tolerance) for kind, tr in self.kinds.items()}
+
+    def status(self, tolerance: float | None = None) -> str:
+        """FAIL when any kind fails; else NOT VERIFIED when any kind is not verified; else PASS."""
+        statuses = {r.status for r in self.check(tolerance).values()}
+        return next(s for s in (report.FAIL, report.NOT_VERIFIED, report.PASS) if s in statuses)
+
     def attention(self, kind: str) -> Trace:
         """One kind of attention: "encoder", "decoder" or "cross"."""
         if kind not in self.kinds:

@@ -64,6 +64,9 @@ def trace(
     else:
         pairs = list(text_pair) if text_pair is not None and not isinstance(text_pair, str) else None
     m = load_model(model, tokenizer, device=device, dtype=dtype)
+    if families.is_encoder_decoder(m.model):
+        raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder-decoder model: trace a source and a target "
+                             "with attnscope.trace_seq2seq(source, target=...)")
     max_length = _usable_max_length(m, max_length)
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:

@@ -1,0 +1,292 @@
+"""Trace an encoder-decoder model (T5, BART, mBART, Marian) on a source and a target: its three kinds of attention.
+
+The target is the decoder's input as in training (teacher forcing): tokenized as labels, then shifted one
+token to the right behind the model's decoder start token, as `shift_tokens_right` /
+`prepare_decoder_input_ids_from_labels` do. So the decoder's tokens are the start token and the target's
+tokens but its last (usually the end-of-sequence token): query i is the step that predicts label i. Without a
+target, the model generates one greedily (`model.generate`) and that is traced the same way (every step's
+attention is a row of it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, overload
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from attnscope import families
+from attnscope.capture import LayerCapture, capturing
+from attnscope.errors import AttnscopeError, require_text
+from attnscope.maths import AttentionParams
+from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
+from attnscope.placement import on_host
+from attnscope.seq2seq_check import KindCapture, KindCheck, verify_kind
+from attnscope.seq2seq_traces import kind_traces
+from attnscope.tokens import Token, encode, validate_max_length
+from attnscope.traces import EncoderDecoderTrace
+
+MAX_NEW_TOKENS = 20
+
+
+@dataclass
+class Targets:
+    """The decoder's input of a padded batch: ids [batch, token], keep [batch, token], each row's tokens."""
+
+    ids: torch.Tensor
+    keep: torch.Tensor
+    tokens: list[list[Token]]
+    texts: list[str]
+    truncated: list[bool]
+    generated: bool
+
+
+@overload
+def trace_seq2seq(  # type: ignore[overload-overlap]
+    source: str, target: str | None = ..., model: ModelLike = ..., max_length: int = ..., truncate: bool = ...,
+    tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ..., device: DeviceLike = ...,
+    dtype: DtypeLike = ..., max_new_tokens: int = ...,
+) -> EncoderDecoderTrace: ...
+@overload
+def trace_seq2seq(
+    source: Sequence[str], target: Sequence[str] | None = ..., model: ModelLike = ..., max_length: int = ...,
+    truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ...,
+    device: DeviceLike = ..., dtype: DtypeLike = ..., max_new_tokens: int = ...,
+) -> list[EncoderDecoderTrace]: ...
+
+
+def trace_seq2seq(
+    source: str | Sequence[str],
+    target: str | Sequence[str] | None = None,
+    model: ModelLike = None,
+    max_length: int = 256,
+    truncate: bool = True,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    recompute: bool = True,
+    device: DeviceLike = None,
+    dtype: DtypeLike = None,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> EncoderDecoderTrace | list[EncoderDecoderTrace]:
+    """Run an encoder-decoder model on a source and a target (teacher-forced) and trace its three kinds of
+    attention: encoder self-attention, decoder causal self-attention, cross-attention (target -> source).
+
+    A list of sources (and as many targets) is one padded batch. target=None: the model generates each target
+    greedily, up to max_new_tokens, and the trace records it (EncoderDecoderTrace.generated). max_length
+    counts the tokens of the source and of the target each, special tokens included. The rest as trace().
+    """
+    single = isinstance(source, str)
+    sources = [source] if isinstance(source, str) else list(source)
+    targets = _target_list(target, len(sources), single)
+    if not sources:
+        raise AttnscopeError("no source given: pass a sentence or a non-empty list of sentences", parameter="source")
+    for s in sources:
+        require_text(s, "source", parameter="source")
+    m = load_model(model, tokenizer, device=device, dtype=dtype)
+    validate_encoder_decoder(m)
+    max_length = validate_max_length(m.tokenizer, max_length, pair=None, positions=m.max_positions, model=m.name)
+    src = encode(m.tokenizer, sources, None, max_length, truncate)
+    if targets is None:
+        dec = generated_targets(m, src.inputs, _validate_new_tokens(max_new_tokens, m))
+    else:
+        dec = teacher_forced(m, targets, max_length, truncate)
+    traced = _traced(m, src.inputs["input_ids"], src.inputs["attention_mask"], dec, recompute)
+    info = {k: v for k, v in traced[0]["info"].items() if k not in ("attention", "causal")}
+    out = [EncoderDecoderTrace(info, s, None if dec.generated else t,
+                               *kind_traces(traced, row, src.tokens[row], dec.tokens[row], s, t,
+                                            (src.truncated[row], dec.truncated[row])))
+           for row, (s, t) in enumerate(zip(sources, dec.texts, strict=True))]
+    return out[0] if single else out
+
+
+def _target_list(target: str | Sequence[str] | None, n: int, single: bool) -> list[str] | None:
+    if target is None:
+        return None
+    targets = [target] if isinstance(target, str) else list(target)
+    if single != isinstance(target, str) or len(targets) != n:
+        raise AttnscopeError(f"give one target per source: {n} source(s), {len(targets)} target(s)",
+                             parameter="target")
+    for t in targets:
+        require_text(t, "target", parameter="target")
+    return targets
+
+
+def validate_encoder_decoder(m: Model) -> None:
+    """A one-line error unless m is an encoder-decoder model of a family attnscope knows."""
+    if not families.is_encoder_decoder(m.model):
+        raise AttnscopeError(f"{m.name} ({m.architecture}) is not an encoder-decoder model: a target is for "
+                             "encoder-decoder models (T5, BART, mBART, Marian); trace one text without it",
+                             parameter="target")
+    fam = families.family_of(m.model)
+    if fam is None or fam.cross is None:
+        known = ", ".join(k for k, f in families.FAMILIES.items() if f.cross is not None)
+        raise AttnscopeError(f"no attnscope adapter for the encoder-decoder model type "
+                             f"{getattr(m.model.config, 'model_type', '?')!r} ({m.architecture}): use one of {known}")
+
+
+def _validate_new_tokens(n: int, m: Model) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n < m.max_positions:
+        raise AttnscopeError(f"max_new_tokens must be an integer from 1 to {m.max_positions - 1}, got {n!r}",
+                             parameter="max_new_tokens")
+    return n
+
+
+def start_token(m: Model) -> int:
+    """The decoder start token: the generation config's, else the model config's."""
+    start = getattr(m.model.generation_config, "decoder_start_token_id", None)
+    start = start if start is not None else getattr(m.model.config, "decoder_start_token_id", None)
+    if start is None:
+        raise AttnscopeError(f"{m.name} names no decoder_start_token_id in its config: set it to trace a target")
+    return int(start)
+
+
+def teacher_forced(m: Model, targets: list[str], max_length: int, truncate: bool) -> Targets:
+    """The targets as labels, shifted right behind the decoder start token (what training feeds the decoder)."""
+    labels = encode(m.tokenizer, targets, None, max_length, truncate, as_target=True)
+    ids, keep = labels.inputs["input_ids"], labels.inputs["attention_mask"]
+    start = start_token(m)
+    shifted = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)  # [batch, token]
+    shifted_keep = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], dim=1)
+    first = _special_token(m.tokenizer, start, 0)
+    tokens = [[first, *(replace(t, index=t.index + 1) for t in row[:-1])] for row in labels.tokens]
+    return Targets(shifted, shifted_keep, tokens, targets, labels.truncated, generated=False)
+
+
+def generated_targets(m: Model, source: dict[str, torch.Tensor], max_new_tokens: int) -> Targets:
+    """Greedy targets from model.generate; the decoder input is each sequence without its last token."""
+    with torch.no_grad():
+        seqs = m.model.generate(input_ids=source["input_ids"].to(m.device),  # type: ignore[operator]
+                                attention_mask=source["attention_mask"].to(m.device), max_new_tokens=max_new_tokens,
+                                do_sample=False, num_beams=1).cpu()
+    eos = m.model.generation_config.eos_token_id
+    ends = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    rows = [_until_end(seq.tolist(), ends) for seq in seqs]
+    width = max(len(r) - 1 for r in rows) or 1
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    keep = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        inputs = r[:-1] or r  # [start, t1 .. t(n-1)]: query j predicts t(j+1)
+        ids[i, : len(inputs)], keep[i, : len(inputs)] = torch.tensor(inputs), 1
+    tokens = [[_special_token(m.tokenizer, t, j) for j, t in enumerate(r[:-1] or r)] for r in rows]
+    texts = [str(m.tokenizer.decode(r[1:], skip_special_tokens=True)) for r in rows]
+    return Targets(ids, keep, tokens, texts, [False] * len(rows), generated=True)
+
+
+def _until_end(seq: list[int], ends: set[int]) -> list[int]:
+    """A generated sequence up to its first end-of-sequence token after the start (included)."""
+    for i, t in enumerate(seq[1:], start=1):
+        if t in ends:
+            return seq[: i + 1]
+    return seq
+
+
+def _special_token(tok: PreTrainedTokenizerBase, token_id: int, index: int) -> Token:
+    """A decoder token known by its id only (the start token, a generated token)."""
+    special = token_id in set(tok.all_special_ids)
+    return Token(index, str(tok.convert_ids_to_tokens(token_id)), token_id, None, None, special, None, 0)
+
+
+def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: Targets,
+            recompute: bool) -> list[dict[str, Any]]:
+    """One forward pass, captured; per kind: info, layers (stage -> per layer [batch, ...]), check, params."""
+    kinds = families.seq2seq_modules(m.model)
+    params = on_host(families.seq2seq_params(m.model)) if recompute else None
+    with torch.no_grad(), capturing(m.model) as cap, _extra_hooks(kinds) as extra:
+        out = m.model(input_ids=input_ids.to(m.device), attention_mask=source_keep.to(m.device),
+                      decoder_input_ids=dec.ids.to(m.device), decoder_attention_mask=dec.keep.to(m.device),
+                      output_attentions=recompute, output_hidden_states=recompute, use_cache=False)
+    if not cap.calls:
+        raise AttnscopeError(f"{m.architecture}'s attention does not go through transformers' attention registry")
+    split = _by_kind(cap, kinds, extra)
+    results = []
+    for kind in ("encoder", "decoder", "cross"):
+        keep = source_keep if kind == "encoder" else dec.keep
+        kc = KindCapture(kind, split[kind], keep, source_keep if kind == "cross" else keep,
+                         split["memory"] if kind == "cross" else None)
+        check = verify_kind(kc, on_host(_reference(m, out, kind, len(kinds[kind]))), params[kind] if params else None) \
+            if recompute else None
+        results.append(_result(m, kc, check, params[kind] if params else None, recompute))
+        results[-1]["scaling"] = split["scaling"][kind]
+    return results
+
+
+def _result(m: Model, kc: KindCapture, check: KindCheck | None, params: list[AttentionParams] | None,
+            recompute: bool) -> dict[str, Any]:
+    from attnscope.models import describe
+
+    fam = families.family_of(m.model)
+    q, k = kc.layers["q"][0], kc.layers["k"][0]
+    info = describe(m)
+    info.update(family=fam.name if fam else None, x_source=fam.x_source if fam else None,
+                causal=kc.kind == "decoder", attention=kc.kind, heads=int(q.shape[1]), d_head=int(q.shape[-1]),
+                kv_heads=int(k.shape[1]), layers=len(kc.layers["q"]), d_model=int(kc.layers["x"][0].shape[-1]),
+                rope=None, d_rot=None)
+    return {"info": info, "capture": kc, "check": check, "params": params,
+            "unsupported": None if recompute else "traced with recompute=False"}
+
+
+@contextlib.contextmanager
+def _extra_hooks(kinds: dict[str, list[nn.Module]]) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """What the registry call does not see: cross-attention's k/v input (the memory) and T5's position bias."""
+    got: dict[str, list[torch.Tensor]] = {"memory": [], "position_bias": []}
+
+    def memory_hook(_m: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        got["memory"].append(kwargs["key_value_states"].detach())  # [batch, key, d_model]
+
+    def bias_hook(_m: nn.Module, _args: Any, output: Any) -> None:
+        if isinstance(output, tuple) and len(output) == 3:  # T5Attention: (output, position_bias, weights)
+            got["position_bias"].append(output[1].detach())  # [1, head, query, key]
+
+    handles = [mod.register_forward_pre_hook(memory_hook, with_kwargs=True) for mod in kinds["cross"]]
+    handles += [mod.register_forward_hook(bias_hook) for kind in ("encoder", "decoder") for mod in kinds[kind]]
+    try:
+        yield got
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _by_kind(cap: LayerCapture, kinds: dict[str, list[nn.Module]],
+             extra: dict[str, list[torch.Tensor]]) -> dict[str, Any]:
+    """The capture's calls (in call order) split by kind: stage -> one [batch, ...] tensor per layer."""
+    kind_of = {id(mod): kind for kind, mods in kinds.items() for mod in mods}
+    split: dict[str, Any] = {kind: {s: [] for s in ("x", "q", "k", "v", "weights", "context", "output")}
+                             for kind in kinds}
+    for i, call in enumerate(cap.calls):
+        st = split[kind_of[id(call.module)]]
+        for s in ("q", "k", "v", "weights", "context"):
+            st[s].append(getattr(call, s))
+        st["x"].append(cap.x[i])
+        st["output"].append(cap.output[i])
+    biases = iter(extra["position_bias"])
+    if extra["position_bias"]:  # in call order: encoder layers, then the decoder's self-attention layers
+        for kind in ("encoder", "decoder"):
+            rows = int(split[kind]["q"][0].shape[0])
+            split[kind]["position_bias"] = [next(biases).expand(rows, -1, -1, -1) for _ in kinds[kind]]
+    split["memory"] = extra["memory"]
+    split["scaling"] = {kind: [c.scaling for c in cap.calls if kind_of[id(c.module)] == kind] for kind in kinds}
+    return split
+
+
+def _reference(m: Model, out: Any, kind: str, n_layers: int) -> dict[str, list[torch.Tensor]]:
+    """The model's own outputs for one kind: its attentions, the x its hidden states imply, the encoder output."""
+    attentions = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions,
+                  "cross": out.cross_attentions}[kind]
+    ref: dict[str, list[torch.Tensor]] = {"weights": list(attentions)} if attentions else {}
+    hidden = out.encoder_hidden_states if kind == "encoder" else out.decoder_hidden_states
+    if kind != "cross" and hidden and len(hidden) > n_layers:
+        ref["x"] = [_x_from_hidden(m, kind, layer, h) for layer, h in enumerate(hidden[:n_layers])]
+    if kind == "cross":
+        ref["memory"] = [out.encoder_last_hidden_state]
+    return ref
+
+
+def _x_from_hidden(m: Model, kind: str, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+    norm: Callable[[torch.Tensor], torch.Tensor] | None = families.pre_attention(m.model, layer, stack=kind)
+    return hidden if norm is None else norm(hidden)
+
+
+__all__ = ["MAX_NEW_TOKENS", "trace_seq2seq", "validate_encoder_decoder"]

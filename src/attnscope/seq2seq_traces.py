@@ -1,0 +1,69 @@
+"""One row of a traced encoder-decoder batch as three Traces (encoder, decoder, cross), arrays cut on first use.
+
+A cross-attention trace's queries are the target's tokens and its keys the source's: its q, x, context and
+output run over the target, its k, v and memory over the source, its scores and weights are [layer, head,
+target, source]. Each side is cut to its own length (padding dropped) the first time a stage is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from attnscope.arrays import Pending, TraceArrays
+from attnscope.seq2seq_check import KindCapture
+from attnscope.stages import ARRAY_AXES, TOKEN_AXES
+from attnscope.tokens import Token
+from attnscope.traces import Trace
+
+KEY_SIDE = ("k", "v")  # stages whose token axis runs over the keys (the source, for cross-attention)
+
+
+def kind_traces(traced: list[dict[str, Any]], row: int, source_tokens: list[Token], target_tokens: list[Token],
+                source: str, target: str, truncated: tuple[bool, bool]) -> tuple[Trace, Trace, Trace]:
+    """(encoder, decoder, cross) of one row; truncated: (the source was, the target was)."""
+    out = []
+    for r in traced:
+        kc: KindCapture = r["capture"]
+        queries = source_tokens if kc.kind == "encoder" else target_tokens
+        keys = target_tokens if kc.kind == "decoder" else source_tokens
+        params = r["params"]
+        out.append(Trace(
+            r["info"], source if kc.kind == "encoder" else target, None, queries,
+            row_arrays(kc, row, len(queries), len(keys)), r["scaling"],
+            truncated[0] if kc.kind == "encoder" else truncated[1],
+            comparisons=r["check"].comparisons(row) if r["check"] is not None else [],
+            unsupported=r["unsupported"], output_projection=[p.w_o.numpy() for p in params] if params else None,
+            attention=kc.kind, key_tokens=keys if kc.kind == "cross" else None,
+        ))
+    return out[0], out[1], out[2]
+
+
+def row_arrays(kc: KindCapture, row: int, n_query: int, n_key: int) -> TraceArrays:
+    """One row's stages [layer, ...] (memory [key, d_model]), each side cut to its length; scores from q, k."""
+    items: dict[str, np.ndarray | Pending] = {
+        stage: Pending(_cut(ts, stage, row, n_query, n_key)) for stage, ts in kc.layers.items()}
+    if kc.memory is not None:
+        memory = kc.memory[0]  # every cross layer reads the same encoder output
+        items["memory"] = Pending(lambda: memory[row, :n_key].numpy().copy())
+    items["scores"] = Pending(lambda: _scores(arrays))
+    arrays = TraceArrays(items)
+    return arrays
+
+
+def _cut(layers: list[torch.Tensor], stage: str, row: int, n_query: int, n_key: int) -> Callable[[], np.ndarray]:
+    def length(axis: str) -> int:
+        return n_key if axis == "key" or stage in KEY_SIDE else n_query
+
+    index = (row, *(slice(0, length(a)) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage][1:]))
+    return lambda: np.stack([t[index].numpy() for t in layers])
+
+
+def _scores(arrays: TraceArrays) -> np.ndarray:
+    """q k^T: [layer, head, query, d_head] x [layer, kv_head, key, d_head] -> [layer, head, query, key]."""
+    q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1) if k.shape[1] != q.shape[1] else k
+    return torch.matmul(q, k.transpose(-1, -2)).numpy()
