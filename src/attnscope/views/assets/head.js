@@ -46,6 +46,36 @@
     }
   }
 
+  // Every line of one head at or above MIN_ALPHA that passes the filter, read from the n x n codes once per map:
+  // scrolling a long text then culls this list instead of reading every code again.
+  const LISTS = new WeakMap(); // source -> (layer|head|filter -> {q, k, a})
+  function lineList(model, src, layer, head, filter) {
+    const memo = LISTS.get(src) || new Map();
+    LISTS.set(src, memo);
+    const key = `${layer}|${head}|${filter}`;
+    if (memo.has(key)) return memo.get(key);
+    const list = { q: [], k: [], a: [] };
+    eachLine(model, src, layer, head, null, filter, { top: 0, row: 1, height: Infinity }, (yq, yk, a) => {
+      list.q.push(yq - 0.5);
+      list.k.push(yk - 0.5);
+      list.a.push(a);
+    });
+    memo.set(key, list);
+    return list;
+  }
+
+  // The lines of one head in the band: from the list when nothing is focused, else that token's (all of them).
+  function bandLines(model, src, layer, head, focus, filter, band, each) {
+    if (focus) return eachLine(model, src, layer, head, focus, filter, band, each);
+    const list = lineList(model, src, layer, head, filter);
+    for (let i = 0; i < list.a.length; i++) {
+      const yq = list.q[i] * band.row + band.row / 2 - band.top;
+      const yk = list.k[i] * band.row + band.row / 2 - band.top;
+      if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height)) continue;
+      each(yq, yk, list.a[i]);
+    }
+  }
+
   // The faintest opacity drawn so that at most MAX_LINES lines are: raster time grows with every line.
   function cutoff(counts) {
     let total = 0;
@@ -61,22 +91,24 @@
     return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h)) : [null];
   }
 
-  // Draws the lines; returns the opacity below which lines were left out (0: none were).
+  // Draws the lines; returns {floor: the opacity below which lines were left out (0: none were), drawn, total}.
   function draw(canvas, ctx, focus, band) {
     const g = A.sizeCanvas(canvas, band.width, band.height);
     const src = A.headSource(ctx.model, ctx.state);
     const layer = src.perLayer ? ctx.state.layer : null;
     const count = ctx.model.payload.model.heads || ctx.model.heads.length;
     const heads = drawnHeads(ctx);
-    const lines = (head, each) => eachLine(ctx.model, src, layer, head, focus, ctx.state.filter, band, each);
+    const lines = (head, each) => bandLines(ctx.model, src, layer, head, focus, ctx.state.filter, band, each);
     const counts = new Uint32Array(256);
     if (!focus) for (const h of heads) lines(h, (yq, yk, a) => counts[Math.min(255, Math.floor(a * 256))]++);
     const floor = focus ? 0 : cutoff(counts);
+    const shown = { floor: floor, total: counts.reduce((x, y) => x + y, 0), drawn: 0 };
     g.lineWidth = 1;
     for (const head of heads) {
       const paths = Array.from({ length: BUCKETS }, () => new Path2D());
       lines(head, (yq, yk, a) => {
         if (a < floor) return;
+        shown.drawn++;
         const p = paths[Math.min(BUCKETS - 1, Math.floor(a * BUCKETS))];
         p.moveTo(0, yq);
         p.lineTo(band.width, yk);
@@ -88,7 +120,7 @@
       });
     }
     g.globalAlpha = 1;
-    return floor;
+    return shown;
   }
 
   // Shade the other column by the focused token's mean weight over the drawn heads.
@@ -224,9 +256,12 @@
         return qs.length ? { side: "q", index: qs[0], indices: qs.length > 1 ? qs : null } : null;
       };
       const paint = () => {
-        const floor = draw(canvas, ctx, focus(), band());
-        status.textContent = floor > 0 ? `Lines fainter than ${A.fmt(floor)} are left out here (the ` +
-          `${MAX_LINES} strongest are drawn); hover a token to see all of its lines.` : "";
+        const shown = draw(canvas, ctx, focus(), band());
+        status.textContent = shown.floor > 0 ? `Showing the ${shown.drawn.toLocaleString("en")} strongest of ` +
+          `${shown.total.toLocaleString("en")} lines in view (opacity ≥ ${A.fmt(shown.floor)}; lines below ` +
+          `${MIN_ALPHA} are never drawn); hover a token to see all of its lines.` : "";
+        status.dataset.drawn = String(shown.drawn);
+        status.dataset.total = String(shown.total);
       };
       const later = (f) => {
         cancelAnimationFrame(frame);
