@@ -6,6 +6,7 @@ Random-weight models from small configs with the bundled MiniLM tokenizer (tests
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +151,28 @@ def test_bad_input_is_one_line(seq2seq: Callable[[str], attnscope.Model], minilm
         assert "\n" not in str(info.value)
     with pytest.raises(AttnscopeError, match="use encoder, decoder or cross"):
         attnscope.trace_seq2seq("a source", "a target", model=m).attention("self")
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".npz"])
+def test_save_and_load_keep_the_kinds_apart(suffix: str, batches: dict[str, list[attnscope.EncoderDecoderTrace]],
+                                            tmp_path: Path) -> None:
+    tr = batches["t5"][1]
+    path = tmp_path / f"t{suffix}"
+    tr.save(path)
+    loaded = attnscope.EncoderDecoderTrace.load(path)
+    assert (loaded.source, loaded.target, loaded.model) == (tr.source, tr.target, tr.model)
+    for kind, theirs in tr.kinds.items():
+        mine = loaded.attention(kind)
+        assert (mine.attention, mine.tokens, mine.keys, mine.text) == (theirs.attention, theirs.tokens, theirs.keys,
+                                                                       theirs.text)
+        assert set(mine.arrays) == set(theirs.arrays)
+        for stage, array in theirs.arrays.items():
+            assert np.array_equal(mine.arrays[stage], array), (kind, stage)
+        assert mine.check().to_dict() == theirs.check().to_dict()
+    assert loaded.cross.arrays["memory"].shape == (tr.encoder.n_tokens, 64)
+    with pytest.raises(AttnscopeError, match="holds an encoder-decoder trace"):
+        attnscope.Trace.load(path)
+    tr.decoder.save(tmp_path / f"d{suffix}")  # one kind alone is a plain trace
+    assert attnscope.Trace.load(tmp_path / f"d{suffix}").attention == "decoder"
+    with pytest.raises(AttnscopeError, match="not an encoder-decoder trace"):
+        attnscope.EncoderDecoderTrace.load(tmp_path / f"d{suffix}")

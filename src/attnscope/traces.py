@@ -252,6 +252,18 @@ class EncoderDecoderTrace:
 
         return show(self, view=view, **options)
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `.safetensors` or `.npz`: each kind's arrays prefixed by its name (`cross.weights`)."""
+        from attnscope.storage import save_trace
+
+        save_trace(self, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> EncoderDecoderTrace:
+        from attnscope.storage import load_encoder_decoder
+
+        return load_encoder_decoder(path)
+
     def __repr__(self) -> str:
         return (f"EncoderDecoderTrace(model={self.model.get('name')!r}, source_tokens={self.encoder.n_tokens}, "
                 f"target_tokens={self.decoder.n_tokens}, layers={self.encoder.n_layers}/{self.decoder.n_layers})")
