@@ -81,6 +81,8 @@ def test_matrix_rows_are_targets_and_columns_sources(ed_page: Any, ed_trace: Enc
     page = ed_page.page
     tab(ed_page, "matrix")
     switch(ed_page, "cross", "matrix")  # the tab stays the matrix
+    assert page.inner_text(".as-panel .as-hint").startswith("Rows: queries: target (decoder) tokens, columns: keys: "
+                                                            "source (encoder) tokens (0-indexed).")
     page.select_option(LAYER, "1")
     page.click('.as-chip[data-head="0"]')
     cell, label = page.eval_on_selector("canvas.as-matrix", "c => [Number(c.dataset.cell), Number(c.dataset.label)]")

@@ -222,8 +222,9 @@
       A.controls.scale(ctx), A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
     ]));
     parts.body = el("div", { class: "as-matrix-body" }, [parts.canvas, parts.overlay]);
-    panel.append(el("p", { class: "as-hint", text: "Rows: queries, columns: keys (0-indexed). Hover for the value; " +
-      "click a cell (or arrow keys, Enter) to select it. Zoom with the wheel (ctrl+wheel on a short text), + and -, " +
+    const sides = A.sides ? A.sides(ctx.model) : { q: "queries", k: "keys" }; // cross: target rows, source columns
+    panel.append(el("p", { class: "as-hint", text: `Rows: ${sides.q}, columns: ${sides.k} (0-indexed). ` +
+      "Hover for the value; click a cell (or arrow keys, Enter) to select it. Zoom with the wheel (ctrl+wheel on a short text), + and -, " +
       "or a double-click; drag to pan." }), parts.legend,
     el("div", { class: "as-controls as-zoom-bar" }, [...parts.zoom, parts.status]), parts.body, parts.info);
     return parts;
