@@ -63,11 +63,15 @@
     status("tracing…", "busy");
     $("sv-go").disabled = true;
     try {
-      const data = await api("/api/trace", Object.assign({ stages: [], payload: true, sources: sources() }, request));
+      // "auto": a long trace comes without its maps; the views fetch each layer's maps when they show it
+      const body = Object.assign({ stages: [], payload: true, sources: sources(), maps: "auto" }, request);
+      const data = await api("/api/trace", body);
+      performance.mark("sv:traced");
       current = { request: request, payload: data.payload, tokens: data.tokens, controller: null };
       await draw(null);
       const ms = Math.round(performance.now() - started);
-      status(`${data.tokens.length} tokens${data.truncated ? " (truncated)" : ""} · ${ms} ms`, "ok");
+      const lazy = data.payload.maps ? " · maps fetched as shown" : "";
+      status(`${data.tokens.length} tokens${data.truncated ? " (truncated)" : ""} · ${ms} ms${lazy}`, "ok");
       clearExplanation();
     } catch (err) {
       status(err.message, "error");
@@ -340,6 +344,7 @@
       if (current && current.controller) draw(current.controller.state).catch((err) => status(err.message, "error"));
     });
     $("sv-views").addEventListener("attnscope:select", (e) => explain(e.detail));
+    $("sv-views").addEventListener("attnscope:error", (e) => status(e.detail.message, "error")); // a map fetch
     clearExplanation();
     startGeneration();
     if ($("sv-text").value.trim()) traceText(null);

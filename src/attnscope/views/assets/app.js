@@ -128,6 +128,32 @@
     } });
   }
 
+  // A long trace's maps arrive on request (data.js, model.ensure): a change of layer or source is applied once
+  // the layer it shows is here, so every view draws real maps; patches made meanwhile are applied together.
+  function lazyStore(store, model, element) {
+    if (!model.lazy) return store;
+    let queued = null;
+    let seq = 0;
+    const apply = () => {
+      const patch = queued;
+      queued = null;
+      if (patch) store.set(patch);
+    };
+    return Object.assign({}, store, {
+      set(patch) {
+        queued = Object.assign(queued || {}, patch);
+        const next = Object.assign({}, store.get(), queued);
+        if (model.holds(next)) return apply();
+        const ticket = ++seq;
+        element.dataset.attnscopeLoading = "1";
+        model.ensure(next).then(() => ticket === seq && apply(), (err) => {
+          queued = null;
+          A.emit(element, "attnscope:error", { message: err.message || String(err) });
+        }).finally(() => ticket === seq && delete element.dataset.attnscopeLoading);
+      },
+    });
+  }
+
   A.render = async function (element, payload, options) {
     options = options || {};
     mark("attnscope:start");
@@ -137,7 +163,10 @@
     for (const k of STATE_KEYS) if (options[k] !== undefined) given[k] = options[k];
     const view = given.view || "all";
     if (view !== "all" && !A.views[view]) throw new Error(`unknown view ${view}`);
-    const store = A.store(initialState(model, given));
+    const first = initialState(model, given);
+    if (model.lazy) await model.ensure(first); // the first layer shown, before anything is drawn
+    mark("attnscope:maps");
+    const store = lazyStore(A.store(first), model, element);
     const app = el("div", { class: "as-app", "data-theme": store.get().theme, "data-view": view });
     element.replaceChildren(app);
     const base = A.context(element, model, store, { loadNeuron: options.loadNeuron });

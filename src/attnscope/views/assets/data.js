@@ -1,4 +1,18 @@
-/* attnscope views: decode a payload (attnscope.views.payload) into maps, exact neuron data and helpers. */
+/* attnscope views: decode a payload (attnscope.views.payload) into maps, exact neuron data and helpers.
+
+   The data interface the views draw with (model = await attnscope.decode(payload)):
+     model.sources: Map name -> source; a source answers synchronously for maps it holds:
+       src.codes(layer, head) -> Uint8Array [n_query * n_key] (value = code / 255 * src.scale(layer, head)),
+       src.scale(layer, head), src.value(layer, head, q, k), src.top(layer, head), src.nq, src.nk.
+     model.map(layer, head, {source, precision}) -> Promise<{n_query, n_key, values, scale}>: one map, fetched
+       when the page does not hold it. precision "uint8" (default): values Uint8Array codes, a value is
+       values[i] / 255 * scale; "float32": values Float32Array, the trace's numbers bit for bit (scale: the max).
+     model.lazy: true when the payload came without its maps (the web app on a long trace, attnscope.serve.maps);
+       then model.ensure(state) -> Promise loads what state {source, layer} shows (every head of that layer),
+       model.holds(state) says whether it is there, and for a map not held yet src.codes() answers from
+       src.overview(layer, head) -> {rows, cols, codes} (at most 64 x 64, each the max of its block, same scale),
+       scaled up to n_query x n_key (a stand-in: src.loaded(layer, head) is false).
+   Layers, heads and tokens are 0-indexed. */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -80,13 +94,145 @@
     return Object.assign(parts, { layer: block.layer, head: block.head, d: d, scaling: block.scaling });
   }
 
+  // ---- the binary form (attnscope.serve.binary): magic, header length, JSON header, aligned arrays ----
+
+  const MAGIC = "ATNSARR1";
+  const TYPED = { float32: Float32Array, float16: null, uint8: Uint8Array };
+
+  // An application/x-attnscope-arrays body -> {header, arrays: name -> {spec, values}}; values view the buffer
+  // (no copy). float16 arrives as raw Uint16Array bits (Float16Array where the browser has it).
+  A.decodeArrays = function (buffer) {
+    const bytes = new Uint8Array(buffer);
+    if (String.fromCharCode(...bytes.subarray(0, 8)) !== MAGIC) throw new Error("not an attnscope arrays body");
+    const size = new DataView(buffer).getUint32(8, true);
+    const header = JSON.parse(new TextDecoder().decode(bytes.subarray(16, 16 + size)));
+    const arrays = {};
+    for (const [name, spec] of Object.entries(header.arrays)) {
+      const Type = TYPED[spec.dtype] || (typeof Float16Array === "function" ? Float16Array : Uint16Array);
+      arrays[name] = { spec: spec, values: new Type(buffer, 16 + size + spec.offset, spec.nbytes / Type.BYTES_PER_ELEMENT) };
+    }
+    return { header: header, arrays: arrays };
+  };
+
+  async function getArrays(url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) {
+      const data = await response.json().catch(() => null);
+      throw new Error((data && data.error) || `${url} answered HTTP ${response.status}`);
+    }
+    return A.decodeArrays(await response.arrayBuffer());
+  }
+
+  const HELD_BYTES = 256 * 2 ** 20; // maps a page keeps fetched (the oldest layers leave first)
+
+  // A source whose maps stay on the server until shown: scales and overviews now, each layer on request.
+  function makeLazySource(spec, overview, payload, held) {
+    const src = makeSource(spec, new Uint8Array(0), payload);
+    const [nl, nh, nq, nk] = spec.shape;
+    const [oq, ok] = spec.overview.shape;
+    const layerOf = (layer) => (src.perLayer ? layer : null);
+    const keyOf = (layer) => `${spec.name}:${layerOf(layer)}`;
+    const headAt = (head) => (spec.heads.length ? spec.heads.indexOf(head) : 0);
+    const layerAt = (layer) => (spec.layers.length ? spec.layers.indexOf(layer) : 0);
+    let scratch = null; // one n_query x n_key stand-in, rewritten per call (the model view reads it at once)
+    src.lazy = true;
+    src.loaded = (layer, head) => held.has(keyOf(layer));
+    src.overview = (layer, head) => {
+      const i = layerAt(layer) * nh + headAt(head);
+      return { rows: oq, cols: ok, codes: overview.subarray(i * oq * ok, (i + 1) * oq * ok) };
+    };
+    src.codes = (layer, head) => {
+      const got = held.has(keyOf(layer)) ? held.get(keyOf(layer)) : null;
+      if (got) return got.codes.subarray(headAt(head) * nq * nk, (headAt(head) + 1) * nq * nk);
+      const o = src.overview(layer, head);
+      scratch = scratch || new Uint8Array(nq * nk);
+      const bq = Math.ceil(nq / oq);
+      const bk = Math.ceil(nk / ok);
+      for (let q = 0; q < nq; q++) {
+        const from = Math.floor(q / bq) * ok;
+        for (let k = 0; k < nk; k++) scratch[q * nk + k] = o.codes[from + Math.floor(k / bk)];
+      }
+      return scratch;
+    };
+    src.value = (layer, head, q, k) => (src.codes(layer, head)[q * nk + k] / 255) * src.scale(layer, head);
+    // every head of one layer as uint8, as stored on the server
+    src.load = (layer) => {
+      const key = keyOf(layer);
+      if (held.has(key)) return held.get(key).ready;
+      const query = new URLSearchParams({ source: spec.name });
+      if (src.perLayer) query.set("layer", String(layer));
+      const entry = { codes: null, ready: null };
+      entry.ready = getArrays(`${payload.maps.url}?${query}`).then(({ arrays }) => {
+        entry.codes = arrays[spec.name].values;
+        held.keep(key, entry, entry.codes.byteLength);
+        return entry;
+      });
+      held.pending(key, entry);
+      entry.ready.catch(() => held.drop(key));
+      return entry.ready;
+    };
+    return src;
+  }
+
+  // Fetched layers by key, the oldest dropped past HELD_BYTES; pending ones count once they arrive.
+  function heldMaps() {
+    const done = new Map();
+    const waiting = new Map();
+    let bytes = 0;
+    return {
+      has: (key) => done.has(key),
+      get: (key) => done.get(key) || waiting.get(key) || null,
+      pending: (key, entry) => waiting.set(key, entry),
+      drop: (key) => waiting.delete(key),
+      keep(key, entry, size) {
+        waiting.delete(key);
+        done.set(key, Object.assign(entry, { size: size }));
+        bytes += size;
+        for (const [old, e] of done) {
+          if (bytes <= HELD_BYTES || old === key) break;
+          done.delete(old);
+          bytes -= e.size;
+        }
+      },
+    };
+  }
+
+  // model.map and model.ensure (see the top of this file).
+  function mapAccess(sources, payload) {
+    const pick = (name) => sources.get(name || "weights") || sources.values().next().value;
+    return {
+      async map(layer, head, options) {
+        const o = options || {};
+        const src = pick(o.source);
+        if ((o.precision || "uint8") === "uint8") {
+          if (src.lazy) await src.load(layer);
+          return { n_query: src.nq, n_key: src.nk, values: src.codes(layer, head), scale: src.scale(layer, head) };
+        }
+        if (!payload.maps) throw new Error("exact maps come from the server: this page has uint8 maps only");
+        const query = new URLSearchParams({ source: src.name, precision: o.precision });
+        if (src.perLayer) query.set("layer", String(layer));
+        if (src.perHead) query.set("head", String(head));
+        const { arrays } = await getArrays(`${payload.maps.url}?${query}`);
+        return { n_query: src.nq, n_key: src.nk, values: arrays[src.name].values, scale: src.scale(layer, head) };
+      },
+      holds: (state) => !pick(state.source).lazy || pick(state.source).loaded(state.layer),
+      ensure: async (state) => {
+        const src = pick(state.source);
+        if (src.lazy) await src.load(state.layer);
+      },
+    };
+  }
+
   A.decode = async function (payload) {
     if (!payload || payload.format !== "attnscope.views/1") {
       throw new Error("not an attnscope views payload (format attnscope.views/1)");
     }
     const sources = new Map();
+    const held = heldMaps();
     for (const spec of payload.sources) {
-      sources.set(spec.name, makeSource(spec, await unpack(spec.encoding, spec.data), payload));
+      sources.set(spec.name, spec.encoding === "lazy"
+        ? makeLazySource(spec, await unpack(spec.overview.encoding, spec.overview.data), payload, held)
+        : makeSource(spec, await unpack(spec.encoding, spec.data), payload));
     }
     const n = payload.tokens.length;
     const blocks = new Map();
@@ -119,6 +265,8 @@
         return ready.get(`${layer}:${head}`) || null;
       },
       addBlock: keep,
+      lazy: payload.sources.some((s) => s.encoding === "lazy"),
+      ...mapAccess(sources, payload),
     };
   };
 

@@ -1,0 +1,119 @@
+"""A long trace in the web app, in headless Chromium against a real server (issue 16): 512 tokens on MiniLM come
+without their maps, the page fetches each layer's maps as it shows them, and the numbers it decodes from the
+binary form are the trace's bit for bit. First paint and a layer switch are measured and printed, never asserted."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from serve_support import Server, decode, start_server
+
+pytestmark = pytest.mark.browser
+
+TOKENS = 512
+TEXT = " ".join(["The keeper counted the waves that broke over the harbour wall before dawn."] * 40)
+NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+# bytes of a typed array in the page as base64 (small arrays), or their SHA-256 (large ones), for bit-for-bit checks
+B64 = """(values) => { const b = new Uint8Array(values.buffer, values.byteOffset, values.byteLength); let s = "";
+  for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192)); return btoa(s); }"""
+SHA = """async (values) => [...new Uint8Array(await crypto.subtle.digest("SHA-256", new Uint8Array(values.buffer,
+  values.byteOffset, values.byteLength)))].map((x) => x.toString(16).padStart(2, "0")).join("")"""
+
+
+@pytest.fixture(scope="module")
+def long_server() -> Iterator[Server]:
+    s = start_server("--max-tokens", str(TOKENS), "--max-chars", "20000")
+    yield s
+    assert s.stop() == 0 and "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-3000:]
+
+
+@pytest.fixture(scope="module")
+def local(long_server: Server, page: Any) -> dict[str, np.ndarray]:
+    """The server's trace of TEXT (the one the page shows, from its cache) as float32 JSON: base64, decoded here."""
+    with long_server.client() as c:
+        sent = c.post("/api/trace", json={"text": TEXT, "stages": ["weights", "q"]}).json()
+    assert len(sent["tokens"]) == TOKENS
+    return {name: decode(a) for name, a in sent["arrays"].items()}
+
+
+@pytest.fixture(scope="module")
+def page(long_server: Server) -> Iterator[Any]:
+    from attnscope.views.browser import chromium
+
+    with chromium() as browser:
+        p = browser.new_page(viewport={"width": 1400, "height": 1000})
+        p.requests = []  # type: ignore[attr-defined]
+        p.errors = []  # type: ignore[attr-defined]
+        p.on("request", lambda r: p.requests.append(r.url))  # type: ignore[attr-defined]
+        p.on("pageerror", lambda e: p.errors.append(str(e)))  # type: ignore[attr-defined]
+        p.goto(long_server.url)
+        p.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default sentence, traced
+        p.uncheck("#sv-norms")
+        p.uncheck("#sv-rollout")
+        p.fill("#sv-text", TEXT)
+        p.click("#sv-go")
+        p.wait_for_function(f"() => document.getElementById('sv-status').textContent.startsWith('{TOKENS} tokens')",
+                            timeout=120_000)
+        p.evaluate(NEXT_FRAME)
+        yield p
+        assert not p.errors, p.errors  # type: ignore[attr-defined]
+        p.close()
+
+
+def shown(page: Any, expression: str) -> Any:
+    """expression over s, the drawn views' model and state (attnscopeShown)."""
+    return page.evaluate(f"() => {{ const s = document.getElementById('sv-views').attnscopeShown; "
+                         f"return {expression}; }}")
+
+
+def test_long_trace_arrives_without_maps_and_fetches_the_layer_shown(page: Any) -> None:
+    assert shown(page, "s.model.lazy && s.model.n") == TOKENS
+    assert "maps fetched as shown" in page.text_content("#sv-status")
+    fetched = [u for u in page.requests if "/map?" in u]
+    assert len(fetched) == 1 and "layer=0" in fetched[0]  # only the first layer, every head at once
+    assert shown(page, "[0, 1].map((l) => s.model.sources.get('weights').loaded(l, 0))") == [True, False]
+    ms = page.evaluate("""() => { const t = performance.getEntriesByName("sv:traced").pop().startTime;
+      return performance.getEntriesByName("attnscope:ready").pop().startTime - t; }""")
+    print(f"\n{TOKENS} tokens on MiniLM in the web app: first paint {ms:.0f} ms after the trace arrived "
+          "(page clock: sv:traced -> attnscope:ready)")
+
+
+def test_layer_switch_fetches_that_layer_and_draws_its_maps(page: Any, local: dict[str, np.ndarray]) -> None:
+    start = page.evaluate("() => performance.now()")
+    page.select_option(".as-panel select[aria-label='layer (0-indexed)']", "3")
+    page.wait_for_function("() => !document.getElementById('sv-views').dataset.attnscopeLoading")
+    page.evaluate(NEXT_FRAME)
+    ms = page.evaluate("() => performance.now()") - start
+    print(f"\nlayer switch at {TOKENS} tokens: {ms:.0f} ms to the next frame drawn (fetch included)")
+    assert shown(page, "s.state().layer") == 3 and any("layer=3" in u for u in page.requests)
+    codes = np.frombuffer(base64.b64decode(page.evaluate(
+        f"() => ({B64})(document.getElementById('sv-views').attnscopeShown.model.sources.get('weights').codes(3, 5))")),
+        dtype=np.uint8).reshape(TOKENS, TOKENS)
+    scale = shown(page, "s.model.sources.get('weights').scale(3, 5)")
+    w = local["weights"][3, 5].astype(np.float64)
+    assert scale == pytest.approx(w.max(), abs=1e-6)
+    assert np.abs(codes / 255.0 * scale - w).max() <= scale / 510 + 1e-5  # uint8 within half a step
+
+
+def test_numbers_the_page_decodes_are_the_trace_bit_for_bit(page: Any, local: dict[str, np.ndarray]) -> None:
+    exact = page.evaluate(f"""async () => {{
+      const m = document.getElementById('sv-views').attnscopeShown.model;
+      return ({B64})((await m.map(2, 7, {{ precision: "float32" }})).values); }}""")
+    assert np.frombuffer(base64.b64decode(exact), dtype="<f4").tobytes() == \
+        np.ascontiguousarray(local["weights"][2, 7]).tobytes()
+    # and /api/trace's binary form, decoded by the page's own decoder
+    request = {"text": TEXT, "stages": ["weights", "q"]}
+    shape, weights, q = page.evaluate(f"""async (request) => {{
+      const r = await fetch("/api/trace", {{ method: "POST", body: JSON.stringify(request),
+        headers: {{ "Content-Type": "application/json", Accept: "application/x-attnscope-arrays" }} }});
+      const {{ arrays }} = window.attnscope.decodeArrays(await r.arrayBuffer());
+      return [arrays.weights.spec.shape, await ({SHA})(arrays.weights.values), await ({SHA})(arrays.q.values)]; }}""",
+        request)
+    assert shape == list(local["weights"].shape)
+    assert weights == hashlib.sha256(np.ascontiguousarray(local["weights"]).tobytes()).hexdigest()
+    assert q == hashlib.sha256(np.ascontiguousarray(local["q"]).tobytes()).hexdigest()
