@@ -9,6 +9,7 @@
   const BUCKETS = 16; // opacity levels: one canvas path per head and level
   const MIN_ALPHA = 0.01; // lines fainter than this are not drawn unless a token is focused
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
+  const SCROLL_LINES = 1500; // while the columns scroll: the strongest few, then all MAX_LINES once it stops
   A.views = A.views || {};
 
   // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
@@ -76,12 +77,12 @@
     }
   }
 
-  // The faintest opacity drawn so that at most MAX_LINES lines are: raster time grows with every line.
-  function cutoff(counts) {
+  // The faintest opacity drawn so that at most `limit` lines are: raster time grows with every line.
+  function cutoff(counts, limit) {
     let total = 0;
     for (let i = counts.length - 1; i >= 0; i--) {
       total += counts[i];
-      if (total > MAX_LINES) return (i + 1) / counts.length;
+      if (total > limit) return (i + 1) / counts.length;
     }
     return 0;
   }
@@ -92,7 +93,7 @@
   }
 
   // Draws the lines; returns {floor: the opacity below which lines were left out (0: none were), drawn, total}.
-  function draw(canvas, ctx, focus, band) {
+  function draw(canvas, ctx, focus, band, limit) {
     const g = A.sizeCanvas(canvas, band.width, band.height);
     const src = A.headSource(ctx.model, ctx.state);
     const layer = src.perLayer ? ctx.state.layer : null;
@@ -101,7 +102,7 @@
     const lines = (head, each) => bandLines(ctx.model, src, layer, head, focus, ctx.state.filter, band, each);
     const counts = new Uint32Array(256);
     if (!focus) for (const h of heads) lines(h, (yq, yk, a) => counts[Math.min(255, Math.floor(a * 256))]++);
-    const floor = focus ? 0 : cutoff(counts);
+    const floor = focus ? 0 : cutoff(counts, limit);
     const shown = { floor: floor, total: counts.reduce((x, y) => x + y, 0), drawn: 0 };
     g.lineWidth = 1;
     for (const head of heads) {
@@ -255,8 +256,8 @@
         const qs = A.selectedQueries(ctx.state);
         return qs.length ? { side: "q", index: qs[0], indices: qs.length > 1 ? qs : null } : null;
       };
-      const paint = () => {
-        const shown = draw(canvas, ctx, focus(), band());
+      const paint = (limit) => {
+        const shown = draw(canvas, ctx, focus(), band(), limit || MAX_LINES);
         status.textContent = shown.floor > 0 ? `Showing the ${shown.drawn.toLocaleString("en")} strongest of ` +
           `${shown.total.toLocaleString("en")} lines in view (opacity ≥ ${A.fmt(shown.floor)}; lines below ` +
           `${MIN_ALPHA} are never drawn); hover a token to see all of its lines.` : "";
@@ -282,10 +283,15 @@
       const now = () => (cancelAnimationFrame(frame), paint(), shade(cols, ctx, focus()));
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "queries", "theme",
                                               "meanHeads"]) && now());
-      body.addEventListener("scroll", () => later(paint), { passive: true });
+      let idle = 0;
+      body.addEventListener("scroll", () => {
+        later(() => paint(SCROLL_LINES)); // software rasters take ~30 ms per 1,000 long lines: few while moving
+        clearTimeout(idle);
+        idle = setTimeout(() => later(() => paint()), 150);
+      }, { passive: true });
       const resize = new ResizeObserver(redraw);
       resize.observe(body);
-      ctx.onDispose(() => (cancelAnimationFrame(frame), resize.disconnect()));
+      ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), resize.disconnect()));
       now();
     },
   };
