@@ -37,8 +37,10 @@ KIND_ARGUMENTS: dict[str, tuple[str, str, str]] = {
     "cross": ("cross_attention", "decoder_tokens", "encoder_tokens"),  # queries: target; keys: source
 }
 _AXES = {"tokens": "tokens", "encoder_tokens": "encoder tokens", "decoder_tokens": "decoder tokens"}
+NO_SDPA = "load the model with attn_implementation='eager' (or output_attentions=True): sdpa returns no weights"
 EMPTY_OUTPUTS = ("attention is empty: outputs[-1] is the empty cross-attention of an encoder (transformers 5 "
-                 "ends an encoder's outputs with cross_attentions=()): pass outputs.attentions")
+                 "ends an encoder's outputs with cross_attentions=()): pass outputs.attentions; if that is empty "
+                 f"too, {NO_SDPA}")
 
 
 def _shape(rows: str, cols: str) -> str:
@@ -72,7 +74,7 @@ def stack_attention(attention: Any, tokens: Any, key_tokens: Any = None, name: s
     layers = [_as_array(a, i, name, expected) for i, a in enumerate(attention)]
     if not layers:
         raise AttnscopeError(EMPTY_OUTPUTS if name == "attention" else
-                             f"{name} is empty: pass one {expected} tensor per layer (outputs.{name}s)")
+                             f"{name} is empty: pass one {expected} tensor per layer (outputs.{name}s); {NO_SDPA}")
     if len({a.shape for a in layers}) != 1:
         raise AttnscopeError(f"{name} layers differ in shape: {sorted({a.shape for a in layers})}")
     weights = np.stack(layers).astype(np.float32)  # [layer, head, query, key]
