@@ -18,6 +18,7 @@ from attnscope import maths
 from attnscope.check import ErrorTable
 from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, layer_mask, row_chunks
 from attnscope.report import Comparison
+from attnscope.stages import STAGES
 
 CHECKED = (*RECOMPUTED_STAGES, "position_bias")  # the stages each layer's recompute keeps
 
@@ -41,7 +42,9 @@ class KindCheck:
     extra: list[tuple[str, str, np.ndarray]]  # (stage, source, errors [batch, layer, head|1])
 
     def comparisons(self, row: int) -> list[Comparison]:
-        return [*self.table.comparisons(row), *(Comparison(st, src, e[row]) for st, src, e in self.extra)]
+        """Recompute first, then the model's; each in stage order (position_bias after scores)."""
+        found = [*self.table.comparisons(row), *(Comparison(st, src, e[row]) for st, src, e in self.extra)]
+        return sorted(found, key=lambda c: (c.source != "recompute", STAGES.index(c.stage)))
 
 
 @torch.no_grad()

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import add_format, add_text_args, console, model_of, print_json, read_text
 from attnscope.cli.generate import add_step_args
+from attnscope.errors import AttnscopeError
+from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
+from attnscope.traces import EncoderDecoderTrace
 
 if TYPE_CHECKING:
     from attnscope.tracing import Trace
@@ -35,6 +38,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("trace", help="trace a text and save every stage (.safetensors or .npz)")
     add_text_args(p)
+    add_target_args(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="FILE.safetensors or FILE.npz")
     add_format(p)
     p.set_defaults(func=run_trace)
@@ -44,8 +48,43 @@ def register(sub: Any) -> None:
                        "3 NOT VERIFIED (traced, but a step of this model's attention is not recomputed: the "
                        "message names it)")
     add_text_args(p)
+    add_target_args(p)
+    p.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
+                   help="encoder-decoder models: check only this kind of attention (default: all three)")
     add_format(p)
     p.set_defaults(func=run_check)
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    """--target and --max-new-tokens: an encoder-decoder model's target (TEXT is then the source)."""
+    p.add_argument("--target", metavar="TARGET", default=None,
+                   help="encoder-decoder models (T5, BART, Marian): the target, fed to the decoder teacher-forced "
+                        "(default: generated greedily from TEXT, the source)")
+    p.add_argument("--max-new-tokens", type=int, default=20, metavar="N",
+                   help="encoder-decoder models without --target: generate at most N target tokens (default 20)")
+
+
+def traced_any(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
+    """The trace a command asked for: an EncoderDecoderTrace for an encoder-decoder model (TEXT is the source,
+    --target the target), a Trace otherwise (where --target is a one-line error)."""
+    from attnscope.errors import require_text
+
+    text = require_text(read_text(args), "source" if getattr(args, "target", None) is not None else "text")
+    if getattr(args, "target", None) is not None:
+        require_text(args.target, "target (--target)")
+    from attnscope import families
+
+    m = model_of(args)
+    if not families.is_encoder_decoder(m.model):
+        if getattr(args, "target", None) is not None:
+            raise AttnscopeError(f"--target is for encoder-decoder models (T5, BART, Marian): {m.name} "
+                                 f"({m.architecture}) is not one, so trace TEXT alone (drop --target)")
+        return traced(args)
+    from attnscope.seq2seq import trace_seq2seq
+
+    target: str | None = args.target
+    return trace_seq2seq(text, target, model=m, max_length=args.max_length, truncate=not args.no_truncate,
+                         max_new_tokens=args.max_new_tokens)
 
 
 def traced(args: argparse.Namespace) -> Trace:
@@ -97,7 +136,9 @@ def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
 def run_trace(args: argparse.Namespace) -> int:
     from attnscope.render import check_summary
 
-    tr = traced(args)
+    tr = traced_any(args)
+    if isinstance(tr, EncoderDecoderTrace):
+        return _trace_seq2seq(tr, args)
     tr.save(args.output)
     report = tr.check()
     if args.format == "json":
@@ -112,7 +153,11 @@ def run_trace(args: argparse.Namespace) -> int:
 def run_check(args: argparse.Namespace) -> int:
     from attnscope.render import check_markdown, check_summary, check_table
 
-    tr = traced(args)
+    if args.attention is not None and args.target is None:
+        raise AttnscopeError("--attention chooses a kind of an encoder-decoder model's attention: give --target too")
+    tr = traced_any(args)
+    if isinstance(tr, EncoderDecoderTrace):
+        return _check_seq2seq(tr, args)
     report = tr.check()
     if args.format == "json":
         print_json({"model": tr.model, "tokens": tr.token_strings, **report.to_dict()})
@@ -132,3 +177,63 @@ def run_check(args: argparse.Namespace) -> int:
 def _check_header(tr: Trace) -> str:
     return (f"{tr.model['name']} ({tr.model['architecture']}): {tr.n_tokens} tokens, "
             f"{tr.n_layers} layers x {tr.n_heads} heads")
+
+
+def _kinds_of(tr: EncoderDecoderTrace, only: str | None) -> dict[str, Trace]:
+    return {k: t for k, t in tr.kinds.items() if only is None or k == only}
+
+
+def _kind_header(tr: Trace) -> str:
+    keys = f" x {tr.n_keys} source tokens" if tr.attention == "cross" else ""
+    return (f"{ATTENTION_LABELS[tr.attention]}: {tr.n_tokens} {'source' if tr.attention == 'encoder' else 'target'} "
+            f"tokens{keys}, {tr.n_layers} layers x {tr.n_heads} heads")
+
+
+def _seq2seq_header(tr: EncoderDecoderTrace) -> str:
+    how = "generated greedily" if tr.generated else "teacher-forced"
+    return (f"{tr.model['name']} ({tr.model['architecture']}): source {tr.source!r}, target {tr.target_text!r} "
+            f"({how}; decoder input: {' '.join(tr.decoder.token_strings)})")
+
+
+def _check_seq2seq(tr: EncoderDecoderTrace, args: argparse.Namespace) -> int:
+    """A table per kind of attention; the exit code of the worst verdict."""
+    from attnscope.render import check_markdown, check_summary, check_table
+    from attnscope.report import EXIT_CODES, FAIL, NOT_VERIFIED, PASS
+
+    kinds = _kinds_of(tr, args.attention)
+    reports = {k: t.check() for k, t in kinds.items()}
+    statuses = {r.status for r in reports.values()}
+    status = next(s for s in (FAIL, NOT_VERIFIED, PASS) if s in statuses)
+    if args.format == "json":
+        print_json({"model": tr.model, "source": tr.source, "target": tr.target_text, "generated": tr.generated,
+                    "status": status, "kinds": {k: {"tokens": t.token_strings, "keys": [x.text for x in t.keys],
+                                                    **reports[k].to_dict()} for k, t in kinds.items()}})
+    elif args.format == "markdown":
+        sys.stdout.write(f"**{_seq2seq_header(tr)}**\n\n")
+        for k, t in kinds.items():
+            sys.stdout.write(check_markdown(reports[k], t.n_layers, f"**{_kind_header(t)}**") + "\n")
+    else:
+        out = console()
+        out.print(_seq2seq_header(tr))
+        for k, t in kinds.items():
+            out.print(f"\n{_kind_header(t)}")
+            if reports[k].comparisons:
+                out.print(check_table(reports[k], t.n_layers, out.width))
+            out.print(check_summary(reports[k]))
+        out.print(f"\n{status}: {', '.join(f'{k} {r.status}' for k, r in reports.items())}")
+    return EXIT_CODES[status]
+
+
+def _trace_seq2seq(tr: EncoderDecoderTrace, args: argparse.Namespace) -> int:
+    from attnscope.render import check_summary
+
+    tr.save(args.output)
+    if args.format == "json":
+        print_json({"path": args.output, "status": tr.status(), "generated": tr.generated,
+                    "kinds": {k: {"tokens": t.n_tokens, "keys": t.n_keys, "layers": t.n_layers, "heads": t.n_heads,
+                                  "ok": t.check().ok, "max_error": t.check().max_error} for k, t in tr.kinds.items()}})
+    else:
+        print(f"wrote {args.output}: {_seq2seq_header(tr)}")
+        for t in tr.kinds.values():
+            print(f"  {_kind_header(t)}; {check_summary(t.check())}")
+    return 0
