@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import bart, bart_trace
+from seq2seq_data import bart_trace
 
 import attnscope
+from attnscope import numbers
 from attnscope.bertviz import head_view
 from attnscope.traces import EncoderDecoderTrace
 
@@ -28,7 +29,7 @@ SHOWN = ("([kind, view]) => { const s = document.getElementById('attnscope-root'
 @pytest.fixture(scope="module")
 def ed_trace(minilm: attnscope.Model) -> EncoderDecoderTrace:
     """A random-weight BART: 11 source tokens, 8 target tokens; 2 encoder layers x 4 heads, 3 decoder layers x 2."""
-    return bart_trace(bart(minilm.tokenizer.vocab_size), minilm.tokenizer)
+    return bart_trace(minilm)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,11 @@ def test_head_view_switches_to_cross(ed_page: Any, ed_trace: EncoderDecoderTrace
     shading = page.eval_on_selector_all(".as-k .as-tok", "ts => ts.map(t => Number(t.style.getPropertyValue('--w')))")
     w = ed_trace.cross.weights[2, 1, 2]  # target token 2's weights over the 11 source tokens
     assert len(shading) == 11 and np.abs(np.asarray(shading) - w).max() <= 1 / 510 + 1e-6
-    assert page.inner_text(".as-panel .as-badge").startswith("NOT VERIFIED: built in the views tests")
+    badge = re.fullmatch(r"✓ verified · layer 2, head 1: max error ([0-9.e+-]+) ≤ 1\.0e-05",
+                         page.inner_text(".as-panel .as-badge"))  # the cross-attention's own check
+    assert badge and float(badge.group(1)) == pytest.approx(ed_trace.cross.check().head_error(2, 1), rel=0.05)
+    overall = page.inner_text(".as-header .as-badge")
+    assert overall == f"✓ trace verified · max error {numbers.error(ed_trace.cross.check().max_error)}"
     ed_page.shot("seq2seq-head-cross")
     switch(ed_page, "encoder", "head")
     assert texts(page, ".as-q .as-tok") == source
