@@ -176,3 +176,12 @@ def test_save_and_load_keep_the_kinds_apart(suffix: str, batches: dict[str, list
     assert attnscope.Trace.load(tmp_path / f"d{suffix}").attention == "decoder"
     with pytest.raises(AttnscopeError, match="not an encoder-decoder trace"):
         attnscope.EncoderDecoderTrace.load(tmp_path / f"d{suffix}")
+
+
+def test_derived_maps_of_each_kind(batches: dict[str, list[attnscope.EncoderDecoderTrace]]) -> None:
+    tr = batches["marian"][0]
+    assert tr.decoder.rollout().shape == (2, tr.decoder.n_tokens, tr.decoder.n_tokens)
+    norms = tr.encoder.norms()["norm_head"]  # ||alpha_ij f(x_j)||
+    assert norms.shape == (2, 4, tr.encoder.n_tokens, tr.encoder.n_tokens) and np.all(norms >= 0)
+    with pytest.raises(AttnscopeError, match="cross-attention's \\[target, source\\] maps do not compose"):
+        tr.cross.rollout()

@@ -134,6 +134,7 @@ class Trace:
         """Attention rollout (Abnar & Zuidema 2020): [layer, query, key], layer l = R_l."""
         from attnscope.rollout import rollout
 
+        self._require_square("attention rollout")
         if "rollout" not in self.arrays:
             self.arrays["rollout"] = rollout(self.arrays["weights"])
         return self.arrays["rollout"]
@@ -142,10 +143,16 @@ class Trace:
         """Attention flow (Abnar & Zuidema 2020) from each top-layer position to each input: [query, key]."""
         from attnscope.rollout import flow, validate_flow_length
 
+        self._require_square("attention flow")
         validate_flow_length(self.n_tokens, max_tokens)  # a cached result obeys the limit of this call too
         if "flow" not in self.arrays:
             self.arrays["flow"] = flow(self.arrays["weights"], max_tokens=max_tokens)
         return self.arrays["flow"]
+
+    def _require_square(self, what: str) -> None:
+        if self.attention == "cross":
+            raise AttnscopeError(f"{what} composes a stack's self-attention layers: cross-attention's [target, source] "
+                                 "maps do not compose; use the encoder's or the decoder's trace")
 
     def norms(self) -> dict[str, np.ndarray]:
         """Norm-based attention (Kobayashi et al. 2020), computed at trace time from the layer weights.
