@@ -59,14 +59,28 @@ class ErrorTable:
         diff = torch.sub(a, b, out=self.scratch("diff", a.shape)).abs_()
         self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
 
-    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
-        """The trace's scores, q k^T of the captured q and k [rows, head, token, d_head], against the
-        recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|)."""
-        shape = recomputed.shape
+    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor,
+                   rec_q: torch.Tensor | None = None, rec_k: torch.Tensor | None = None) -> None:
+        """The trace's scores, q k^T of the captured q and k [rows, head|kv_head, token, d_head], against the
+        recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|).
+
+        Given the recomputed q and k too, and where every |q_i| |k_j| >= 1 (then the bound is |q_i| |k_j|),
+        the relative difference is one product: [q_i / |q_i|, q'_i / |q_i|] . [k_j / |k_j|, -k'_j / |k_j|]
+        = (q_i . k_j - q'_i . k'_j) / (|q_i| |k_j|), the same measure rounded once rather than three times.
+        """
         k = expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # [rows, head, key, d_head]
-        diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
-        bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
-        self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
+        q_norm, k_norm = q.norm(dim=-1), k.norm(dim=-1)  # [rows, head, query], [rows, head, key]
+        if rec_q is not None and rec_k is not None and _bound_above_one(q_norm, k_norm):
+            rec_k = expand_kv(rec_k, int(rec_q.shape[1]) // int(rec_k.shape[1]))
+            left = torch.cat((q, rec_q), dim=-1).div_(q_norm[..., None])  # [rows, head, query, 2 d_head]
+            right = torch.cat((k, rec_k.neg()), dim=-1).div_(k_norm[..., None])  # [rows, head, key, 2 d_head]
+            diff = torch.matmul(left, right.transpose(-1, -2), out=self.scratch("diff", recomputed.shape)).abs_()
+        else:
+            shape = recomputed.shape
+            diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
+            bound = torch.mul(q_norm[..., :, None], k_norm[..., None, :], out=self.scratch("bound", shape))
+            diff = diff.div_(bound.clamp_(min=1.0))
+        self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff, rows)
 
     def add_output(self, layer: int, rows: slice, context: torch.Tensor, w_o_norms: torch.Tensor,
                    captured: torch.Tensor, recomputed: torch.Tensor) -> None:
@@ -94,10 +108,19 @@ class ErrorTable:
             return errors
         return np.repeat(errors, self.n_heads // errors.shape[1], axis=1)
 
-    def _same(self, stage: str, t: torch.Tensor) -> np.ndarray:
-        """|a - a| without the subtraction: 0, or NaN where a real position holds NaN or infinity."""
+    def add_same_rows(self, stage: str, source: str, layer: int, rows: slice, captured: torch.Tensor) -> None:
+        """The captured rows [rows, ...] against the very same tensor (the model returned what the capture saw),
+        once they were compared with the recompute: a finite difference there proves them finite, so |a - a| is
+        0; only where it was not is _same asked."""
+        checked = self._table(stage, "recompute")[rows, layer]
+        same = 0.0 if np.isfinite(checked).all() else self._same(stage, captured, rows)
+        self._table(stage, source)[rows, layer] = same
+
+    def _same(self, stage: str, t: torch.Tensor, rows: slice = slice(None)) -> np.ndarray:
+        """|a - a| without the subtraction: 0, or NaN where a real position holds NaN or infinity.
+        t: the given rows of one layer of the batch."""
         if self.padded:
-            t = torch.where(self._valid(stage), t, torch.zeros((), dtype=t.dtype))
+            t = torch.where(self._valid(stage)[rows], t, torch.zeros((), dtype=t.dtype))
         flat = t.flatten(2) if stage in PER_HEAD else t.flatten(1).unsqueeze(1)
         # NaN propagates through amin and amax, and an infinity shows at one end (torch.aminmax is 10x slower)
         ends = flat.amin(2).isfinite() & flat.amax(2).isfinite()
@@ -126,22 +149,45 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     """
     n_layers, n_heads = len(captured["weights"]), int(captured["weights"][0].shape[1])
     table = ErrorTable(keep, n_layers, n_heads)
+    done: set[tuple[str, int]] = set()  # (stage, layer) compared with the model's own output already
     if params is not None and "x" in captured:
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
         for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
-            for stage in RECOMPUTED_STAGES:
-                if stage == "scores":
-                    table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
-                elif stage == "output":
-                    w_o_norms = params[layer].w_o.norm(dim=0)  # [d_model]: |W_O[:, j]|
-                    table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms,
-                                     captured["output"][layer][rows], rec[stage])
-                else:
-                    table.add_rows(stage, "recompute", layer, rows, captured[stage][layer][rows], rec[stage])
+            done |= _compare_chunk(table, captured, reference, params[layer], layer, rows, rec)
     for stage, ref in reference.items():
         for layer in range(n_layers):
-            table.add(stage, "model", layer, captured[stage][layer], ref[layer])
+            if (stage, layer) not in done:
+                table.add(stage, "model", layer, captured[stage][layer], ref[layer])
     return table
+
+
+def _compare_chunk(table: ErrorTable, captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
+                   p: AttentionParams, layer: int, rows: slice, rec: dict[str, torch.Tensor]) -> set[tuple[str, int]]:
+    """Every recomputed stage of some rows of one layer against the capture; where the model returned the very
+    tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with the model."""
+    done = set()
+    for stage in RECOMPUTED_STAGES:
+        if stage == "scores":  # the trace's scores are q k^T of its q and k
+            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage],
+                             rec["q"], rec["k"])
+            continue
+        ours = captured[stage][layer]
+        if stage == "output":
+            w_o_norms = p.w_o.norm(dim=0)  # [d_model]: |W_O[:, j]|
+            table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms, ours[rows], rec[stage])
+        else:
+            table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage])
+        if stage in reference and reference[stage][layer] is ours:
+            table.add_same_rows(stage, "model", layer, rows, ours[rows])
+            done.add((stage, layer))
+    return done
+
+
+def _bound_above_one(q_norm: torch.Tensor, k_norm: torch.Tensor) -> bool:
+    """Whether every |q_i| |k_j| is finite and at least 1. q_norm: [..., head, query]; k_norm: [..., head, key]."""
+    low = q_norm.amin(-1) * k_norm.amin(-1)  # [..., head]: the smallest product of each head
+    high = q_norm.amax(-1) * k_norm.amax(-1)
+    return bool((low >= 1.0).all()) and bool(high.isfinite().all())
 
 
 __all__ = ["PER_HEAD", "PER_KV_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
