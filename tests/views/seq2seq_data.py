@@ -34,3 +34,22 @@ def bart_trace(minilm: attnscope.Model, source: str = SOURCE, target: str = TARG
     tok = minilm.tokenizer
     model = attnscope.load_model(bart(tok.vocab_size), tokenizer=tok)
     return trace_seq2seq(source, target=target, model=model, max_length=64)
+
+
+def t5(vocab: int) -> Any:
+    """A tiny random-weight T5: 2 encoder and 2 decoder layers x 4 heads (d_head 16), no 1/sqrt(d) scaling, and a
+    relative position bias in the self-attention of each side."""
+    import transformers as T
+
+    torch.manual_seed(0)
+    config = T.T5Config(vocab_size=vocab, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                        num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=102)
+    model = T.T5ForConditionalGeneration(config)
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def t5_trace(minilm: attnscope.Model, source: str = SOURCE, target: str = TARGET) -> EncoderDecoderTrace:
+    tok = minilm.tokenizer
+    return trace_seq2seq(source, target=target, model=attnscope.load_model(t5(tok.vocab_size), tokenizer=tok),
+                         max_length=64)

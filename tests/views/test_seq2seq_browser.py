@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import bart_trace
+from seq2seq_data import bart_trace, t5_trace
 
 import attnscope
 from attnscope import numbers
@@ -161,3 +161,23 @@ def test_hostile_tokens_in_a_drop_in_cross_view(ed_trace: EncoderDecoderTrace, o
     opened.page.hover('.as-q .as-tok[data-index="1"]')
     assert opened.page.evaluate("() => [window.pwned, document.querySelectorAll('img, svg').length]") == [None, 0]
     assert opened.dialogs == [] and opened.errors == [] and opened.foreign_requests() == []
+
+
+def test_t5_neuron_view_adds_the_position_bias(minilm: attnscope.Model, open_page: Callable[..., Any]) -> None:
+    """The page's own numbers explain T5's weights: softmax(q . k x 1 + position bias) is the weight row."""
+    ed = t5_trace(minilm)
+    opened = open_page(ed.to_html("neuron", layer=1, head=3, query=4), "seq2seq-t5-neuron")
+    page = opened.page
+    values = "ns => ns.map(n => Number(n.dataset.value))"
+    shown = {stage: np.asarray(page.eval_on_selector_all(f'.as-neuron-scores [data-stage="{stage}"]', values))
+             for stage in ("scaled", "position_bias", "weights")}
+    enc = ed.encoder
+    assert np.array_equal(np.float32(shown["position_bias"]), enc.arrays["position_bias"][1, 3, 4])
+    logits = shown["scaled"] + shown["position_bias"]
+    softmax = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
+    assert np.abs(softmax - shown["weights"]).max() <= 1e-5  # float32 numbers, float64 softmax
+    assert "+ position bias" in texts(page, ".as-neuron-scores .as-th")
+    assert "relative position bias" in page.inner_text(".as-scaling")
+    switch(opened, "cross", "neuron")
+    assert page.query_selector('.as-neuron-scores [data-stage="position_bias"]') is None  # cross: no bias in T5
+    assert opened.errors == [] and opened.foreign_requests() == []

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import TARGET, bart_trace
+from seq2seq_data import TARGET, bart_trace, t5_trace
 from views_support import decode_source, page_payload, unpack
 
 import attnscope
@@ -24,7 +24,8 @@ def block_arrays(block: dict[str, Any], nq: int, nk: int) -> dict[str, np.ndarra
     """A neuron block back to float32: q, context [target, d_head]; k, v [source, d_head]; scores, weights [nq, nk]."""
     f = np.frombuffer(unpack(block["encoding"], block["data"]), dtype="<f4")
     d = block["d_head"]
-    shapes = {"q": (nq, d), "context": (nq, d), "k": (nk, d), "v": (nk, d), "scores": (nq, nk), "weights": (nq, nk)}
+    shapes = {"q": (nq, d), "context": (nq, d), "k": (nk, d), "v": (nk, d), "scores": (nq, nk), "weights": (nq, nk),
+              "position_bias": (nq, nk)}
     out, at = {}, 0
     for stage in block["stages"]:
         size = shapes[stage][0] * shapes[stage][1]
@@ -107,3 +108,16 @@ def test_tokens_are_escaped(ed_trace: EncoderDecoderTrace) -> None:
     data = html.split('id="attnscope-data">', 1)[1].split("</script>", 1)[0]
     assert "<" not in data and ">" not in data  # the JSON block cannot close itself or open a tag
     assert '"\\u003c"' in data and "die katze \\u003cscript\\u003e" in data
+
+
+def test_t5_position_bias_travels_with_the_neuron_data(minilm: attnscope.Model) -> None:
+    """T5: no scaling, a relative position bias added before the softmax: carried exactly, never drawn as a map."""
+    ed = t5_trace(minilm)
+    data = page_payload(ed.to_html("neuron", attention="decoder", layer=1, head=2))
+    assert [s["name"] for s in data["sources"]] == ["weights"]  # the signed bias is not an attention map
+    block = next(b for b in data["neuron"]["blocks"] if (b["layer"], b["head"]) == (1, 2))
+    assert block["stages"][-1] == "position_bias" and block["scaling"] == 1.0
+    got = block_arrays(block, 8, 8)
+    np.testing.assert_array_equal(got["position_bias"], ed.decoder.arrays["position_bias"][1, 2])
+    cross = data["kinds"]["cross"]["neuron"]["blocks"][0]
+    assert "position_bias" not in cross["stages"]  # T5's cross-attention has no position bias

@@ -25,10 +25,10 @@ if TYPE_CHECKING:
 
 FORMAT = "attnscope.views/1"
 VIEWS = ("head", "model", "neuron", "matrix", "all")
-NOT_SOURCES = ("scores",)  # logits, signed: shown exactly in the neuron view instead
+NOT_SOURCES = ("scores", "position_bias")  # logits and T5's bias, signed: shown exactly in the neuron view instead
 NEURON_BUDGET = 2_000_000  # raw float32 bytes of neuron data a page carries by default
 NEURON_STAGES = ("q", "k", "scores", "weights")
-NEURON_EXTRA = ("v", "context")  # the weighted values' parts, carried when the trace has them
+NEURON_EXTRA = ("v", "context", "position_bias")  # the weighted values' parts and T5's bias, when traced
 NeuronChoice = str | Sequence[tuple[int, int]]  # "budget", "all", "none" or explicit (layer, head) pairs
 
 
@@ -149,8 +149,9 @@ def block_stages(trace: Trace) -> list[str]:
 
 
 def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True) -> dict[str, Any]:
-    """Exact float32 q, k [token, d_head], scores, weights [query, key] (then v, context [token, d_head]
-    when traced) of one head, concatenated in the order of its "stages"."""
+    """Exact float32 q, k [token, d_head], scores, weights [query, key] (then v, context [token, d_head] and
+    T5's position_bias [query, key] when traced) of one head, concatenated in the order of its "stages".
+    Cross-attention: k and v run over the source tokens, scores, weights and the bias are [target, source]."""
     trace.validate(layer=layer, head=head)
     missing = [s for s in NEURON_STAGES if s not in trace.arrays]
     if missing:

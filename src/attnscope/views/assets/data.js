@@ -85,7 +85,8 @@
     const parts = {};
     let at = 0;
     const stages = block.stages || ["q", "k", "scores", "weights"];
-    const sizes = { q: n * d, context: n * d, k: nk * d, v: nk * d, scores: n * nk, weights: n * nk };
+    const sizes = { q: n * d, context: n * d, k: nk * d, v: nk * d, scores: n * nk, weights: n * nk,
+                    position_bias: n * nk };
     for (const [name, len] of stages.map((s) => [s, sizes[s]])) {
       parts[name] = f.subarray(at, at + len);
       at += len;

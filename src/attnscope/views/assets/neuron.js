@@ -72,7 +72,8 @@
     return { node: node, put: put };
   }
 
-  // One key's numbers: q . k (the trace's scores), scaled (float32 product), the softmax weight and its bar.
+  // One key's numbers: q . k (the trace's scores), scaled (float32 product), T5's position bias when the block has
+  // it (added to scaled before the softmax), the softmax weight and its bar.
   function keyRow(put, v, row) {
     const off = v.masked ? "as-off" : "";
     const key = String(v.key);
@@ -81,9 +82,11 @@
     put(el("span", { "data-key": key, class: off }, [v.masked
       ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity", text: "masked (−∞)" })
       : number("scaled", v.scaled)]), row, 5);
+    if (v.bias !== undefined) put(el("span", { "data-key": key, class: off }, [number("position_bias", v.bias)]), row, 6);
     const bar = el("span", { class: "as-bar" });
     bar.style.width = `${v.bar * 6}em`;
-    put(el("span", { "data-key": key, class: `as-weight ${off}` }, [bar, number("weights", v.weight)]), row, 6);
+    put(el("span", { "data-key": key, class: `as-weight ${off}` }, [bar, number("weights", v.weight)]), row,
+        v.bias === undefined ? 6 : 7);
   }
 
   // Cell width of the vector canvases: two canvases and ~26em of numbers fit the pane (2..10 px a dimension).
@@ -100,9 +103,11 @@
     const k = (j, t) => b.k[j * d + t];
     const row = b.weights.subarray(query * n, (query + 1) * n);
     const widest = Math.max(...row); // bars are relative to this query's largest weight
-    const { node, put } = grid(n, d, cw, 3);
-    const titles = ["key", "k", "q × k (elementwise)", "q · k", "scaled",
-                    "softmax weight (bar: / row max)"];
+    const bias = b.position_bias ? b.position_bias.subarray(query * n, (query + 1) * n) : null; // T5
+    const { node, put } = grid(n, d, cw, bias ? 4 : 3);
+    const titles = ["key", "k", "q × k (elementwise)", "q · k", "scaled", bias ? "+ position bias" : null,
+                    bias ? "softmax(scaled + bias) (bar: / row max)" : "softmax weight (bar: / row max)"]
+      .filter(Boolean);
     ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
     titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
@@ -122,8 +127,10 @@
     keys.forEach((j, r) => keyRow(put, {
       key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
       scaled: f32(b.scores[query * n + j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
+      bias: bias ? bias[j] : undefined,
     }, 4 + r));
-    const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` });
+    const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` +
+      (bias ? "; the weight is the softmax of scaled + the relative position bias (T5's, per head and distance)" : "") });
     const parts = el("div", { class: "as-neuron-parts" }, [el("div", { class: "as-neuron-scores" }, [rule, node])]);
     if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip));
     return parts;
