@@ -191,3 +191,13 @@ def test_softmax_exp_equals_torch_exp_bit_for_bit_across_underflow() -> None:
     got = maths._exp_(x.clone())
     assert torch.equal(got[:-1], x[:-1].exp()) and bool(got[-1].isnan())
     assert bool((got[(x > -103.0) & (x < -88.0)] > 0).all())  # denormal results are kept, not flushed
+
+
+def test_softmax_exp_of_masked_keys_equals_torch_exp_bit_for_bit() -> None:
+    """Inputs either above -87 or at most -104 (a causal map: scores and masked keys) take the clamped path."""
+    lowest = torch.finfo(torch.float32).min
+    x = torch.cat([torch.linspace(-86.999, 0.0, 100_001), torch.linspace(-1e6, -104.0, 1_001),
+                   torch.tensor([lowest, float("-inf"), float("inf"), 88.0, 89.0])])
+    assert torch.equal(maths._exp_(x.clone()), x.exp())
+    near = torch.tensor([0.0, lowest, -87.0 - 1e-5])  # one input just below -87: a small normal result, kept
+    assert torch.equal(maths._exp_(near.clone()), near.exp()) and float(near.exp()[2]) > 0.0

@@ -276,6 +276,16 @@ def _exp_(t: torch.Tensor) -> torch.Tensor:
     entry (the dtype's minimum) becomes exactly 0 directly; the rare inputs with denormal results keep them."""
     if t.dtype != torch.float32 or t.numel() == 0 or not float(t.amin()) < _NORMAL_EXP:  # NaN min: plain exp too
         return t.exp_()  # nothing underflows: the plain exp is fast
+    mid, half = (_NORMAL_EXP + _ZERO_EXP) / 2, (_NORMAL_EXP - _ZERO_EXP) / 2
+    if not float((t - mid).abs_().amin()) > half:  # an input in [-104, -87]: a denormal or small result
+        return _exp_denormal_(t)
+    # each input is above -87 (exp is exact from the clamped input) or at most -104 (exp is 0: the factor clears it)
+    factor = t.clamp(_NORMAL_EXP - 1.0, _NORMAL_EXP).sub_(_NORMAL_EXP - 1.0)  # 1 above -87, 0 below -88, NaN stays
+    return t.clamp_(min=_NORMAL_EXP).exp_().mul_(factor)
+
+
+def _exp_denormal_(t: torch.Tensor) -> torch.Tensor:
+    """exp in place of inputs some of which lie in (-104, -87): those go through torch's exp one by one."""
     low = t < _NORMAL_EXP  # masked keys, and scores far below the row's max
     denormal = low & (t > _ZERO_EXP)
     exact = t[denormal].exp() if bool(denormal.any()) else None
