@@ -1,0 +1,182 @@
+"""Long contexts: the matrix view pans and zooms over tiles (a max-pooled overview, exact cells when zoomed), the head
+view draws the strongest lines and says so, and a page over the size limit is refused before it is built."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from views_support import decode_source, page_payload
+
+import attnscope
+from attnscope.bertviz import trace_from_attention
+from attnscope.cli.main import main
+from attnscope.errors import AttnscopeError
+from attnscope.tracing import Trace, trace
+from attnscope.views import to_html
+from attnscope.views.size import page_size
+
+pytestmark = pytest.mark.browser
+N = 2048
+PEAK = 0.9
+CANVAS = "canvas.as-matrix"
+
+
+def peak_of(q: np.ndarray) -> np.ndarray:
+    """The one strong key of each query: scattered over the map (a multiplicative hash), so blocks differ."""
+    return (q * 7919 + 13) % N
+
+
+@pytest.fixture(scope="module")
+def long_trace() -> Trace:
+    """2,048 tokens, 1 layer x 2 heads of weights: each query puts 0.9 on one key and spreads 0.1 over the rest."""
+    rng = np.random.default_rng(0)
+    weights = np.full((1, 2, N, N), 0.1 / (N - 1), dtype=np.float32)  # [layer, head, query, key]
+    q = np.arange(N)
+    weights[0, 0, q, peak_of(q)] = PEAK
+    sparse = rng.random((N, N), dtype=np.float32) ** 40  # a few large values per row: many faint lines
+    weights[0, 1] = sparse / sparse.sum(axis=-1, keepdims=True)
+    return trace_from_attention(weights, [f"w{i}" for i in range(N)])
+
+
+@pytest.fixture(scope="module")
+def matrix_page(open_page: Callable[..., Any], long_trace: Trace) -> Any:
+    return open_page(to_html(long_trace, "matrix", layer=0, head=0, theme="light"), "long-matrix")
+
+
+def dataset(page: Any) -> dict[str, float]:
+    return {k: float(v) for k, v in page.eval_on_selector(CANVAS, "c => ({...c.dataset})").items()}
+
+
+def pixels(page: Any, points: list[tuple[float, float]]) -> list[list[int]]:
+    """The canvas's RGBA at CSS pixels (x, y) (devicePixelRatio 1 here), read back once."""
+    return list(page.eval_on_selector(CANVAS, """(c, points) => {
+      const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+      const at = (x, y) => 4 * (Math.floor(y) * c.width + Math.floor(x));
+      return points.map(([x, y]) => Array.from(d.subarray(at(x, y), at(x, y) + 4)));
+    }""", points))
+
+
+def test_overview_is_max_pooled_so_no_peak_disappears(matrix_page: Any) -> None:
+    page = matrix_page.page
+    d = dataset(page)
+    assert d["cell"] < 1 and d["level"] >= 1  # a cell is under a pixel: each pixel is a block of 2^level cells
+    f = 2 ** int(d["level"])
+    assert f"each pixel is the max of {f} × {f} cells" in page.inner_text(".as-zoom-status")
+    assert page.eval_on_selector_all("*", "a => a.length") < 400  # a canvas of tiles, never a node per cell
+    at = lambda i: d["label"] + (i // f * f + f / 2) * d["cell"]  # noqa: E731  the middle of i's block
+    peaks, empty = [], []
+    for q in range(5, N, 97):  # a pixel whose block holds a peak is coloured; one whose block holds none is white
+        k = int(peak_of(np.array(q)))
+        peaks.append((at(k), at(q)))
+        k_far = (k + N // 2) % N
+        if all(int(peak_of(np.array(r))) // f != k_far // f for r in range(q // f * f, q // f * f + f)):
+            empty.append((at(k_far), at(q)))
+    white = [255, 255, 255, 255]
+    assert len(peaks) > 15 and len(empty) > 15
+    colours = pixels(page, peaks + empty)
+    assert all(c != white for c in colours[: len(peaks)]) and all(c == white for c in colours[len(peaks):])
+    matrix_page.shot("long-matrix-overview")
+
+
+def test_zoom_reaches_exact_cells_and_hover_shows_the_arrays_value(matrix_page: Any, long_trace: Trace) -> None:
+    page = matrix_page.page
+    box = page.query_selector(CANVAS).bounding_box()
+    d = dataset(page)
+    q, k = 1500, int(peak_of(np.array(1500)))
+    while d["cell"] < 10:  # the wheel zooms around the pointer: keep it on the cell (q, k)
+        page.mouse.move(box["x"] + d["label"] + (k + 0.5 - d["k0"]) * d["cell"],
+                        box["y"] + d["label"] + (q + 0.5 - d["q0"]) * d["cell"])
+        before = page.eval_on_selector(CANVAS, "c => c.dataset.cell")
+        page.mouse.wheel(0, -600)  # x 8
+        page.wait_for_function(f"() => document.querySelector('{CANVAS}').dataset.cell !== '{before}'")
+        d = dataset(page)
+    assert d["level"] == 0 and d["cell"] >= 10  # exact cells, big enough for token labels
+    assert "cells of" in page.inner_text(".as-zoom-status")
+    values = decode_source(page_payload(page.content())["sources"][0])[0, 0]  # [query, key] as the page carries
+    for dq, dk in ((0, 0), (1, 0), (0, 2), (-3, 1)):
+        page.mouse.move(box["x"] + d["label"] + (k + dk + 0.5 - d["k0"]) * d["cell"],
+                        box["y"] + d["label"] + (q + dq + 0.5 - d["q0"]) * d["cell"])
+        tip = page.inner_text(".as-tip").splitlines()
+        assert tip[0] == f"query {q + dq}: w{q + dq} → key {k + dk}: w{k + dk}"
+        shown = re.fullmatch(r"attention weights: ≈ (\d\.\d{4}) \(8-bit approximation, within ±(\d\.\d{4})\)", tip[1])
+        assert shown, tip
+        assert shown.group(1) == f"{values[q + dq, k + dk]:.4f}"  # the page's number is the decoded code
+        w = float(long_trace.weights[0, 0, q + dq, k + dk])
+        assert abs(float(shown.group(1)) - w) <= float(shown.group(2)) + 5e-5  # and the array's within its step
+    matrix_page.shot("long-matrix-zoomed")
+    assert matrix_page.errors == [] and matrix_page.foreign_requests() == []
+
+
+def test_real_trace_zoomed_hover_is_exact(minilm: attnscope.Model, open_page: Callable[..., Any]) -> None:
+    tr = trace("attention heads read every token of this long and repetitive sentence again " * 60, model=minilm,
+               max_length=256)
+    opened = open_page(to_html(tr, "all", layer=0, head=0), "long-real", width=300)  # narrow: 256 cells < 256 px
+    page = opened.page
+    page.click(".as-tab[data-view=matrix]")
+    d = dataset(page)
+    assert d["level"] == 1 and d["cell"] < 1
+    page.focus(CANVAS)
+    for key in ["+"] * 5:  # zoom by 2 per key, around the view's middle
+        page.keyboard.press(key)
+    page.wait_for_function(f"() => document.querySelector('{CANVAS}').dataset.level === '0'")
+    d = dataset(page)
+    box = page.query_selector(CANVAS).bounding_box()
+    q, k = int(d["q0"]) + 2, int(d["k0"]) + 3
+    page.mouse.move(box["x"] + d["label"] + (k + 0.5 - d["k0"]) * d["cell"],
+                    box["y"] + d["label"] + (q + 0.5 - d["q0"]) * d["cell"])
+    tip = page.inner_text(".as-tip").splitlines()
+    assert tip[0].startswith(f"query {q}: ") and f"→ key {k}: " in tip[0]
+    assert tip[1] == f"attention weights: {float(tr.weights[0, 0, q, k]):.4f}"  # the exact float32 the page carries
+    assert opened.errors == []
+
+
+def test_head_view_says_how_many_lines_it_draws(open_page: Callable[..., Any], long_trace: Trace) -> None:
+    opened = open_page(to_html(long_trace, "head", layer=0, show_heads=[1]), "long-head")
+    page = opened.page
+    page.eval_on_selector(".as-head-body", "b => b.scrollTop = b.scrollHeight / 2")  # lines cross the middle band
+    page.wait_for_function("() => Number(document.querySelector('.as-status').dataset.drawn) > 1500")  # all, once still
+    status = page.inner_text(".as-status")
+    found = re.fullmatch(r"Showing the ([\d,]+) strongest of ([\d,]+) lines in view \(opacity ≥ (\d\.\d{4}); lines "
+                         r"below 0\.01 are never drawn\); hover a token to see all of its lines\.", status)
+    assert found, status
+    drawn, total = (int(found.group(i).replace(",", "")) for i in (1, 2))
+    faint = int((long_trace.weights[0, 1] >= 0.0095).sum())  # every line the view could draw at all
+    assert drawn <= 12_000 < total <= faint
+    assert page.eval_on_selector("canvas.as-lines", "c => c.clientHeight") <= 900  # only the visible band
+    page.hover('.as-q .as-tok[data-index="3"]')
+    page.wait_for_function("() => document.querySelector('.as-status').textContent === ''")  # one token: all its lines
+    opened.shot("long-head")
+    assert opened.errors == []
+
+
+def test_a_page_over_the_limit_is_refused_before_it_is_built(long_trace: Trace) -> None:
+    size = page_size(long_trace)
+    assert size.maps == 2 and size.cells == N * N and size.total > N * N * 2 * 4 / 3
+    with pytest.raises(AttnscopeError, match=r"^this page would be up to 11 MB \(1 layers x 2 heads, 2 maps of "
+                       r"4,194,304 cells\), over the max_mb=10 limit: pass fewer layers= and heads= .*raise max_mb$"):
+        to_html(long_trace, "matrix", max_mb=10)
+    one = page_payload(to_html(long_trace, "matrix", heads=[1], max_mb=10))
+    assert one["heads"] == [1] and one["sources"][0]["shape"] == [1, 1, N, N]
+
+
+def test_cli_carries_the_chosen_layers_and_heads_and_refuses_over_the_limit(
+        capsys: pytest.CaptureFixture[str], minilm: attnscope.Model, tmp_path: Path) -> None:
+    out = tmp_path / "f.html"
+    code = main(["view", "time flies like an arrow", "--layers", "0,3", "--heads", "1,2", "-o", str(out)])
+    assert code == 0 and out.exists()
+    data = page_payload(out.read_text(encoding="utf-8"))
+    assert data["layers"] == [0, 3] and data["heads"] == [1, 2] and data["sources"][0]["shape"][:2] == [2, 2]
+    capsys.readouterr()
+    big = tmp_path / "big.html"
+    code = main(["view", "time flies like an arrow", "--max-mb", "0.2", "-o", str(big)])
+    err = capsys.readouterr().err
+    assert code == 2 and not big.exists() and err.count("\n") == 1
+    assert err.startswith("attnscope: error: this page would be up to ") and "over the --max-mb 0.2 limit: pass " \
+        "fewer --layers and --heads (0-indexed, e.g. --layers 0,3 --heads 1,2), or raise --max-mb" in err
+    code = main(["view", "time flies", "--layers", "9", "-o", str(big)])
+    assert code == 2 and "layer 9" in capsys.readouterr().err and not big.exists()
