@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -121,3 +124,15 @@ def test_t5_position_bias_travels_with_the_neuron_data(minilm: attnscope.Model) 
     np.testing.assert_array_equal(got["position_bias"], ed.decoder.arrays["position_bias"][1, 2])
     cross = data["kinds"]["cross"]["neuron"]["blocks"][0]
     assert "position_bias" not in cross["stages"]  # T5's cross-attention has no position bias
+
+
+def test_a_saved_trace_renders_without_torch(ed_trace: EncoderDecoderTrace, tmp_path: Path) -> None:
+    """Save, then load and draw the three kinds in a fresh interpreter: neither torch nor transformers loads."""
+    saved = tmp_path / "ed.safetensors"
+    ed_trace.save(saved)
+    code = (f"import sys\nfrom attnscope.traces import EncoderDecoderTrace\n"
+            f"html = EncoderDecoderTrace.load({str(saved)!r}).to_html()\n"
+            "print('\"attention\":\"cross\"' in html, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "False", "False"]
