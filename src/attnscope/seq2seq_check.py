@@ -80,7 +80,8 @@ def _recompute(cap: KindCapture, params: list[maths.AttentionParams], table: Err
             memory = cap.memory[layer][rows] if cap.memory is not None else None
             rec = maths.multi_head_attention(x[layer][rows], p, None if mask is None else mask[rows], keep=CHECKED,
                                              in_place=True, memory=memory)
-            table.add_scores(layer, rows, layers["q"][layer][rows], layers["k"][layer][rows], rec["scores"])
+            table.add_scores(layer, rows, layers["q"][layer][rows], layers["k"][layer][rows], rec["scores"], rec["q"],
+                             rec["k"])
             table.add_output(layer, rows, layers["context"][layer][rows], p.w_o.norm(dim=0),
                              layers["output"][layer][rows], rec["output"])
             for stage in ("q", "k", "v", "weights", "context"):
