@@ -10,32 +10,42 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnscope import maths
+from attnscope import explain_kinds, maths
 from attnscope.models import ModelLike, load_model
 from attnscope.numbers import scaling as scaling_text
 from attnscope.placement import on_host
 from attnscope.recompute import layer_params
 from attnscope.stages import ARRAY_AXES
 from attnscope.steps import Step, Walkthrough
+from attnscope.traces import EncoderDecoderTrace
 from attnscope.tracing import Trace
 
 __all__ = ["Step", "Walkthrough", "walkthrough"]  # Step and Walkthrough live in the torch-free attnscope.steps
 
 
-def walkthrough(tr: Trace, layer: int = 0, head: int = 0, token: int | None = None,
-                model: ModelLike | None = None) -> Walkthrough:
-    """Build the walkthrough for layer/head (0-indexed); token focuses on one query row."""
+def walkthrough(tr: Trace | EncoderDecoderTrace, layer: int = 0, head: int = 0, token: int | None = None,
+                model: ModelLike | None = None, attention: str | None = None) -> Walkthrough:
+    """Build the walkthrough for layer/head (0-indexed); token focuses on one query row.
+
+    An EncoderDecoderTrace: attention chooses "encoder", "decoder" or "cross" (default "cross": each target
+    token's attention over the source); model is then the encoder-decoder model it was traced with.
+    """
+    note = explain_kinds.kind_note(tr, attention)
+    tr = explain_kinds.kind_trace(tr, attention)
     tr.validate(layer=layer, head=head, token=token)
     labels = [f"{i}:{t.text}" for i, t in enumerate(tr.tokens)]
+    keys = [f"{i}:{t.text}" for i, t in enumerate(tr.keys)]  # the source's for cross-attention
     rows = labels if token is None else [labels[token]]
     sl = slice(None) if token is None else slice(token, token + 1)
     # one layer of each array with a layer axis: [head, ...] or [token, d_model] (flow, [query, key], has none)
     a = {k: tr.arrays[k][layer] for k in tr.arrays if ARRAY_AXES.get(k, ("layer",))[0] == "layer"}
+    if "memory" in tr.arrays:
+        a["memory"] = tr.arrays["memory"]  # [key, d_model]: every cross-attention layer reads the same
     d_head = int(a["q"].shape[-1])
-    p = _layer_params(model, layer, tr.n_tokens)  # None without the model, or for a family without a recompute
-    steps = [_tokens_step(tr), *_x_steps(tr, a, labels)]
+    p = _layer_params(model, layer, tr)  # None without the model, or for a family without a recompute
+    steps = [_tokens_step(tr, note), *_x_steps(tr, a, layer, head, labels, keys, p)]
     steps += _weight_steps(tr, p, head, d_head)
-    steps += _head_steps(tr, a, head, sl, rows, labels, layer, p)
+    steps += _head_steps(tr, a, head, sl, rows, keys, layer, p)
     steps += _merge_steps(tr, a, head, sl, rows)
     report = tr.check()
     check = {
@@ -46,31 +56,39 @@ def walkthrough(tr: Trace, layer: int = 0, head: int = 0, token: int | None = No
         "unsupported": report.unsupported,
     }
     toks = [t.to_dict() for t in tr.tokens]
-    return Walkthrough(tr.model, layer, head, token, toks, steps, check)
+    key_tokens = None if tr.key_tokens is None else [t.to_dict() for t in tr.key_tokens]
+    return Walkthrough(tr.model, layer, head, token, toks, steps, check, tr.attention, key_tokens)
 
 
-def _tokens_step(tr: Trace) -> Step:
+def _tokens_step(tr: Trace, note: str = "") -> Step:
     pair = " A sentence pair: segment 0 is the first text, segment 1 the second." if tr.pair else ""
     text = (f"The tokenizer splits the text into {tr.n_tokens} tokens (word pieces marked ##, "
             f"special tokens in brackets).{pair} Positions are 0-indexed.")
+    if tr.attention != "self":
+        text = f"{explain_kinds.tokens_text(tr)} Positions are 0-indexed.{note}"
     ids = np.asarray([[t.id, t.segment] for t in tr.tokens])
     return Step("tokens", "Tokens", text, f"[token] = [{tr.n_tokens}]", {"id, segment": ids},
                 row_labels=[f"{i}:{t.text}" for i, t in enumerate(tr.tokens)], col_labels=["id", "segment"])
 
 
-def _x_steps(tr: Trace, a: dict[str, np.ndarray], labels: list[str]) -> list[Step]:
+def _x_steps(tr: Trace, a: dict[str, np.ndarray], layer: int, head: int, labels: list[str], keys: list[str],
+             p: maths.AttentionParams | None) -> list[Step]:
     if "x" not in a:
         return []
+    if tr.attention != "self":  # an encoder-decoder's: cross-attention's k and v come from the memory
+        return explain_kinds.input_steps(tr, a, layer, head, labels, keys, p)
     source = tr.model.get("x_source") or "the hidden state entering this layer"
     n, d = a["x"].shape
     return [Step("x", "The attention input x", f"Where x comes from: {source}.",
                  f"[token, d_model] = [{n}, {d}]", {"x": a["x"]}, row_labels=labels)]
 
 
-def _layer_params(model: ModelLike | None, layer: int, n_tokens: int) -> maths.AttentionParams | None:
+def _layer_params(model: ModelLike | None, layer: int, tr: Trace) -> maths.AttentionParams | None:
     if model is None:
         return None
-    params = layer_params(load_model(model).model, n_tokens)
+    if tr.attention != "self":
+        return explain_kinds.kind_params(model, tr.attention, layer)
+    params = layer_params(load_model(model).model, tr.n_tokens)
     return None if params is None else on_host(params[layer])  # float32 on the CPU, as the trace's arrays
 
 
@@ -88,6 +106,8 @@ def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head:
     d_model = int(p.w_q.shape[0])
     text = (f"Each head owns a slice of the projection matrices: head {head} uses columns "
             f"{cols.start}..{cols.stop - 1} of W_Q, W_K and W_V (d_head = {d_head}).")
+    if tr.attention == "cross":
+        text += " W_Q multiplies the decoder's x (the queries); W_K and W_V multiply the encoder's memory."
     if tr.kv_heads != tr.n_heads:
         text = (f"Each head owns a slice of W_Q: head {head} uses columns {cols.start}..{cols.stop - 1}. "
                 f"{_sharing(tr, head)} so its W_K and W_V columns are k/v head {kv}'s, "
@@ -177,41 +197,46 @@ def _mask_text(tr: Trace, p: maths.AttentionParams | None) -> str:
 
 def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str],
                 labels: list[str], layer: int, p: maths.AttentionParams | None = None) -> list[Step]:
-    n = tr.n_tokens
+    n, nk = tr.n_tokens, tr.n_keys  # queries and keys (cross-attention: target and source tokens)
     d_head = int(a["q"].shape[-1])
     s = tr.scaling[layer]
     scores = a["scores"][h]  # [query, key]
     scaled = maths.scale(torch.from_numpy(scores), s).numpy()
     mask = _mask(tr, n, p)
     capped = scaled if p is None or p.softcap is None else maths.soft_cap(torch.from_numpy(scaled), p.softcap).numpy()
-    masked = capped + mask
+    masked = capped + mask + (a["position_bias"][h] if "position_bias" in a else 0.0)  # T5 adds its position bias
     weights = a["weights"][h]
     kv = tr.kv_head(h)  # grouped-query attention: the k/v head this query head reads
     q, k, v = a["q"][h], a["k"][kv], a["v"][kv]
     shared = f" {_sharing(tr, h)} so these are k/v head {kv}'s numbers." if tr.kv_heads != tr.n_heads else ""
     rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
-    scale_text = scaling_text(d_head, s)
-    mask_text = _mask_text(tr, p)
+    scale_text = (f"Then {scaling_text(d_head, s)}, which keeps the scores' variance near 1 so the softmax does not "
+                  "saturate.")
+    if tr.model.get("family") == "t5":
+        scale_text = ("T5 does not divide by sqrt(d_head): its initialisation folds that factor into W_Q, so the "
+                      "scaled scores equal the scores (x 1).")
+    mask_text = explain_kinds.mask_text(tr) if tr.attention == "cross" else _mask_text(tr, p)
+    kv_in = "memory" if tr.attention == "cross" else "x"
     sums = weights[sl].sum(axis=-1, keepdims=True)
     return [
         *_rope_steps(tr, a, p, h, sl, rows, labels),
         Step("q", "Queries Q = x W_Q + b_Q", f"What each token is looking for{rotated}.",
              f"[token, d_head] = [{n}, {d_head}]", {"q": q[sl]}, rows),
-        Step("k", "Keys K = x W_K + b_K", f"What each token offers to be found by{rotated}.{shared}",
-             f"[token, d_head] = [{n}, {d_head}]", {"k": k}, labels),
-        Step("v", "Values V = x W_V + b_V", f"What each token passes on when attended to.{shared}",
-             f"[token, d_head] = [{n}, {d_head}]", {"v": v}, labels),
+        Step("k", f"Keys K = {kv_in} W_K + b_K", f"What each token offers to be found by{rotated}.{shared}",
+             f"[token, d_head] = [{nk}, {d_head}]", {"k": k}, labels),
+        Step("v", f"Values V = {kv_in} W_V + b_V", f"What each token passes on when attended to.{shared}",
+             f"[token, d_head] = [{nk}, {d_head}]", {"v": v}, labels),
         Step("scores", "Scores = Q K^T", "How well each query matches each key: one dot product per pair.",
-             f"[query, key] = [{n}, {n}]", {"scores": scores[sl]}, rows, labels),
-        Step("scaled", "Scaled scores", f"Then {scale_text}, which keeps the scores' variance near 1 "
-             "so the softmax does not saturate.", f"[query, key] = [{n}, {n}]", {"scaled": scaled[sl]},
+             f"[query, key] = [{n}, {nk}]", {"scores": scores[sl]}, rows, labels),
+        Step("scaled", "Scaled scores", scale_text, f"[query, key] = [{n}, {nk}]", {"scaled": scaled[sl]},
              rows, labels),
         *_cap_steps(p, capped, sl, rows, labels),
-        Step("masked", "Mask", mask_text, f"[query, key] = [{n}, {n}]",
+        *explain_kinds.position_bias_step(tr, a, p, h, sl, rows, labels),
+        Step("masked", "Mask", mask_text, f"[query, key] = [{n}, {nk}]",
              {"mask": mask[sl], "masked": masked[sl]}, rows, labels),
         Step("weights", "Softmax: the attention weights", "exp(s - max) / sum exp(s - max) along each "
              "row: every row is a probability distribution over keys (row sums shown)." + _sink_text(p, h),
-             f"[query, key] = [{n}, {n}]", {"weights": weights[sl], "row sums": sums}, rows, labels),
+             f"[query, key] = [{n}, {nk}]", {"weights": weights[sl], "row sums": sums}, rows, labels),
         *_weighted_steps(weights, v, a["context"][h], sl, labels),
         Step("context", "Context = weights V", "Each query's output is the weighted average of the "
              "value vectors.", f"[token, d_head] = [{n}, {d_head}]", {"context": a["context"][h][sl]}, rows),
@@ -257,6 +282,8 @@ def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: l
 
 def _mask(tr: Trace, n: int, p: maths.AttentionParams | None = None) -> np.ndarray:
     """The layer's additive mask for one unpadded text: its window (causal, sliding) when the layer is known."""
+    if tr.attention == "cross":  # every target token reads every source token
+        return np.zeros((n, tr.n_keys), dtype=np.float32)
     if p is not None:
         mask = maths.window_mask(n, p.window)
         return np.zeros((n, n), dtype=np.float32) if mask is None else mask.numpy()

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from attnscope.numbers import error, value
 from attnscope.report import CheckReport
+from attnscope.stages import ATTENTION_LABELS
 from attnscope.steps import Step, Walkthrough
 
 MAX_ROWS = 12  # rows shown of a long matrix unless full
@@ -152,11 +153,15 @@ def _step_heading(n: int, step: Step) -> str:
     return f"{step.number or n}. {step.title}  ({step.stage})"
 
 
-def _rows(step: Step, arr: np.ndarray) -> list[str] | None:
+def _rows(step: Step, arr: np.ndarray, name: str = "") -> list[str] | None:
+    if name in step.array_labels:
+        return step.array_labels[name][0]
     return step.row_labels if np.atleast_2d(arr).shape[0] == len(step.row_labels or []) else None
 
 
-def _cols(step: Step, arr: np.ndarray) -> list[str] | None:
+def _cols(step: Step, arr: np.ndarray, name: str = "") -> list[str] | None:
+    if name in step.array_labels:
+        return step.array_labels[name][1]
     a = np.atleast_2d(arr)
     return step.col_labels if step.col_labels and a.shape[1] == len(step.col_labels) else None
 
@@ -171,7 +176,7 @@ def walkthrough_renderables(w: Walkthrough, width: int = 120, full: bool = False
         if step.shape:
             parts.append(Text(f"shape {step.shape}", style="dim"))
         for name, arr in step.arrays.items():
-            parts += matrix_renderables(name, arr, _rows(step, arr), _cols(step, arr), width, full)
+            parts += matrix_renderables(name, arr, _rows(step, arr, name), _cols(step, arr, name), width, full)
         if any(_has_min(a) for a in step.arrays.values()):
             parts.append(Text(MIN_NOTE, style="dim"))
         out.append(Group(*parts))
@@ -186,7 +191,8 @@ def _header(w: Walkthrough) -> str:
         return (f"Self-attention by hand: the 3-input toy example{causal} (steps numbered as the classic 7; "
                 "inputs counted from 1, as the tutorials do)")
     focus = "" if w.token is None else f", query token {w.token}"
-    return (f"{w.model.get('name', '?')}: layer {w.layer}, head {w.head}{focus} (0-indexed; "
+    kind = "" if w.attention == "self" else f" {ATTENTION_LABELS[w.attention]},"
+    return (f"{w.model.get('name', '?')}:{kind} layer {w.layer}, head {w.head}{focus} (0-indexed; "
             f"{w.model.get('layers')} layers x {w.model.get('heads')} heads)")
 
 
@@ -221,7 +227,7 @@ def walkthrough_markdown(w: Walkthrough, full: bool = False) -> str:
         if step.shape:
             lines += [f"Shape: `{step.shape}`", ""]
         for name, arr in step.arrays.items():
-            cells = Cells(arr, _rows(step, arr), _cols(step, arr))
+            cells = Cells(arr, _rows(step, arr, name), _cols(step, arr, name))
             lines += _md_table(name, cells, full)
             lines += [MIN_NOTE, ""] if _has_min(arr) else []
     if w.check:
@@ -238,9 +244,11 @@ def walkthrough_json(w: Walkthrough) -> dict[str, Any]:
     """Every step's full array under its stage name."""
     return {
         "model": w.model, "layer": w.layer, "head": w.head, "token": w.token, "tokens": w.tokens,
+        **({} if w.attention == "self" else {"attention": w.attention, "key_tokens": w.key_tokens}),
         "steps": [
             {"stage": s.stage, "number": s.number or str(n), "title": s.title, "text": s.text, "shape": s.shape,
              "row_labels": s.row_labels, "col_labels": s.col_labels,
+             **({"array_labels": {k: list(v) for k, v in s.array_labels.items()}} if s.array_labels else {}),
              "arrays": {k: _json_array(v) for k, v in s.arrays.items()}}
             for n, s in enumerate(w.steps, 1)
         ],

@@ -24,6 +24,8 @@ class Step:
     row_labels: list[str] | None = None  # labels of the first axis of each array
     col_labels: list[str] | None = None  # labels of the second axis, when they are tokens
     number: str | None = None  # the step's own number (the toy's classic 7 steps); None: counted
+    array_labels: dict[str, tuple[list[str] | None, list[str] | None]] = field(default_factory=dict)
+    # (row, column) labels of an array whose axes are not the step's (T5's bias table: buckets, not tokens)
 
 
 @dataclass
@@ -37,3 +39,5 @@ class Walkthrough:
     tokens: list[dict[str, Any]]
     steps: list[Step]
     check: dict[str, Any]
+    attention: str = "self"  # an encoder-decoder's "encoder", "decoder" or "cross" (stages.ATTENTION_KINDS)
+    key_tokens: list[dict[str, Any]] | None = None  # cross-attention: the source tokens the keys run over

@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     p.add_argument("--token", type=int, default=None,
                    help="focus on one query token (0-indexed): adds its weighted values and their sum")
     p.add_argument("--full", action="store_true", help="print every row and column (wide tables in blocks)")
+    add_target_args(p)
+    p.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
+                   help="encoder-decoder models: the kind of attention to explain (default: cross)")
     add_step_args(p)  # --step N, --generation FILE: one step of a generation (attnscope.cli.generate)
     add_format(p)
     p.set_defaults(func=run_explain)
@@ -87,6 +90,15 @@ def traced_any(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
                          max_new_tokens=args.max_new_tokens)
 
 
+def require_encoder_decoder(m: Any, flag: str) -> None:
+    """A one-line error naming the flag when m is not an encoder-decoder model."""
+    from attnscope import families
+
+    if not families.is_encoder_decoder(m.model):
+        raise AttnscopeError(f"{flag} is for encoder-decoder models (T5, BART, Marian): {m.name} ({m.architecture}) "
+                             f"has one kind of attention, so drop {flag}")
+
+
 def traced(args: argparse.Namespace) -> Trace:
     """The trace a command asked for, from its TEXT/--text-file, --pair and model options."""
     from attnscope.errors import require_text
@@ -106,10 +118,12 @@ def run_explain(args: argparse.Namespace) -> int:
         from attnscope.cli.generate import run_explain_step
 
         return run_explain_step(args)
-    tr = traced(args)
+    if args.attention is not None:  # before tracing: a model with one kind of attention has nothing to choose
+        require_encoder_decoder(model_of(args), "--attention")
+    tr = traced_any(args)
     from attnscope.explain import walkthrough
 
-    w = walkthrough(tr, args.layer, args.head, args.token, model=model_of(args))
+    w = walkthrough(tr, args.layer, args.head, args.token, model=model_of(args), attention=args.attention)
     emit_walkthrough(w, args.format, args.full)
     return 0
 
