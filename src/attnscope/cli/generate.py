@@ -33,7 +33,11 @@ def register(sub: Any) -> None:
     p.add_argument("--head", type=int, default=None, metavar="H",
                    help="one head for the most attended tokens, 0-indexed (default: mean over heads)")
     p.add_argument("--alternatives", type=int, default=3, metavar="K", help="top alternatives shown per step")
-    p.add_argument("-o", "--output", metavar="FILE", help="save the generation trace: FILE.safetensors or FILE.npz")
+    p.add_argument("-o", "--output", metavar="FILE", help="save the generation trace: FILE.safetensors or FILE.npz; "
+                   "or one step of the generation view as a figure: FILE.svg, FILE.png or FILE.pdf")
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="the step a figure shows, 0-indexed (default: the last); its layer and head: --layer, --head")
+    p.add_argument("--scale", type=float, default=2.0, help="png figure: pixels per SVG pixel (default 2)")
     p.add_argument("--html", metavar="FILE", help="write the generation view (a self-contained page)")
     add_format(p)
     p.set_defaults(func=run_generate)
@@ -53,6 +57,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from attnscope.generating import GenerationInterrupted, generate, validate_settings
 
     validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives)
+    figure = _figure_format(args)
     stream = args.format == "text"
     if stream:
         sys.stdout.write(prompt)
@@ -67,12 +72,39 @@ def run_generate(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt from exc
         g, status = exc.partial, 130
         print(f"\nattnscope: interrupted: keeping the {g.n_steps} steps generated so far", file=sys.stderr)
-    if args.output:
+    if args.output and figure:
+        from attnscope.views.generation import generation_figure
+
+        generation_figure(g, args.output, step=args.step, layer=args.layer, head=args.head, scale=args.scale)
+    elif args.output:
         g.save(args.output)
     if args.html:
         g.show().save(args.html)
     _emit(g, args)
     return status if status else (0 if g.check().ok else 1)
+
+
+def _figure_format(args: argparse.Namespace) -> str | None:
+    """svg, png or pdf when -o names a figure (checked before generating), else None (a saved trace)."""
+    from pathlib import Path
+
+    from attnscope.errors import AttnscopeError
+    from attnscope.views.figures import FORMATS, MAX_SCALE
+
+    kind = Path(args.output).suffix.lower().lstrip(".") if args.output else ""
+    if args.output and kind not in (*FORMATS, "safetensors", "npz"):
+        raise AttnscopeError(f"unsupported output format {kind or Path(args.output).name!r}: name the output "
+                             "FILE.safetensors or FILE.npz (the trace), or FILE.svg, FILE.png or FILE.pdf (a figure)")
+    if kind not in FORMATS:
+        if args.step is not None:
+            raise AttnscopeError("--step chooses the step of a figure: name the output FILE.svg, FILE.png or FILE.pdf")
+        return None
+    if not 0 < args.scale <= MAX_SCALE:
+        raise AttnscopeError(f"--scale must be above 0 and at most {MAX_SCALE:g}, got {args.scale:g}")
+    if args.step is not None and not 0 <= args.step < args.max_new_tokens:
+        raise AttnscopeError(f"--step {args.step} is outside the {args.max_new_tokens} steps of --max-new-tokens "
+                             "(0-indexed)")
+    return kind
 
 
 def _echo(step: GeneratedToken) -> None:

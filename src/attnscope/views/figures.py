@@ -72,22 +72,25 @@ def figure(
     return render_figure(document, Path(path), kind, scale)
 
 
-def render_figure(document: str, out: Path, kind: str, scale: float = 2.0, timeout_s: float = 60.0) -> Path:
-    """Open a one-view page in headless Chromium and write its figure (in a thread of its own, as render_png)."""
+def render_figure(document: str, out: Path, kind: str, scale: float = 2.0, timeout_s: float = 60.0,
+                  root: str = "attnscope-root") -> Path:
+    """Open a one-view page in headless Chromium and write its figure (in a thread of its own, as render_png).
+
+    root: the id of the element the page draws into (the generation page's is "attnscope-generation-root")."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(_render_figure, document, out, kind, scale, timeout_s).result()
+        return pool.submit(_render_figure, document, out, kind, scale, timeout_s, root).result()
 
 
-def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s: float) -> Path:
-    from attnscope.views.browser import READY, chromium
+def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s: float, root_id: str) -> Path:
+    from attnscope.views.browser import chromium
 
     with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
         page_file = Path(tmp) / "view.html"
         page_file.write_text(document, encoding="utf-8")
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         page.goto(page_file.as_uri())
-        page.wait_for_selector(READY, state="attached", timeout=timeout_s * 1000)
-        root = "document.getElementById('attnscope-root')"
+        page.wait_for_selector(f"#{root_id}[data-attnscope-ready]", state="attached", timeout=timeout_s * 1000)
+        root = f"document.getElementById('{root_id}')"
         if kind == "png":
             url = page.evaluate(f"(s) => window.attnscope.figurePNG({root}, s)", scale)
             data = base64.b64decode(url.split(",", 1)[1])

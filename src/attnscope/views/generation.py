@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import base64
 import html
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from attnscope.errors import AttnscopeError
 from attnscope.views.page import _asset, _csp, json_for_script
 
 if TYPE_CHECKING:
     from attnscope.generation import GeneratedToken, GenerationTrace
 
-SCRIPTS = ("data.js", "generation.js")
+SCRIPTS = ("data.js", "generation.js", "export.js")  # export.js: the SVG/PNG download of the step shown
 BOOT = "\nwindow.attnscope.bootGeneration();\n"
+SOURCES = ("weights", "rollout")
 LEVELS = 65535  # weights travel as uint16: w * 65535, rounded (exact to 8e-6)
 STYLE = """
 .as-gen { font: 14px system-ui, sans-serif; margin: 12px; color: #111; }
@@ -70,7 +74,8 @@ def step_payload(g: GenerationTrace, step: int, rollout: np.ndarray | None = Non
     return out
 
 
-def generation_payload(g: GenerationTrace) -> dict[str, Any]:
+def generation_payload(g: GenerationTrace, initial: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The page's data; initial: the step, layer, head (None: the mean over heads) and source shown first."""
     rollout = g.trace.rollout() if g.n_steps else None  # [layer, query, key]: causal rows need no later row
     report = g.check()
     return {
@@ -83,16 +88,29 @@ def generation_payload(g: GenerationTrace) -> dict[str, Any]:
         "check": {"ok": report.ok, "max_error": report.max_error, "tolerance": report.tolerance,
                   "unsupported": report.unsupported},
         "steps": [step_payload(g, s, rollout) for s in range(g.n_steps)],
+        "initial": initial or {},
     }
+
+
+def initial_state(g: GenerationTrace, step: int | None = None, layer: int | None = None, head: int | None = None,
+                  source: str = "weights") -> dict[str, Any]:
+    """What the page shows first, validated: step, layer (default the last), head (None: the mean), source."""
+    if step is not None:
+        g.validate_step(step)
+    g.trace.validate(layer=layer, head=head)
+    if source not in SOURCES:
+        raise AttnscopeError(f"source {source!r} is not drawn by the generation view: use {' or '.join(SOURCES)}")
+    return {"step": step, "layer": layer, "head": "mean" if head is None else head, "source": source}
 
 
 def script() -> str:
     return "\n".join(_asset(n) for n in SCRIPTS)
 
 
-def generation_html(g: GenerationTrace) -> str:
-    """A self-contained page: tokens appear step by step, each step's attention, its top-k bars."""
-    data = generation_payload(g)
+def generation_html(g: GenerationTrace, initial: dict[str, Any] | None = None) -> str:
+    """A self-contained page: tokens appear step by step, each step's attention, its top-k bars.
+    initial: initial_state(g, ...), what it shows first."""
+    data = generation_payload(g, initial)
     code = script() + BOOT
     return (
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -110,3 +128,20 @@ def generation_page(g: GenerationTrace) -> Any:
     from attnscope.views import HTMLPage
 
     return HTMLPage(generation_html(g), height=720)
+
+
+def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step: int | None = None,
+                      layer: int | None = None, head: int | None = None, source: str = "weights",
+                      fmt: str | None = None, scale: float = 2.0) -> Path:
+    """One step of the generation view as a figure (svg, png or pdf, from fmt or the file's suffix): the text so
+    far shaded by the step's attention (layer, head or None for the mean over heads, 0-indexed; step default
+    the last), the top alternatives, and the model, step, layer, head and verification badge in the caption."""
+    from attnscope.views.figures import MAX_SCALE, figure_format, render_figure
+
+    kind = figure_format(path, fmt)
+    if not 0 < scale <= MAX_SCALE:
+        raise AttnscopeError(f"scale must be above 0 and at most {MAX_SCALE:g}, got {scale:g}")
+    if not g.n_steps:
+        raise AttnscopeError("this generation has no steps to draw: generate at least one token (max_new_tokens)")
+    document = generation_html(g, initial_state(g, step, layer, head, source))
+    return render_figure(document, Path(path), kind, scale, root="attnscope-generation-root")

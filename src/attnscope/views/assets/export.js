@@ -198,8 +198,44 @@
   const FIGURES = { head: headFigure, matrix: matrixFigure, model: modelFigure, neuron: neuronFigure };
   A.figureViews = Object.keys(FIGURES);
 
+  // The generation view at one step (assets/generation.js gathers `fig`): the text so far, each token a <text> on a
+  // <rect> shaded by the step's query's attention to it, the token written outlined, and the top alternatives.
+  A.generationSVG = function (fig) {
+    const [maxW, lineH] = [760, 26];
+    const top = fig.row ? Math.max(...fig.row, 1e-12) : 0;
+    const out = ['<g class="tokens" font-family="ui-monospace, monospace" font-size="13" xml:space="preserve">'];
+    let [x, y] = [0, 0];
+    fig.tokens.forEach((t, i) => {
+      const shown = String(t).replace(/\n/g, "↵");
+      const w = Math.max(10, width(shown, 13) + 6);
+      if (x + w > maxW && x > 0) [x, y] = [0, y + lineH];
+      const v = fig.row && i < fig.row.length ? fig.row[i] / top : null;
+      const writing = i === fig.tokens.length - 1;
+      const edge = writing ? ' stroke="#e6550d" stroke-dasharray="3 2"' : i === fig.query ? ' stroke="#333333"' : "";
+      out.push(`<rect x="${num(x)}" y="${y}" width="${num(w)}" height="${lineH - 6}" rx="3" fill="#08519c" ` +
+               `fill-opacity="${v === null ? 0 : (0.08 + 0.8 * v).toFixed(3)}"${edge}/>`);
+      const ink = writing ? ' fill="#e6550d" font-weight="600"' : v !== null && v > 0.55 ? ' fill="#ffffff"' : "";
+      out.push(text(x + 3, y + 15, shown, ` data-position="${i}"${ink}`));
+      x += w + 2;
+    });
+    out.push("</g>");
+    const y0 = y + lineH + 16;
+    const best = Math.max(...fig.alternatives.map((a) => a.probability), 1e-12);
+    const bars = [`<g class="alternatives" transform="translate(0 ${y0})">`,
+      text(0, 0, `step ${fig.step}: top alternatives (probability)`, ' font-weight="600"')];
+    fig.alternatives.forEach((a, i) => {
+      const yy = 10 + i * 18;
+      bars.push(text(0, yy + 11, JSON.stringify(a.token), ' font-family="ui-monospace, monospace"'),
+        `<rect x="150" y="${yy + 2}" width="${num((160 * a.probability) / best)}" height="11" ` +
+        `fill="${a.token === fig.token ? "#e6550d" : "#9ecae1"}"/>`, text(318, yy + 11, a.probability.toFixed(4)));
+    });
+    bars.push("</g>");
+    return svg(out.join("\n") + "\n" + bars.join("\n"), maxW, y0 + 14 + fig.alternatives.length * 18, fig.caption);
+  };
+
   // figureSVG(root, view?) -> the SVG text of the view shown in `root` (or of `view`), with the current selection.
   A.figureSVG = function (root, view) {
+    if (root.attnscopeFigure) return root.attnscopeFigure(); // a page with one figure of its own (generation)
     const shown = root.attnscopeShown;
     if (!shown) throw new Error("no attnscope views drawn in this element");
     const name = view || shown.view();
@@ -209,7 +245,11 @@
 
   // figurePNG(root, scale, view?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.
   A.figurePNG = async function (root, scale, view) {
-    const doc = A.figureSVG(root, view);
+    return A.svgToPNG(A.figureSVG(root, view), scale);
+  };
+
+  // SVG text -> a PNG data: URL, `scale` device pixels per SVG pixel.
+  A.svgToPNG = async function (doc, scale) {
     const img = new Image();
     img.src = `data:image/svg+xml;charset=utf-8,${encodeURIComponent(doc)}`;
     await img.decode();
@@ -272,6 +312,13 @@
       save(url, typeof name === "function" ? name() : name);
       setTimeout(() => URL.revokeObjectURL(url), 1000);
     } });
+  };
+
+  // A PNG download button for any figure: `make()` returns the SVG text, drawn at twice its size.
+  A.pngButton = function (make, name) {
+    return A.el("button", { type: "button", class: "as-export", "data-format": "png", text: "⤓ PNG",
+                            title: "download as a PNG figure (2x)", onclick: async () =>
+      save(await A.svgToPNG(make(), 2), typeof name === "function" ? name() : name) });
   };
 
   // The download buttons of the header: the view shown, as SVG, or as PNG at twice the screen size.

@@ -46,7 +46,9 @@
   A.renderGeneration = function (element, data) {
     const model = data.model;
     const steps = (data.steps || []).map(decodeStep);
-    const state = { step: 0, layer: model.layers - 1, head: "mean", source: "weights", timer: null };
+    const init = data.initial || {}; // the step, layer, head ("mean" or 0-indexed) and source shown first
+    const state = { step: 0, layer: init.layer ?? model.layers - 1, head: String(init.head ?? "mean"),
+                    source: init.source || "weights", timer: null };
     const play = el("button", { type: "button", class: "as-gen-play", text: "▶ play" });
     const slider = el("input", { type: "range", min: "0", max: "0", value: "0", class: "as-gen-slider",
       "aria-label": "step (0-indexed)" });
@@ -58,6 +60,8 @@
       el("option", { value: "weights", text: "attention weights" }),
       el("option", { value: "rollout", text: "attention rollout" })]);
     layerSel.value = String(state.layer);
+    headSel.value = state.head;
+    sourceSel.value = state.source;
     const text = el("div", { class: "as-gen-text" });
     const bars = el("div", { class: "as-gen-bars" });
     const grid = el("div", { class: "as-gen-heads" });
@@ -69,8 +73,28 @@
       el("h2", { text: data.title }), badge,
       el("div", { class: "as-gen-controls" }, [play, slider, label,
         el("label", { text: "layer " }, [layerSel]), el("label", { text: " head " }, [headSel]),
-        el("label", { text: " source " }, [sourceSel])]),
+        el("label", { text: " source " }, [sourceSel]), ...exportButtons()]),
       text, el("div", { class: "as-gen-row" }, [bars, grid])]));
+
+    // The step shown as a standalone SVG (assets/export.js), with its model, step, layer, head and badge as caption.
+    function figure() {
+      const s = steps[Math.min(state.step, steps.length - 1)];
+      const who = state.source === "rollout" ? `attention rollout, layer ${state.layer}`
+        : `layer ${state.layer} · ${state.head === "mean" ? "mean over heads" : `head ${state.head}`}`;
+      return A.generationSVG({
+        tokens: Array.from({ length: s.position + 1 }, (_, i) => tokenAt(i)), row: row(s, model, state.layer,
+          state.head, state.source), query: s.keys - 1, step: s.step, token: s.token, alternatives: s.alternatives,
+        caption: [`${model.name || "model"} · generation view · step ${s.step} writes position ${s.position} · ${who}` +
+          " · 0-indexed", badge.textContent, `shade: the attention of position ${s.keys - 1} (the step's query) to ` +
+          `each earlier token · ${s.keys} tokens`],
+      });
+    }
+
+    function exportButtons() {
+      if (!A.svgButton) return [];
+      const name = (ext) => () => `attnscope-generation-step${state.step}-layer${state.layer}-head${state.head}.${ext}`;
+      return [A.svgButton(figure, name("svg")), A.pngButton(figure, name("png"))];
+    }
 
     function tokenAt(i) {
       if (i < data.prompt_length) return data.prompt_tokens[i];
@@ -165,7 +189,9 @@
     }
 
     slider.max = String(Math.max(0, steps.length - 1));
-    setStep(steps.length - 1);
+    setStep(init.step ?? steps.length - 1);
+    element.attnscopeFigure = figure; // what attnscope.figureSVG(element) returns: the step shown, as a figure
+    element.dataset.attnscopeReady = "1";
     return { addStep: addStep, setStep: setStep, play: start, pause: stop, state: state };
   };
 
