@@ -14,6 +14,7 @@ import torch
 
 import attnscope
 from attnscope.errors import AttnscopeError
+from attnscope.report import tolerance_for
 from seq2seq_support import FAMILIES, tiny_seq2seq
 
 SOURCES = ["the cat sat on the mat near the door", "hello"]
@@ -185,3 +186,11 @@ def test_derived_maps_of_each_kind(batches: dict[str, list[attnscope.EncoderDeco
     assert norms.shape == (2, 4, tr.encoder.n_tokens, tr.encoder.n_tokens) and np.all(norms >= 0)
     with pytest.raises(AttnscopeError, match="cross-attention's \\[target, source\\] maps do not compose"):
         tr.cross.rollout()
+
+
+def test_bfloat16_is_checked_in_float32_at_its_tolerance(seq2seq: Callable[[str], attnscope.Model]) -> None:
+    tr = attnscope.trace_seq2seq(SOURCES, TARGETS, model=seq2seq("t5"), dtype="bfloat16")[1]
+    reports = tr.check()
+    assert tr.model["dtype"] == "bfloat16" and tr.status() == "PASS", {k: r.to_dict() for k, r in reports.items()}
+    assert {r.tolerance for r in reports.values()} == {tolerance_for("bfloat16")}
+    assert tr.cross.weights.dtype == np.float32

@@ -200,7 +200,7 @@ def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: T
                       output_attentions=recompute, output_hidden_states=recompute, use_cache=False)
     if not cap.calls:
         raise AttnscopeError(f"{m.architecture}'s attention does not go through transformers' attention registry")
-    split = _by_kind(cap, kinds, extra)
+    split = on_host(_by_kind(cap, kinds, extra))  # float32 on the CPU: the check recomputes in float32
     results = []
     for kind in ("encoder", "decoder", "cross"):
         keep = source_keep if kind == "encoder" else dec.keep
