@@ -15,7 +15,16 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   soak       the soak of tests/serve/test_serve_soak.py (valid, hostile and abandoned requests): the server's
              resident memory after a warm-up and after the soak
 
-    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4] [--part all|throughput|hardening]
+--part long: 2,048 tokens on SmolLM2 (30 layers x 9 heads) in the web app, headless Chromium (issue 16):
+  the text is traced once through the API (`"maps": "lazy"`: the server keeps its maps as uint8, the trace's
+  forward pass, recompute and chunked check timed on its own). From then on the trace is ready on the server,
+  and the page is measured on its clock: first interactive = from submitting the text in the form to the views'
+  "attnscope:ready" mark plus two frames (the answer's transfer and parse, the first layer's maps fetched,
+  decoded and drawn); a layer switch (head view, every head of the layer fetched) and a head switch (matrix view)
+  = from the select's change to two frames after the maps are drawn. Targets: < 3 s and < 300 ms.
+
+    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4] [--part all|throughput|hardening|long]
+        [--long-tokens 2048] [--long-model smollm2]
 """
 
 from __future__ import annotations
@@ -115,7 +124,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=24, help="requests per measurement (default 24)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
-    ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary"), default="all")
+    ap.add_argument("--repeats", type=int, default=3, help="--part long: page loads and switches (default 3)")
+    ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary", "long"), default="all")
+    ap.add_argument("--long-tokens", type=int, default=2048, help="--part long: tokens (default 2048)")
+    ap.add_argument("--long-model", default="smollm2", help="--part long: the model (default smollm2)")
     ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
     args = ap.parse_args()
     if args.bare_server:
@@ -127,6 +139,8 @@ def main() -> None:
         throughput(args)
     if args.part in ("all", "binary"):
         binary_transport(args)
+    if args.part in ("all", "long"):
+        long_context(args)
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -191,6 +205,97 @@ def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
         print(f"{name:<8} {sizes[name]:>12,} {sizes[name] / sizes['json']:>7.2f}x {rates[name]:>8.2f} "
               f"{rates[name] / base:>13.2f}x")
 
+
+
+NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+LOADED = "() => !document.getElementById('sv-views').dataset.attnscopeLoading"
+
+
+def switch_ms(page: Any, selector: str, value: str) -> float:
+    """Page-clock ms from changing a select to two frames after the maps it needs are drawn."""
+    start = page.evaluate("() => performance.now()")
+    page.select_option(selector, value)
+    page.wait_for_function(LOADED, timeout=120_000)
+    page.evaluate(NEXT_FRAME)
+    return float(page.evaluate("() => performance.now()")) - float(start)
+
+
+def fetch_ms(page: Any) -> list[float]:
+    """Each map request's time on the page's clock, request start to the body's last byte."""
+    return [float(x) for x in page.evaluate("""() => performance.getEntriesByType("resource")
+      .filter((e) => e.name.includes("/map?")).map((e) => e.responseEnd - e.startTime)""")]
+
+
+def first_interactive(page: Any, url: str, text: str, tokens: int) -> float:
+    """Page-clock ms from submitting the (already traced) text to its views drawn."""
+    page.goto(url)
+    page.wait_for_selector("#sv-status[data-kind=ok]", timeout=600_000)  # the default sentence
+    for box in ("#sv-norms", "#sv-rollout"):
+        page.uncheck(box)
+    page.fill("#sv-text", text)
+    start = page.evaluate("() => performance.now()")
+    page.click("#sv-go")
+    page.wait_for_function(f"() => document.getElementById('sv-status').textContent.startsWith('{tokens} tokens')",
+                           timeout=600_000)
+    page.evaluate(NEXT_FRAME)
+    return float(page.evaluate("() => performance.now()")) - float(start)
+
+
+def long_context(args: argparse.Namespace) -> None:
+    from attnscope.views.browser import chromium
+
+    tokens, name = args.long_tokens, args.long_model
+    model = attnscope.load_model(name)
+    text = texts_of(1, tokens + 16, model.tokenizer, 0)[0]  # longer: the server keeps the first `tokens`
+    proc, url = start_server("--model", name, "--max-tokens", str(tokens), "--max-chars", "200000",
+                             "--timeout", "1800", "--threads", "2", "--cache-size", "2048", "--max-memory", "20000",
+                             "--max-response", "256")
+    del model
+    try:
+        with httpx.Client(base_url=url, timeout=1800) as client:
+            started = time.perf_counter()
+            r = client.post("/api/trace", json={"text": text, "stages": [], "payload": True, "maps": "lazy"})
+            traced = time.perf_counter() - started
+            r.raise_for_status()
+            answer = r.json()
+            health = client.get("/healthz").json()
+        p = answer["payload"]
+        n, layers, heads = len(p["tokens"]), len(p["layers"]), len(p["heads"])
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            first = [first_interactive(page, url, text, n) for _ in range(args.repeats)]
+            layer_sel = ".as-panel select[aria-label='layer (0-indexed)']"
+            visits = [layers // 4 + 1, layers // 2 + 1, layers - 1, layers // 3 + 1, 1][:max(2, args.repeats + 1)]
+            layer_ms = [switch_ms(page, layer_sel, str(layer)) for layer in visits]
+            fetches = fetch_ms(page)
+            page.select_option("#sv-view", "matrix")
+            page.wait_for_function(LOADED, timeout=120_000)
+            page.wait_for_selector(".as-panel[data-view=matrix]", timeout=120_000)
+            head_ms = []
+            for head in (1, 5, 8):
+                start = page.evaluate("() => performance.now()")
+                page.click(f".as-panel .as-chip[data-head='{head}']")
+                page.evaluate(NEXT_FRAME)
+                head_ms.append(float(page.evaluate("() => performance.now()")) - float(start))
+            page.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    check = answer["check"]
+    print(f"{name} at {n} tokens in the web app ({layers} layers x {heads} heads; {len(r.content) / 1e6:.1f} MB "
+          f"answer without maps; server RSS {health['memory']['rss'] / 2**30:.1f} GiB, maps kept "
+          f"{health['maps']['bytes'] / 2**30:.2f} GiB as uint8)")
+    print(f"  trace, recompute and chunked check on the server: {traced:.1f} s; check "
+          f"{'PASS' if check.get('ok') else 'NOT VERIFIED or FAIL'} (max error {check.get('max_error')})")
+    med = statistics.median
+    print(f"  first interactive (trace ready on the server): {med(first):.0f} ms median of {len(first)} "
+          f"(target < 3000: {'met' if med(first) < 3000 else 'MISSED'})")
+    print(f"  layer switch (head view, {heads} heads fetched): {med(layer_ms):.0f} ms median of {len(layer_ms)} "
+          f"(target < 300: {'met' if med(layer_ms) < 300 else 'MISSED'}); all {[round(x) for x in layer_ms]}")
+    print(f"  of which fetching a layer's maps ({heads} x {n} x {n} uint8): median {med(fetches):.0f} ms of "
+          f"{len(fetches)} fetches")
+    print(f"  head switch (matrix view, same layer): {med(head_ms):.0f} ms median; all {[round(x) for x in head_ms]}")
+    print(f"  load average: {os.getloadavg()[0]:.1f}")
 
 
 def bare_server() -> None:

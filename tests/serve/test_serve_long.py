@@ -16,7 +16,9 @@ from serve_support import Server, decode, start_server
 
 import attnscope
 from attnscope.serve import binary
+from attnscope.serve.binary import quantize_maps
 from attnscope.serve.maps import LAZY_FROM, overview
+from attnscope.views.payload import quantize
 
 TEXT = "The old lighthouse keeper watched the storm roll in across the bay, counting waves."
 
@@ -125,6 +127,15 @@ def test_a_trace_the_server_does_not_have_is_404(http: httpx.Client) -> None:
         assert r.status_code == 404 and "trace the text again" in r.json()["error"]
 
 
+def test_asking_again_is_answered_from_the_store(http: httpx.Client, server: Server) -> None:
+    first = traced(http, "lazy")
+    before = server.health()
+    again = traced(http, "lazy")
+    after = server.health()
+    assert again == first and after["maps"]["entries"] >= 1
+    assert (after["cache"]["hits"], after["cache"]["misses"]) == (before["cache"]["hits"], before["cache"]["misses"])
+
+
 def test_auto_goes_lazy_only_for_large_traces(http: httpx.Client, lazy: dict[str, Any]) -> None:
     n = len(lazy["tokens"])
     assert 6 * 12 * n * n <= LAZY_FROM  # this text is small: "auto" sends its maps inline
@@ -153,3 +164,13 @@ def test_too_large_and_evicted(small: Server) -> None:
         c.post("/api/trace", json={"text": "Another text.", "payload": True, "maps": "lazy"})  # evicts the first
         r = c.get(url, params={"layer": 0, "head": 2})
         assert r.status_code == 404 and "no longer has trace" in r.json()["error"]
+
+
+def test_the_servers_quantization_is_the_payloads_byte_for_byte(lazy: dict[str, Any]) -> None:
+    rng = np.random.default_rng(16)
+    maps = (rng.random((3, 4, 37, 41), dtype=np.float32) ** 6).astype(np.float32)  # many values near 0
+    maps[0, 0] = 0  # an all-zero map: scale 0, codes 0
+    maps[1, 2, 3, 4] = np.float32(1e-38)
+    maps[2, 1] = np.float32(0.5) / 255 * np.arange(37 * 41, dtype=np.float32).reshape(37, 41) % 1  # .5 ties
+    fast, slow = quantize_maps(maps), quantize(maps)
+    assert fast[0].tobytes() == slow[0].tobytes() and np.array_equal(fast[1], slow[1])

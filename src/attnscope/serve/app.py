@@ -118,6 +118,7 @@ class Server:
         ok = rss <= ceiling
         return JSONResponse({"status": "ok" if ok else "over the memory ceiling", "models": self.service.names,
                              "pool": self.pool.stats(), "cache": self.service.cache.stats(),
+                             "maps": self.service.maps.stats(),
                              "memory": {"rss": rss, "max": ceiling, "ok": ok}}, status_code=200 if ok else 503)
 
     async def schema(self, _request: Request) -> Response:
@@ -158,6 +159,7 @@ class Server:
         if memory.rss_bytes() <= ceiling:
             return
         self.service.cache.clear()
+        self.service.maps.clear()  # a page showing one of them is told to trace again (404)
         memory.release()
         rss = memory.rss_bytes()
         if rss > ceiling:

@@ -6,11 +6,13 @@ are built on first use), so the owner calls `fit()` after each growth and the ca
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnscope.stages import ARRAY_AXES
 from attnscope.traces import Trace
 
 CacheKey = tuple[str, str, str | None, int, bool]  # model, text, pair, max_length, truncate
@@ -31,9 +33,27 @@ class Entry:
 
         (Its output projections are views of the model's weights: they cost nothing here.)
         """
-        arrays = sum(int(a.nbytes) for a in self.trace.arrays.values())
+        arrays = _array_bytes(self.trace)
         payloads = sum(len(p) for p in self.payloads.values())
         return arrays + payloads + _PER_TOKEN * len(self.trace.tokens)
+
+
+def _array_bytes(trace: Trace) -> int:
+    """Bytes of every array, without laying out stages still pending in the batch (attnscope.arrays: reading
+    one copies it out, and scores are computed): those are counted from their axes as float32."""
+    pending = set(getattr(trace.arrays, "pending", list)())
+    sizes = {"token": len(trace.tokens), "query": len(trace.tokens), "key": len(trace.key_tokens or trace.tokens),
+             "layer": trace.model.get("layers"), "head": trace.model.get("heads"),
+             "kv_head": trace.model.get("kv_heads") or trace.model.get("heads"),
+             "d_head": trace.model.get("d_head"), "d_model": trace.model.get("d_model")}
+    total = 0
+    for name in trace.arrays:
+        dims = [sizes.get(a) for a in ARRAY_AXES.get(name, ())] if name in pending else None
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            total += int(trace.arrays[name].nbytes)  # laid out (or of unknown shape: lay it out to count it)
+        else:
+            total += 4 * math.prod(dims)  # type: ignore[arg-type]
+    return total
 
 
 class TraceCache:

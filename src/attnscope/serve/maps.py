@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES, SOURCE_LABELS
-from attnscope.views.payload import encode_bytes, quantize
+from attnscope.views.payload import encode_bytes
 
 if TYPE_CHECKING:
     from attnscope.serve.cache import CacheKey
@@ -58,10 +58,12 @@ class MapSet:
     id: str
     key: CacheKey
     sources: dict[str, Source]
+    answers: dict[tuple[str, ...], bytes] = field(default_factory=dict)  # POST /api/trace's, by mode and sources
 
     @property
     def nbytes(self) -> int:
-        return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values())
+        return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
+            sum(len(a) for a in self.answers.values())
 
 
 def is_large(trace: Trace) -> bool:
@@ -77,7 +79,7 @@ def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
         per_layer, per_head = "layer" in axes, "head" in axes
         maps = a if per_layer else a[None]  # [layer, (head,) query, key]
         # one layer at a time -> [1, head, query, key] codes and [1, head] scales
-        parts = [quantize(_drawable(name, i, maps[i:i + 1] if per_head else maps[i:i + 1, None]))
+        parts = [binary.quantize_maps(_drawable(name, i, maps[i:i + 1] if per_head else maps[i:i + 1, None]))
                  for i in range(maps.shape[0])]
         codes = np.concatenate([c for c, _ in parts])  # [layer, head, query, key]
         scales = np.concatenate([s for _, s in parts])  # [layer, head]
@@ -168,13 +170,13 @@ def _header(maps: MapSet, q: MapQuery, shape: tuple[int, ...]) -> dict[str, Any]
 def stored_body(maps: MapSet, q: MapQuery) -> bytes:
     """The uint8 codes as stored (no new quantization): [query, key] for one head, else [head, query, key]."""
     s = maps.sources[q.source]
-    at = s.codes[q.layer or 0]  # [head, query, key]
+    at = s.codes[q.layer or 0]  # [head, query, key], C-contiguous: sent as a view
     scales = s.scales[q.layer or 0]  # [head]
     if q.head is not None or not s.per_head:
         at, scales = at[q.head or 0], scales[q.head or 0:(q.head or 0) + 1]
     axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
     spec = {"axes": list(axes), "shape": list(at.shape), "dtype": "uint8", "scales": [float(x) for x in scales]}
-    return binary.encode_packed(_header(maps, q, at.shape), {q.source: (at.tobytes(), spec)})
+    return binary.encode_packed(_header(maps, q, at.shape), {q.source: (at.data.cast("B"), spec)})
 
 
 def exact_body(maps: MapSet, q: MapQuery, trace: Trace, array: np.ndarray) -> bytes:
@@ -217,6 +219,12 @@ class MapStore:
                 _, old = self._items.popitem(last=False)
                 total -= old.nbytes
             return True
+
+    def remember(self, id: str, request: tuple[str, ...], answer: bytes) -> None:
+        """Keep the page's answer for this trace (JSON, no arrays), so asking again costs no forward pass."""
+        with self._lock:
+            if id in self._items:
+                self._items[id].answers[request] = answer
 
     def clear(self) -> None:
         with self._lock:

@@ -89,9 +89,15 @@ class Service:
         return m, (m.name, req.text, req.pair, n, req.truncate)
 
     def trace_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
+        optional = tuple(s for s in DERIVED if s in req.sources)
+        # the page's request for a long trace it asked for before: its answer is kept with the maps (the
+        # trace itself may have left the cache: 4.5 GB for SmolLM2 at 2,048 tokens)
+        plain = req.payload and not req.stages and not req.binary and req.maps != "inline"
+        kept = self.maps.get(maps.trace_id(self.key(req)[1])) if plain else None
+        if kept is not None and (req.maps, *optional) in kept.answers:  # "auto" is kept only where it went lazy
+            return kept.answers[(req.maps, *optional)]
         _m, e = self.entry(req, stop)
         tr = e.trace
-        optional = tuple(s for s in DERIVED if s in req.sources)
         lazy = req.maps == "lazy" or (req.maps == "auto" and maps.is_large(tr))
         try:
             arrays = {s: stage_array(tr, s) for s in req.stages}
@@ -110,7 +116,10 @@ class Service:
             return binary.encode(body | extra, {s: (a, ARRAY_AXES[s]) for s, a in arrays.items()}, req.precision)
         body["arrays"] = {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
         out = to_json(body)
-        return out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
+        out = out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
+        if plain and lazy:
+            self.maps.remember(maps.trace_id(self.key(req)[1]), (req.maps, *optional), out)
+        return out
 
     def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
         """The views' payload without maps (attnscope.serve.maps), its maps kept as uint8 in self.maps."""
