@@ -63,6 +63,8 @@ def test_head_view_switches_to_cross(ed_page: Any, ed_trace: EncoderDecoderTrace
     assert texts(page, ".as-q .as-tok") == target and texts(page, ".as-k .as-tok") == source  # target | source
     assert len(texts(page, f"{LAYER} option")) == 3 and len(texts(page, ".as-chip")) == 2
     assert "Left: queries: target (decoder) tokens, right: keys: source (encoder) tokens" in page.inner_text(".as-hint")
+    assert [page.get_attribute(c, "aria-label") for c in (".as-q", ".as-k")] == [
+        "queries: target (decoder) tokens (from)", "keys: source (encoder) tokens (to)"]
     page.select_option(LAYER, "2")
     page.click(".as-chips .as-link >> text=none")
     page.click('.as-chip[data-head="1"]')

@@ -15,7 +15,8 @@
   // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
   function tokenColumn(model, side) {
     const col = el("div", { class: `as-tokens as-${side}`, tabindex: "0", role: "listbox",
-                            "aria-label": side === "q" ? `${A.sides(model).q} (from)` : `${A.sides(model).k} (to)` });
+                            "aria-label": model.payload.attention === "cross" ? `${A.sides(model)[side]} (${side === "q"
+                              ? "from" : "to"})` : side === "q" ? "query tokens (from)" : "key tokens (to)" });
     const toks = side === "q" ? model : A.keys(model);
     const label = side === "q" ? A.tokenLabel : A.keyLabel;
     toks.tokens.forEach((t, i) => {
