@@ -1,7 +1,8 @@
 """Tiny random-weight encoder-decoder models (T5, BART, mBART, Marian) with the bundled MiniLM tokenizer.
 
 Ids follow the MiniLM WordPiece vocabulary: [PAD] 0, [CLS] 101 (bos), [SEP] 102 (eos). T5 and Marian start the
-decoder with the pad token, BART and mBART with eos, as their real checkpoints do.
+decoder with the pad token, BART with eos, as their real checkpoints do; mBART's teacher-forced decoder input
+starts with the labels' last token (eos here, its language id in a real checkpoint).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def build(family: str) -> torch.nn.Module:
     elif family == "bart":
         model = T.BartForConditionalGeneration(T.BartConfig(**_BART, decoder_start_token_id=102))
     elif family == "mbart":
-        model = T.MBartForConditionalGeneration(T.MBartConfig(**_BART, decoder_start_token_id=102))
+        # mBART's decoder input starts with the labels' last token (its language id), not this start token
+        model = T.MBartForConditionalGeneration(T.MBartConfig(**_BART, decoder_start_token_id=101))
     elif family == "marian":
         model = T.MarianMTModel(T.MarianConfig(**_BART, decoder_start_token_id=0))
     else:

@@ -80,6 +80,9 @@ def test_the_kinds_hold_their_own_tokens_and_the_models_own_attentions(
         labels = m.tokenizer(text_target=TARGETS[row], return_tensors="pt")["input_ids"]
         decoder_ids = m.model.prepare_decoder_input_ids_from_labels(labels=labels)
         assert [t.id for t in dec.tokens] == decoder_ids[0].tolist()  # teacher forcing: shifted right
+        start = labels[0, -1] if family == "mbart" else m.model.config.decoder_start_token_id  # mBART: the last label
+        assert dec.tokens[0].id == start and dec.tokens[0].special
+        assert [t.text for t in dec.tokens[1:]] == m.tokenizer.convert_ids_to_tokens(labels[0, :-1].tolist())
         with torch.no_grad():
             out = m.model(**src, decoder_input_ids=decoder_ids, output_attentions=True)
         for kind, theirs in (("encoder", out.encoder_attentions), ("decoder", out.decoder_attentions),

@@ -134,24 +134,28 @@ def _validate_new_tokens(n: int, m: Model) -> int:
     return n
 
 
-def start_token(m: Model) -> int:
-    """The decoder start token: the generation config's, else the model config's."""
-    start = getattr(m.model.generation_config, "decoder_start_token_id", None)
-    start = start if start is not None else getattr(m.model.config, "decoder_start_token_id", None)
+def shift_right(m: Model, labels: torch.Tensor) -> torch.Tensor:
+    """The decoder input for labels [batch, token]: the model's own prepare_decoder_input_ids_from_labels
+    (BART, T5, Marian: the decoder start token, then the labels but the last; mBART: its last non-pad token,
+    the language id, moved to the front), else the start token and the labels but the last."""
+    prepare = getattr(m.model, "prepare_decoder_input_ids_from_labels", None)
+    if callable(prepare):
+        shifted: torch.Tensor = prepare(labels=labels)
+        return shifted
+    start = getattr(m.model.config, "decoder_start_token_id", None)
     if start is None:
         raise AttnscopeError(f"{m.name} names no decoder_start_token_id in its config: set it to trace a target")
-    return int(start)
+    return torch.cat([torch.full_like(labels[:, :1], int(start)), labels[:, :-1]], dim=1)
 
 
 def teacher_forced(m: Model, targets: list[str], max_length: int, truncate: bool) -> Targets:
     """The targets as labels, shifted right behind the decoder start token (what training feeds the decoder)."""
     labels = encode(m.tokenizer, targets, None, max_length, truncate, as_target=True)
     ids, keep = labels.inputs["input_ids"], labels.inputs["attention_mask"]
-    start = start_token(m)
-    shifted = torch.cat([torch.full_like(ids[:, :1], start), ids[:, :-1]], dim=1)  # [batch, token]
+    shifted = shift_right(m, ids)  # [batch, token]
     shifted_keep = torch.cat([torch.ones_like(keep[:, :1]), keep[:, :-1]], dim=1)
-    first = _special_token(m.tokenizer, start, 0)
-    tokens = [[first, *(replace(t, index=t.index + 1) for t in row[:-1])] for row in labels.tokens]
+    tokens = [[_special_token(m.tokenizer, int(shifted[row, 0]), 0),
+               *(replace(t, index=t.index + 1) for t in toks[:-1])] for row, toks in enumerate(labels.tokens)]
     return Targets(shifted, shifted_keep, tokens, targets, labels.truncated, generated=False)
 
 
