@@ -197,3 +197,10 @@ def test_bfloat16_is_checked_in_float32_at_its_tolerance(seq2seq: Callable[[str]
     assert tr.model["dtype"] == "bfloat16" and tr.status() == "PASS", {k: r.to_dict() for k, r in reports.items()}
     assert {r.tolerance for r in reports.values()} == {tolerance_for("bfloat16")}
     assert tr.cross.weights.dtype == np.float32
+
+
+def test_without_the_recompute_nothing_says_pass(seq2seq: Callable[[str], attnscope.Model]) -> None:
+    tr = attnscope.trace_seq2seq(SOURCES[0], TARGETS[0], model=seq2seq("bart"), recompute=False)
+    assert tr.status() == "NOT VERIFIED" and all(not r.comparisons for r in tr.check().values())
+    assert tr.cross.unsupported == "traced with recompute=False" and tr.cross.weights.shape[2:] == (
+        tr.decoder.n_tokens, tr.encoder.n_tokens)
