@@ -269,23 +269,26 @@ def softmax(masked: torch.Tensor, in_place: bool = False) -> torch.Tensor:
 
 _NORMAL_EXP = -87.0  # exp(x) of float32 is a normal number above this; below it, denormal or 0
 _ZERO_EXP = -104.0  # below this exp(x) rounds to exactly 0 in float32 (the smallest denormal is exp(-103.28))
+_ZERO_SHIFT = torch.tensor(-_ZERO_EXP * 2.0**17)  # 104 * 2^17, exact in float32
 
 
 def _exp_(t: torch.Tensor) -> torch.Tensor:
-    """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: a masked
-    entry (the dtype's minimum) becomes exactly 0 directly; the rare inputs with denormal results keep them."""
-    if t.dtype != torch.float32 or t.numel() == 0 or not float(t.amin()) < _NORMAL_EXP:  # NaN min: plain exp too
+    """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: an input at
+    most -104 (a masked key) becomes exactly 0 directly; the rare inputs in (-104, -87) keep torch's exp."""
+    lowest = float(t.amin()) if t.dtype == torch.float32 and t.numel() else 0.0
+    if not lowest < _NORMAL_EXP:  # NaN min: plain exp too
         return t.exp_()  # nothing underflows: the plain exp is fast
-    mid, half = (_NORMAL_EXP + _ZERO_EXP) / 2, (_NORMAL_EXP - _ZERO_EXP) / 2
-    if not float((t - mid).abs_().amin()) > half:  # an input in [-104, -87]: a denormal or small result
+    if lowest == -math.inf:  # -inf times the factor 0 below would be NaN
         return _exp_denormal_(t)
-    # each input is above -87 (exp is exact from the clamped input) or at most -104 (exp is 0: the factor clears it)
-    factor = t.clamp(_NORMAL_EXP - 1.0, _NORMAL_EXP).sub_(_NORMAL_EXP - 1.0)  # 1 above -87, 0 below -88, NaN stays
-    return t.clamp_(min=_NORMAL_EXP).exp_().mul_(factor)
+    # factor: (t + 104) 2^17 clamped to [0, 1] is exactly 0 at or below -104 and 1 above (inputs near -104 are
+    # multiples of 2^-17); exp(t * factor) * factor is then exp(t), or exp(0) * 0 = 0 without the slow path
+    factor = torch.add(_ZERO_SHIFT, t, alpha=2.0**17).clamp_(0.0, 1.0)
+    return t.mul_(factor).exp_().mul_(factor)
 
 
 def _exp_denormal_(t: torch.Tensor) -> torch.Tensor:
-    """exp in place of inputs some of which lie in (-104, -87): those go through torch's exp one by one."""
+    """exp in place through boolean masks: inputs below -87 become 0 directly, and those in (-104, -87) go
+    through torch's exp one by one."""
     low = t < _NORMAL_EXP  # masked keys, and scores far below the row's max
     denormal = low & (t > _ZERO_EXP)
     exact = t[denormal].exp() if bool(denormal.any()) else None
