@@ -19,10 +19,12 @@ DEFAULT_GENERATOR = "smollm2"
 
 def register(sub: Any) -> None:
     p = sub.add_parser("generate", help="generate text one token at a time, every step's attention verified")
-    p.add_argument("text", nargs="?", metavar="PROMPT", help="the prompt to continue")
+    p.add_argument("text", nargs="?", metavar="PROMPT",
+                   help="the prompt to continue (an encoder-decoder model: the source to translate)")
     p.add_argument("--text-file", metavar="PATH", help="read PROMPT from a UTF-8 file instead")
     p.add_argument("--model", metavar="M", default=DEFAULT_GENERATOR,
-                   help=f"a causal LM: Hugging Face id or local checkpoint (default {DEFAULT_GENERATOR})")
+                   help=f"a causal LM, or an encoder-decoder (T5, BART, Marian: greedy, each step's alignment over "
+                        f"the source): Hugging Face id or local checkpoint (default {DEFAULT_GENERATOR})")
     p.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="at most N new tokens (default 20)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
@@ -58,6 +60,14 @@ def run_generate(args: argparse.Namespace) -> int:
 
     validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives)
     figure = _figure_format(args)
+    from attnscope import families
+    from attnscope.models import load_model
+
+    m = load_model(args.model)
+    if families.is_encoder_decoder(m.model):
+        from attnscope.cli.generate_seq2seq import run_generate_seq2seq
+
+        return run_generate_seq2seq(m, prompt, args, figure)
     stream = args.format == "text"
     if stream:
         sys.stdout.write(prompt)

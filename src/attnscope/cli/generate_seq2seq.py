@@ -1,0 +1,120 @@
+"""generate on an encoder-decoder model: the translation step by step, each new token's alignment over the source."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from attnscope.cli.common import console, print_json
+from attnscope.errors import AttnscopeError
+
+if TYPE_CHECKING:
+    from attnscope.generation import GeneratedToken
+    from attnscope.models import Model
+    from attnscope.seq2seq_generation import Seq2SeqGeneration
+
+COLUMNS = ("step", "pos", "token", "p", "top alternatives", "source tokens read most")
+GENERATE_NOTE = ("vs generate: each step's attention rows as the model's own generate loop (KV cache) returned them, "
+                 "against the teacher-forced trace's rows, which are recomputed from the weights")
+
+
+def run_generate_seq2seq(m: Model, source: str, args: argparse.Namespace, figure: str | None = None) -> int:
+    """Greedy translation of SOURCE, each step's alignment shown; the exit code of the worst verdict."""
+    if figure:
+        raise AttnscopeError(f"-o {args.output}: figures of an encoder-decoder generation are not made yet; save the "
+                             "trace as FILE.safetensors or FILE.npz (or the page with --html FILE)")
+    sampling = [flag for flag, v in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                     ("--top-p", args.top_p), ("--seed", args.seed)) if v is not None]
+    if sampling:
+        raise AttnscopeError(f"{', '.join(sampling)}: generation on an encoder-decoder model ({m.name}) is greedy "
+                             "here; drop the sampling flags")
+    from attnscope.report import EXIT_CODES
+    from attnscope.seq2seq_generating import generate_seq2seq
+
+    g = generate_seq2seq(source, model=m, max_new_tokens=args.max_new_tokens, alternatives=args.alternatives)
+    layer = g.trace.cross.n_layers - 1 if args.layer is None else args.layer
+    g.trace.cross.validate(layer=layer, head=args.head)
+    if args.output:
+        g.save(args.output)
+    if args.html:
+        from attnscope.views import HTMLPage
+
+        HTMLPage(g.trace.to_html(attention="cross")).save(args.html)
+    _emit(g, layer, args)
+    return EXIT_CODES[g.status()]
+
+
+def _emit(g: Seq2SeqGeneration, layer: int, args: argparse.Namespace) -> None:
+    if args.format == "json":
+        print_json(generation_json(g, layer, args.head))
+        return
+    if args.format == "markdown":
+        sys.stdout.write(generation_markdown(g, layer, args.head))
+        return
+    from attnscope.render import check_summary
+
+    out = console()
+    out.print(header(g))
+    out.print(steps_table(g, layer, args.head))
+    for kind, report in g.check().items():
+        out.print(f"{kind}: {check_summary(report)}; {_generate_error(report)}")
+    out.print(f"{g.status()} ({GENERATE_NOTE})")
+    for path in (args.output, args.html):
+        if path:
+            out.print(f"wrote {path}")
+
+
+def header(g: Seq2SeqGeneration) -> str:
+    return (f"{g.model.get('name')} ({g.model.get('architecture')}): source {g.source!r} -> {g.completion!r} "
+            f"(greedy; {g.n_steps} steps, stopped: {g.stopped}; {g.trace.encoder.n_tokens} source tokens, "
+            f"{g.trace.cross.n_layers} decoder layers x {g.trace.cross.n_heads} heads)")
+
+
+def _who(layer: int, head: int | None) -> str:
+    return f"cross-attention of layer {layer}, " + ("mean over heads" if head is None else f"head {head}")
+
+
+def _generate_error(report: Any) -> str:
+    e = report.worst("weights", "generate")
+    return "generate loop not compared" if e is None else f"generate loop's rows vs the trace: max error {e:.1e}"
+
+
+def step_cells(g: Seq2SeqGeneration, s: GeneratedToken, layer: int, head: int | None) -> list[str]:
+    source = g.trace.encoder.tokens
+    alts = ", ".join(f"{a.text!r} {a.probability:.3f}" for a in s.alternatives)
+    read = ", ".join(f"{i}:{source[i].text!r} {w:.2f}" for i, w in g.aligned(s.step, layer, head))
+    return [str(s.step), str(s.position), repr(s.text), f"{s.probability:.3f}", alts, read]
+
+
+def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"each step (0-indexed): the new target token, its probability, the alternatives, and the "
+              f"source tokens its query reads most (the alignment; {_who(layer, head)})", title_justify="left")
+    for c in COLUMNS:
+        t.add_column(c, justify="right" if c in ("step", "pos", "p") else "left")
+    for s in g.steps:
+        t.add_row(*(escape(c) for c in step_cells(g, s, layer, head)))
+    return t
+
+
+def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None) -> str:
+    from attnscope.render import check_markdown
+
+    lines = [f"**{header(g)}**", "", f"Alignment: {_who(layer, head)}.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in step_cells(g, s, layer, head)) + " |"
+              for s in g.steps]
+    checks = [check_markdown(r, g.trace.attention(k).n_layers, f"**{k}**") for k, r in g.check().items()]
+    return "\n".join(lines) + "\n\n" + "\n".join(checks) + f"\n{g.status()}: {GENERATE_NOTE}.\n"
+
+
+def generation_json(g: Seq2SeqGeneration, layer: int, head: int | None) -> dict[str, Any]:
+    steps = [{**s.to_dict(), "aligned": [{"source": i, "weight": w} for i, w in g.aligned(s.step, layer, head)],
+              "alignment": g.alignment(s.step)[layer].tolist()} for s in g.steps]  # [head, source]
+    return {"model": g.model, "source": g.source, "source_tokens": g.trace.encoder.token_strings,
+            "completion": g.completion, "decoder_tokens": g.trace.decoder.token_strings, "settings": g.settings,
+            "stopped": g.stopped, "steps": steps, "aligned_by": {"layer": layer, "head": head},
+            "status": g.status(), "check": {k: r.to_dict() for k, r in g.check().items()}}
