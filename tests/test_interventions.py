@@ -4,6 +4,7 @@ an independent computation, and the effects read the model's own outputs."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,11 +22,32 @@ from attnscope.tokens import encode
 
 FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
             "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
-NOT_GATED: dict[str, str] = {}  # a family check supports whose attention the gates cannot reach, and why
+# families check supports that interventions refuse, and why
+ENCODER_DECODER = ("a forward makes three kinds of attention call (encoder, decoder, cross) and a HeadEdit numbers "
+                   "the layers of one stack: ablate, patch, knockout and importance refuse these models in one line")
+NOT_GATED = {name: ENCODER_DECODER for name in ("t5", "bart", "mbart", "marian")}
 TEXTS = ["the cat sat on the mat", "dogs bark"]
 TOL = 1e-5
 lm_heads = test_interventions_models.lm_heads  # the fixtures, shared by the intervention tests
 any_family = test_interventions_models.any_family
+
+
+@pytest.mark.parametrize("family", list(NOT_GATED))
+def test_encoder_decoder_models_are_refused_in_one_line(minilm: attnscope.Model, tmp_path: Path,
+                                                        family: str) -> None:
+    from attnscope.interventions.importance_report import importance
+    from attnscope.interventions.knockout import knockout
+    from attnscope.interventions.patch import patch
+    from seq2seq_support import tiny_seq2seq
+
+    m = tiny_seq2seq(family, minilm)
+    for call in (lambda: ablate("the cat sat", [(0, 0)], model=m), lambda: patch("the cat", "a dog", model=m),
+                 lambda: knockout("the cat sat", [2], [1], model=m),
+                 lambda: importance(m, ["the cat sat"], tmp_path / "out", {"kind": "test"})):
+        with pytest.raises(AttnscopeError, match=f"not on encoder-decoder models like .*{family}") as err:
+            call()
+        assert "\n" not in str(err.value)
+    assert not (tmp_path / "out").exists()
 
 
 def _batch(m: attnscope.Model) -> dict[str, torch.Tensor]:

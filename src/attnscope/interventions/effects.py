@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from attnscope.errors import AttnscopeError
-from attnscope.families import is_causal
+from attnscope.families import is_causal, is_encoder_decoder
 from attnscope.interventions.gates import HeadEdit
 from attnscope.models import Model
 from attnscope.tokens import Token, encode
@@ -31,6 +31,9 @@ PRIMARY = {"causal-lm": "d_target_logprob", "masked-lm": "d_target_logprob", "en
 
 def kind_of(m: Model) -> Kind:
     """How effects are read: through the language-model head, or from the final hidden states."""
+    if is_encoder_decoder(m.model):  # three kinds of attention call per forward; a HeadEdit numbers one stack
+        raise AttnscopeError(f"interventions run on encoders and decoders, not on encoder-decoder models like "
+                             f"{m.name} ({m.model.config.model_type}): trace, check or explain it instead")
     if lm_head(m) is None:
         return "encoder"
     return "causal-lm" if is_causal(m.model) else "masked-lm"
