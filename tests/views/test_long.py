@@ -4,6 +4,7 @@ view draws the strongest lines and says so, and a page over the size limit is re
 from __future__ import annotations
 
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.browser
 N = 2048
 PEAK = 0.9
 CANVAS = "canvas.as-matrix"
+NS = "{http://www.w3.org/2000/svg}"
 
 
 def peak_of(q: np.ndarray) -> np.ndarray:
@@ -61,6 +63,26 @@ def pixels(page: Any, points: list[tuple[float, float]]) -> list[list[int]]:
     }""", points))
 
 
+def figure(page: Any) -> ET.Element:
+    svg = page.evaluate("() => window.attnscope.figureSVG(document.getElementById('attnscope-root'))")
+    return ET.fromstring(svg.encode("utf-8"))
+
+
+def group(root: ET.Element, name: str) -> ET.Element:
+    return next(e for e in root.iter(f"{NS}g") if e.get("class") == name)
+
+
+def caption(root: ET.Element) -> str:
+    return " | ".join(t.text or "" for t in group(root, "caption"))
+
+
+def faint_drawn(tr: Trace) -> int:
+    """Head 1's lines at or above 0.01 after the page's 8-bit codes (what its figure can draw at all)."""
+    w = tr.weights[0, 1].astype(np.float64)  # [query, key]
+    codes = np.rint(w / w.max() * 255)
+    return int((codes / 255 * w.max() >= 0.01).sum())
+
+
 def test_overview_is_max_pooled_so_no_peak_disappears(matrix_page: Any) -> None:
     page = matrix_page.page
     d = dataset(page)
@@ -80,6 +102,14 @@ def test_overview_is_max_pooled_so_no_peak_disappears(matrix_page: Any) -> None:
     assert len(peaks) > 15 and len(empty) > 15
     colours = pixels(page, peaks + empty)
     assert all(c != white for c in colours[: len(peaks)]) and all(c == white for c in colours[len(peaks):])
+    root = figure(page)  # the figure of the whole map: 8 x 8 blocks, one rect per block that holds a peak
+    assert "each cell the max of 8 × 8 (max-pooled)" in caption(root) and "as zoomed" not in caption(root)
+    cells = [(float(r.get("y", "0")), float(r.get("x", "0"))) for r in group(root, "cells")]
+    frame = next(r for r in root.iter(f"{NS}rect") if r.get("fill") == "none")  # the map's outline
+    x0, y0, side = (float(frame.get(a, "0")) for a in ("x", "y", "width"))
+    blocks = {(round((y - y0) / (side / 256)), round((x - x0) / (side / 256))) for y, x in cells}
+    q = np.arange(N)
+    assert blocks == {(int(a) // 8, int(b) // 8) for a, b in zip(q, peak_of(q), strict=True)}
     matrix_page.shot("long-matrix-overview")
 
 
@@ -109,13 +139,21 @@ def test_zoom_reaches_exact_cells_and_hover_shows_the_arrays_value(matrix_page: 
         w = float(long_trace.weights[0, 0, q + dq, k + dk])
         assert abs(float(shown.group(1)) - w) <= float(shown.group(2)) + 5e-5  # and the array's within its step
     matrix_page.shot("long-matrix-zoomed")
+    root = figure(page)  # the figure shows the part in view, cell by cell, with its tokens
+    zoomed = re.search(r"queries (\d+)–(\d+), keys (\d+)–(\d+) \(as zoomed\)", caption(root))
+    assert zoomed and "max-pooled" not in caption(root)
+    q_first, q_last, k_first, k_last = (int(x) for x in zoomed.groups())  # inclusive, 0-indexed
+    assert q_first <= q <= q_last and k_first <= k <= k_last
+    labels = [t.text for t in group(root, "tokens")]
+    assert f"{q}: w{q}" in labels and f"{k}: w{k}" in labels
+    assert len(labels) == (q_last - q_first + 1) + (k_last - k_first + 1)  # a label per row and column in view
     assert matrix_page.errors == [] and matrix_page.foreign_requests() == []
 
 
 def test_real_trace_zoomed_hover_is_exact(minilm: attnscope.Model, open_page: Callable[..., Any]) -> None:
     tr = trace("attention heads read every token of this long and repetitive sentence again " * 60, model=minilm,
-               max_length=256)
-    opened = open_page(to_html(tr, "all", layer=0, head=0), "long-real", width=300)  # narrow: 256 cells < 256 px
+               max_length=128)
+    opened = open_page(to_html(tr, "all", layer=0, head=0), "long-real", width=180)  # narrow: 128 cells < 128 px
     page = opened.page
     page.click(".as-tab[data-view=matrix]")
     d = dataset(page)
@@ -151,6 +189,9 @@ def test_head_view_says_how_many_lines_it_draws(open_page: Callable[..., Any], l
     page.hover('.as-q .as-tok[data-index="3"]')
     page.wait_for_function("() => document.querySelector('.as-status').textContent === ''")  # one token: all its lines
     opened.shot("long-head")
+    root = figure(page)
+    assert f"the 12,000 strongest of {faint_drawn(long_trace):,} lines drawn" in caption(root)
+    assert len(list(root.iter(f"{NS}line"))) == 12_000
     assert opened.errors == []
 
 

@@ -12,6 +12,9 @@
   // the SVG namespace is a name, not an address: derived from the page's own so that the page spells no URL
   const SVG_NS = () => document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg");
   const MUTED = "#555555";
+  const FIG_CELLS = 256; // a matrix figure has at most this many cells a side: beyond, blocks are max-pooled
+  const FIG_LABELS = 160; // up to this many rows carry token labels, more carry index ticks
+  const FIG_LINES = 12000; // a head figure draws at most this many lines, the strongest (the caption says so)
 
   // XML text: markup characters escaped, characters XML 1.0 cannot carry shown as U+FFFD.
   const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`)
@@ -68,16 +71,23 @@
     const count = model.payload.model.heads || model.heads.length;
     const picked = A.selectedQueries(state);
     const queries = picked.length ? picked : [...Array(n).keys()];
-    const out = [];
+    const found = []; // [opacity, head, query, key] of every line at or above MIN_OPACITY
     for (const h of heads) {
-      out.push(`<g class="lines" data-head="${h === null ? "" : h}" stroke="${A.headColour(h, count)}" stroke-width="1">`);
       for (const q of queries) {
         for (let k = 0; k < n; k++) {
           const w = src.value(layer, h, q, k) / src.top(layer, h);
-          if (w < MIN_OPACITY || !A.passes(model, state.filter, q, k)) continue;
-          out.push(`<line x1="${num(colW)}" y1="${y(q)}" x2="${num(colW + span)}" y2="${y(k)}" ` +
-                   `stroke-opacity="${w.toFixed(3)}"/>`);
+          if (w >= MIN_OPACITY && A.passes(model, state.filter, q, k)) found.push([w, h, q, k]);
         }
+      }
+    }
+    const total = found.length;
+    if (total > FIG_LINES) found.sort((a, b) => b[0] - a[0]).length = FIG_LINES; // a long text: the strongest
+    const out = [];
+    for (const h of heads) {
+      out.push(`<g class="lines" data-head="${h === null ? "" : h}" stroke="${A.headColour(h, count)}" stroke-width="1">`);
+      for (const [w, , q, k] of found.filter((l) => l[1] === h)) {
+        out.push(`<line x1="${num(colW)}" y1="${y(q)}" x2="${num(colW + span)}" y2="${y(k)}" ` +
+                 `stroke-opacity="${w.toFixed(3)}"/>`);
       }
       out.push("</g>");
     }
@@ -89,7 +99,8 @@
       src.selected ? `heads ${src.selected(layer).join(", ")}` : null,
       picked.length ? `quer${picked.length > 1 ? "ies" : "y"} ${picked.map((q) => A.tokenLabel(model, q)).join(", ")}`
         : null,
-      `lines below ${MIN_OPACITY} left out`];
+      total > FIG_LINES ? `the ${FIG_LINES.toLocaleString("en")} strongest of ${total.toLocaleString("en")} lines ` +
+        `drawn (below ${MIN_OPACITY} left out)` : `lines below ${MIN_OPACITY} left out`];
     const verified = src.selected ? src.selected(layer) : heads; // the badge of the heads behind the lines
     return svg(body, 2 * colW + span, n * ROW, caption(model, "head", parts, layer, verified));
   }
@@ -117,28 +128,62 @@
   const mapTop = (src, state, layer, head) =>
     (src.range === "unit" && state.scale === "unit" ? 1 : src.scale(layer, head) || 1);
 
-  function matrixFigure(model, state) {
+  // The cells of rows q0..q1-1 and columns k0..k1-1, f x f cells per block (the max of the block), white left out.
+  function windowCells(src, layer, head, w, f, cell, x0, top) {
+    const cols = Math.ceil((w.k1 - w.k0) / f);
+    const pooled = new Float32Array(Math.ceil((w.q1 - w.q0) / f) * cols);
+    for (let q = w.q0; q < w.q1; q++) {
+      for (let k = w.k0; k < w.k1; k++) {
+        const i = Math.floor((q - w.q0) / f) * cols + Math.floor((k - w.k0) / f);
+        pooled[i] = Math.max(pooled[i], src.value(layer, head, q, k) / top);
+      }
+    }
+    const out = [];
+    pooled.forEach((v, i) => {
+      const fill = colour(v);
+      if (fill !== "#ffffff") out.push(`<rect x="${num(x0 + (i % cols) * cell)}" y="${num(x0 + Math.floor(i / cols) * cell)}" ` +
+                                       `width="${num(cell)}" height="${num(cell)}" fill="${fill}"/>`);
+    });
+    return out.join("\n");
+  }
+
+  // Row and column labels: tokens when every cell is one, else every `step`-th index.
+  function axisLabels(model, w, f, cell, label) {
+    const rows = Math.ceil((w.q1 - w.q0) / f);
+    const step = f > 1 || rows > FIG_LABELS ? [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000].find((s) => s * cell / f >= 24) || 1000 : 0;
+    const name = (i) => (step ? String(i) : tokenText(model, i));
+    const out = [];
+    for (let i = Math.min(w.q0, w.k0); i < Math.max(w.q1, w.k1); i++) { // row i, then column i
+      if (step && i % step) continue;
+      if (i >= w.q0 && i < w.q1) out.push(text(label - 4, label + ((i - w.q0) / f) * cell + cell / 2 + 4, name(i), ' text-anchor="end"'));
+      const c = label + ((i - w.k0) / f) * cell + cell / 2 - 4;
+      if (i >= w.k0 && i < w.k1) out.push(text(c, label - 4, name(i), ` transform="rotate(-90 ${num(c)} ${num(label - 4)})"`));
+    }
+    return out.join("\n");
+  }
+
+  // The map, or the part of it the matrix view is zoomed to (root.attnscopeMatrix): at most FIG_CELLS blocks a side.
+  function matrixFigure(model, state, zoomed) {
     const src = model.sources.get(state.source) || model.sources.values().next().value;
     const layer = src.perLayer ? state.layer : null;
     const head = src.perHead ? state.head : null;
-    const n = model.n;
-    const cell = Math.max(4, Math.min(20, 600 / n));
-    const label = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 11))) + 6;
+    const w = zoomed || { q0: 0, q1: src.nq, k0: 0, k1: src.nk };
+    const f = Math.ceil(Math.max(w.q1 - w.q0, w.k1 - w.k0) / FIG_CELLS); // cells per block
+    const [rows, cols] = [Math.ceil((w.q1 - w.q0) / f), Math.ceil((w.k1 - w.k0) / f)];
+    const cell = Math.max(2, Math.min(20, 600 / Math.max(rows, cols)));
+    const label = f > 1 || rows > FIG_LABELS ? 40 : Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 11))) + 6;
     const top = mapTop(src, state, layer, head);
-    const body = [`<g class="cells">${cells(src, layer, head, n, cell, label, label, top, n)}</g>`,
-      `<rect x="${num(label)}" y="${num(label)}" width="${num(n * cell)}" height="${num(n * cell)}" fill="none" ` +
-      `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">`];
-    model.tokens.forEach((t, i) => {
-      const c = label + i * cell + cell / 2 + 4;
-      body.push(text(label - 4, c, tokenText(model, i), ' text-anchor="end"'));
-      body.push(text(c - 8, label - 4, tokenText(model, i), ` transform="rotate(-90 ${num(c - 8)} ${num(label - 4)})"`));
-    });
-    body.push("</g>");
-    if (model.causal) body.push(`<text x="${num(label)}" y="${num(label + n * cell + 16)}" fill="${MUTED}">` +
+    const body = [`<g class="cells">${windowCells(src, layer, head, w, f, cell, label, top)}</g>`,
+      `<rect x="${num(label)}" y="${num(label)}" width="${num(cols * cell)}" height="${num(rows * cell)}" fill="none" ` +
+      `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">${axisLabels(model, w, f, cell, label)}</g>`];
+    if (model.causal) body.push(`<text x="${num(label)}" y="${num(label + rows * cell + 16)}" fill="${MUTED}">` +
       "white above the diagonal: a causal query never sees later keys</text>");
+    const whole = w.q0 === 0 && w.k0 === 0 && w.q1 === src.nq && w.k1 === src.nk;
     const parts = [src.label, layer === null ? null : `layer ${layer}`, head === null ? null : `head ${head}`,
+      whole ? null : `queries ${w.q0}–${w.q1 - 1}, keys ${w.k0}–${w.k1 - 1} (as zoomed)`,
+      f > 1 ? `each cell the max of ${f} × ${f} (max-pooled)` : null,
       `colour: 0 (white) to ${top === 1 ? "1" : A.fmt(top) + " (this map's max)"}`];
-    return svg(body.join("\n"), label + n * cell, label + n * cell + 20,
+    return svg(body.join("\n"), label + cols * cell, label + rows * cell + 20,
                caption(model, "matrix", parts, layer, head === null ? [] : [head]));
   }
 
@@ -240,7 +285,7 @@
     if (!shown) throw new Error("no attnscope views drawn in this element");
     const name = view || shown.view();
     if (!FIGURES[name]) throw new Error(`no figure for the ${name} view: choose one of ${A.figureViews.join(", ")}`);
-    return FIGURES[name](shown.model, shown.state());
+    return FIGURES[name](shown.model, shown.state(), name === "matrix" ? root.attnscopeMatrix : null);
   };
 
   // figurePNG(root, scale, view?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.

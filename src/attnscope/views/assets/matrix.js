@@ -331,6 +331,7 @@
         Object.assign(parts.canvas.dataset, { cell: String(s.view.scale), q0: String(s.view.q0),
                                               k0: String(s.view.k0), level: String(s.level) });
         parts.status.textContent = zoomStatus(s.geo, s.view, s.level);
+        ctx.root.attnscopeMatrix = visible(s.geo, s.view); // the part in view: what a figure of this view shows
         marks();
         A.emit(parts.canvas, "attnscope:drawn", { level: s.level, scale: s.view.scale });
       };
@@ -349,7 +350,7 @@
         if (ctx.changed(p, ["layer", "head", "source", "theme", "scale"])) full();
         else if (ctx.changed(p, ["query", "queries", "key"])) (marks(), showInfo(parts.info, ctx, where(), s.geo));
       });
-      ctx.onDispose(() => cancelAnimationFrame(s.frame));
+      ctx.onDispose(() => (cancelAnimationFrame(s.frame), delete ctx.root.attnscopeMatrix));
       full();
     },
   };
