@@ -108,11 +108,96 @@ def measure(m: attnscope.Model, tokens: int, browser: Any, folder: Path, repeats
     return row
 
 
+# ---- the long-context matrix view (h16figs): tiles and level-of-detail vs one full-size image ------------------
+
+# The matrix view before tiles, as a baseline run in the same page: colour every cell of the n x n map into one
+# image through the colour table, then draw it scaled into the 720 px square.
+FULL_IMAGE = """async () => {
+  const A = window.attnscope;
+  const model = await A.decode(JSON.parse(document.getElementById('attnscope-data').textContent));
+  const src = model.sources.get('weights');
+  const times = [];
+  for (const head of [1, 0, 1]) {
+    const t = performance.now();
+    const n = src.nq, codes = src.codes(0, head), lut = new Uint32Array(A.lut('light').buffer);
+    const off = document.createElement('canvas'); off.width = n; off.height = n;
+    const g = off.getContext('2d'); const img = g.createImageData(n, n); const px = new Uint32Array(img.data.buffer);
+    for (let i = 0; i < n * n; i++) px[i] = lut[codes[i]];
+    g.putImageData(img, 0, 0);
+    const c = document.createElement('canvas'); c.width = c.height = 720; document.body.append(c);
+    c.getContext('2d').drawImage(off, 0, 0, 720, 720);
+    await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+    times.push(performance.now() - t); c.remove();
+  }
+  return times.sort((a, b) => a - b)[1];
+}"""
+
+
+def long_matrix_trace(n: int) -> Any:
+    """n tokens, 1 layer x 2 heads of causal softmax weights from random logits (drawing cost only)."""
+    import numpy as np
+
+    from attnscope.bertviz import trace_from_attention
+
+    logits = np.random.default_rng(0).normal(size=(1, 2, n, n)).astype(np.float32) * 3
+    logits[..., np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
+    w = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return trace_from_attention((w / w.sum(axis=-1, keepdims=True)).astype(np.float32), [f"t{i}" for i in range(n)])
+
+
+# In the page: median ms from an event to the next frame drawn (no driver round trips in the timing).
+STEPS = """async (kind) => {
+  const frame = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const canvas = document.querySelector('canvas.as-matrix');
+  const box = canvas.getBoundingClientRect();
+  const at = (x, y) => ({ clientX: box.left + x, clientY: box.top + y, bubbles: true, cancelable: true });
+  const times = [];
+  for (let i = 0; i < 6; i++) {
+    const t = performance.now();
+    if (kind === 'overview') document.querySelector(`.as-chip[data-head="${(i + 1) % 2}"]`).click();
+    if (kind === 'zoom') canvas.dispatchEvent(new WheelEvent('wheel', { ...at(400, 400), deltaY: -200 }));
+    if (kind === 'hover') canvas.dispatchEvent(new PointerEvent('pointermove', at(380 + 7 * i, 400)));
+    await frame();
+    times.push(performance.now() - t);
+  }
+  return times.sort((a, b) => a - b);
+}"""
+
+
+def long_matrix(browser: Any, folder: Path, n: int) -> None:
+    """Time to draw the n-token matrix overview (a head switch: pyramid and tiles rebuilt), a zoom step and a hover
+    at exact cells, against the full-size image the view drew before (same page, same run)."""
+    from attnscope.views import to_html
+
+    path = folder / "long-matrix.html"
+    path.write_text(to_html(long_matrix_trace(n), "matrix", theme="light"), encoding="utf-8")
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(path.as_uri())
+    page.wait_for_selector(READY, state="attached", timeout=120_000)
+    ready = page.evaluate("() => performance.getEntriesByName('attnscope:ready')[0].startTime")
+    overview = statistics.median(page.evaluate(STEPS, "overview"))
+    zooms = page.evaluate(STEPS, "zoom")  # x 2 each: from the max-pooled overview down to exact cells
+    hovers = page.evaluate(STEPS, "hover")
+    full = page.evaluate(FULL_IMAGE)
+    page.close()
+    print(f"  matrix view, {n} x {n} tokens: page ready {ready:.0f} ms; overview (head switch) {overview:.0f} ms vs "
+          f"the full-size image drawn before {full:.0f} ms ({full / overview:.1f}x); zoom step median "
+          f"{statistics.median(zooms):.0f} ms, max {max(zooms):.0f} ms; hover at exact cells median "
+          f"{statistics.median(hovers):.0f} ms", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--long-matrix", type=int, default=2048, metavar="N",
+                        help="tokens of the long-context matrix view timing (0: skip)")
+    parser.add_argument("--only-long-matrix", action="store_true", help="only the long-context matrix timing")
     args = parser.parse_args()
+    if args.only_long_matrix:
+        with tempfile.TemporaryDirectory() as tmp, chromium() as browser:
+            long_matrix(browser, Path(tmp), args.long_matrix)
+        return
     m = attnscope.load_model()
     print(f"bench_views: {m.name}, attnscope's model view vs bertviz's model_view; sizes in MB (10^6 bytes)")
     print(f"  {'tokens':>6} {'bertviz':>9} {'ours':>7} {'ratio':>7} {'traced':>7} {'ratio':>7} {'build s':>8} "
@@ -132,6 +217,9 @@ def main() -> None:
             print(f"  targets at 256 tokens: bytes 1/{r['bertviz'] / worst:.0f} of bertviz "
                   f"(<= 1/20: {'met' if worst * 20 <= r['bertviz'] else 'MISSED'}); "
                   f"interactive in {r['load']:.2f} s (< 2 s: {'met' if r['load'] < 2 else 'MISSED'})")
+    if args.long_matrix:
+        with tempfile.TemporaryDirectory() as tmp, chromium() as browser:
+            long_matrix(browser, Path(tmp), args.long_matrix)
 
 
 if __name__ == "__main__":
