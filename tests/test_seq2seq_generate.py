@@ -127,3 +127,7 @@ def test_cli_generate_on_an_encoder_decoder(t5_dir: str, capsys: pytest.CaptureF
         code = main(["generate", SOURCE, "--model", t5_dir, *flags])
         err = capsys.readouterr().err
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_public_api() -> None:
+    assert attnscope.generate_seq2seq is generate_seq2seq and attnscope.Seq2SeqGeneration is Seq2SeqGeneration

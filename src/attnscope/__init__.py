@@ -26,6 +26,8 @@ _EXPORTS = {
     "Trace": "attnscope.traces",
     "trace": "attnscope.tracing",
     "trace_seq2seq": "attnscope.seq2seq",
+    "generate_seq2seq": "attnscope.seq2seq_generating",
+    "Seq2SeqGeneration": "attnscope.seq2seq_generation",
     "EncoderDecoderTrace": "attnscope.traces",
     "generate": "attnscope.generating",
     "GenerationTrace": "attnscope.generation",
@@ -41,10 +43,12 @@ __all__ = [
     "EncoderDecoderTrace",
     "GenerationTrace",
     "Model",
+    "Seq2SeqGeneration",
     "Token",
     "Trace",
     "Walkthrough",
     "generate",
+    "generate_seq2seq",
     "load_model",
     "trace",
     "trace_seq2seq",
@@ -59,6 +63,8 @@ if TYPE_CHECKING:
     from attnscope.models import DEFAULT_MODEL, Model, load_model
     from attnscope.report import TOLERANCE, CheckReport
     from attnscope.seq2seq import trace_seq2seq
+    from attnscope.seq2seq_generating import generate_seq2seq
+    from attnscope.seq2seq_generation import Seq2SeqGeneration
     from attnscope.tokens import Token
     from attnscope.traces import EncoderDecoderTrace, Trace
     from attnscope.tracing import trace
