@@ -20,8 +20,7 @@ from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, me
 from attnscope.recompute import layer_params
 from attnscope.tokens import encode
 
-FAMILIES = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
-            "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
+FAMILIES = test_interventions_models.EVERY_FAMILY
 # families check supports that interventions refuse, and why
 ENCODER_DECODER = ("a forward makes three kinds of attention call (encoder, decoder, cross) and a HeadEdit numbers "
                    "the layers of one stack: ablate, patch, knockout and importance refuse these models in one line")

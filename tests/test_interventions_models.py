@@ -11,6 +11,10 @@ import torch
 import attnscope
 from test_families import _build, _configs
 
+# every decoder and encoder family check supports (tests/test_interventions.py asserts it, naming the exclusions)
+EVERY_FAMILY = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
+                "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
+
 
 @pytest.fixture(scope="session")
 def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:

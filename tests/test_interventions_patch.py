@@ -10,7 +10,7 @@ import torch
 
 import attnscope
 import test_interventions_models
-from attnscope import maths
+from attnscope import families, maths
 from attnscope.errors import AttnscopeError
 from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, run
 from attnscope.interventions.knockout import knockout
@@ -18,13 +18,14 @@ from attnscope.interventions.patch import patch, patch_rows
 from attnscope.tokens import encode
 
 TOL = 1e-5
-lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
+lm_heads = test_interventions_models.lm_heads  # the fixtures, shared by the intervention tests
+any_family = test_interventions_models.any_family
 
 
-@pytest.mark.parametrize("family", ("bert", "albert", "gpt2", "llama"))
+@pytest.mark.parametrize("family", test_interventions_models.EVERY_FAMILY)
 def test_patching_a_run_with_its_own_activations_changes_nothing(
-        tiny_model: Callable[[str], attnscope.Model], family: str) -> None:
-    m = tiny_model(family)
+        any_family: Callable[[str], attnscope.Model], family: str) -> None:
+    m = any_family(family)
     inputs = encode(m.tokenizer, ["the cat sat on the mat", "dogs bark at night"]).inputs
     own: list[torch.Tensor | None] = list(contexts(m, inputs))  # [batch, head, query, d_head] per layer
     every_head_closed = torch.zeros(m.n_layers, 2, m.n_heads)
@@ -64,10 +65,11 @@ def test_patch_refuses_different_lengths(tiny_model: Callable[[str], attnscope.M
         patch("the cat", "the big dog barks", model=m)
 
 
-@pytest.mark.parametrize("family", ("bert", "gpt2", "llama"))
-def test_knockout_equals_recompute_with_minus_infinity(tiny_model: Callable[[str], attnscope.Model],
+@pytest.mark.parametrize("family", ("bert", "gpt2", "llama", "qwen3", "gpt_neox", "olmo2", "modernbert"))
+def test_knockout_equals_recompute_with_minus_infinity(any_family: Callable[[str], attnscope.Model],
                                                        family: str) -> None:
-    m = tiny_model(family)
+    """The families whose last layer has no window, soft-cap or sink: the recompute is q k^T, scale, mask."""
+    m = any_family(family)
     inputs = encode(m.tokenizer, ["the cat sat on the mat"]).inputs
     n, i, j, layer = int(inputs["input_ids"].shape[1]), 1, 4, m.n_layers - 1
     knock: list[torch.Tensor | None] = [None] * m.n_layers
@@ -77,7 +79,7 @@ def test_knockout_equals_recompute_with_minus_infinity(tiny_model: Callable[[str
         m.model(**inputs)
     call = cap.calls[layer]
     k = call.k.repeat_interleave(call.q.shape[1] // call.k.shape[1], dim=1)  # grouped keys per query head
-    mask = maths.causal_mask(n) if family != "bert" else torch.zeros(n, n)  # [query, key]
+    mask = maths.causal_mask(n) if families.is_causal(m.model) else torch.zeros(n, n)  # [query, key]
     mask = mask.clone()
     mask[j, i] = float("-inf")
     expected = maths.softmax(maths.apply_mask(maths.scale(maths.dot_scores(call.q, k), call.scaling), mask))
