@@ -22,11 +22,10 @@ from transformers import PreTrainedTokenizerBase
 from attnscope import families
 from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError, require_text
-from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
 from attnscope.placement import on_host
-from attnscope.seq2seq_check import KindCapture, KindCheck, verify_kind
-from attnscope.seq2seq_traces import kind_traces
+from attnscope.seq2seq_check import KindCapture, verify_kind
+from attnscope.seq2seq_traces import KindResult, kind_traces
 from attnscope.tokens import Token, encode, validate_max_length
 from attnscope.traces import EncoderDecoderTrace
 
@@ -94,7 +93,7 @@ def trace_seq2seq(
     else:
         dec = teacher_forced(m, targets, max_length, truncate)
     traced = _traced(m, src.inputs["input_ids"], src.inputs["attention_mask"], dec, recompute)
-    info = {k: v for k, v in traced[0]["info"].items() if k not in ("attention", "causal")}
+    info = {k: v for k, v in traced[0].info.items() if k not in ("attention", "causal")}
     out = [EncoderDecoderTrace(info, s, None if dec.generated else t,
                                *kind_traces(traced, row, src.tokens[row], dec.tokens[row], s, t,
                                             (src.truncated[row], dec.truncated[row])))
@@ -194,8 +193,8 @@ def _special_token(tok: PreTrainedTokenizerBase, token_id: int, index: int) -> T
 
 
 def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: Targets,
-            recompute: bool) -> list[dict[str, Any]]:
-    """One forward pass, captured; per kind: info, layers (stage -> per layer [batch, ...]), check, params."""
+            recompute: bool) -> list[KindResult]:
+    """One forward pass, captured, split into the three kinds (encoder, decoder, cross), each checked."""
     kinds = families.seq2seq_modules(m.model)
     params = on_host(families.seq2seq_params(m.model)) if recompute else None
     with torch.no_grad(), capturing(m.model) as cap, _extra_hooks(kinds) as extra:
@@ -212,13 +211,13 @@ def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: T
                          split["memory"] if kind == "cross" else None)
         check = verify_kind(kc, on_host(_reference(m, out, kind, len(kinds[kind]))), params[kind] if params else None) \
             if recompute else None
-        results.append(_result(m, kc, check, params[kind] if params else None, recompute))
-        results[-1]["scaling"] = split["scaling"][kind]
+        results.append(KindResult(_info(m, kc), kc, check, params[kind] if params else None, split["scaling"][kind],
+                                  None if recompute else "traced with recompute=False"))
     return results
 
 
-def _result(m: Model, kc: KindCapture, check: KindCheck | None, params: list[AttentionParams] | None,
-            recompute: bool) -> dict[str, Any]:
+def _info(m: Model, kc: KindCapture) -> dict[str, Any]:
+    """The model's description, with the sizes and causality of one kind of attention."""
     from attnscope.models import describe
 
     fam = families.family_of(m.model)
@@ -228,8 +227,7 @@ def _result(m: Model, kc: KindCapture, check: KindCheck | None, params: list[Att
                 causal=kc.kind == "decoder", attention=kc.kind, heads=int(q.shape[1]), d_head=int(q.shape[-1]),
                 kv_heads=int(k.shape[1]), layers=len(kc.layers["q"]), d_model=int(kc.layers["x"][0].shape[-1]),
                 rope=None, d_rot=None)
-    return {"info": info, "capture": kc, "check": check, "params": params,
-            "unsupported": None if recompute else "traced with recompute=False"}
+    return info
 
 
 @contextlib.contextmanager

@@ -8,13 +8,15 @@ target, source]. Each side is cut to its own length (padding dropped) the first 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from attnscope.arrays import Pending, TraceArrays
-from attnscope.seq2seq_check import KindCapture
+from attnscope.maths import AttentionParams
+from attnscope.seq2seq_check import KindCapture, KindCheck
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token
 from attnscope.traces import Trace
@@ -22,21 +24,32 @@ from attnscope.traces import Trace
 KEY_SIDE = ("k", "v")  # stages whose token axis runs over the keys (the source, for cross-attention)
 
 
-def kind_traces(traced: list[dict[str, Any]], row: int, source_tokens: list[Token], target_tokens: list[Token],
+@dataclass
+class KindResult:
+    """One kind of attention of a traced batch: what every row's Trace of that kind is cut from."""
+
+    info: dict[str, Any]  # the model's description with this kind's sizes, causality and name
+    capture: KindCapture
+    check: KindCheck | None  # None without the recompute
+    params: list[AttentionParams] | None
+    scaling: list[float]  # per layer, as the attention function was called
+    unsupported: str | None
+
+
+def kind_traces(traced: list[KindResult], row: int, source_tokens: list[Token], target_tokens: list[Token],
                 source: str, target: str, truncated: tuple[bool, bool]) -> tuple[Trace, Trace, Trace]:
     """(encoder, decoder, cross) of one row; truncated: (the source was, the target was)."""
     out = []
     for r in traced:
-        kc: KindCapture = r["capture"]
+        kc = r.capture
         queries = source_tokens if kc.kind == "encoder" else target_tokens
         keys = target_tokens if kc.kind == "decoder" else source_tokens
-        params = r["params"]
         out.append(Trace(
-            r["info"], source if kc.kind == "encoder" else target, None, queries,
-            row_arrays(kc, row, len(queries), len(keys)), r["scaling"],
+            r.info, source if kc.kind == "encoder" else target, None, queries,
+            row_arrays(kc, row, len(queries), len(keys)), r.scaling,
             truncated[0] if kc.kind == "encoder" else truncated[1],
-            comparisons=r["check"].comparisons(row) if r["check"] is not None else [],
-            unsupported=r["unsupported"], output_projection=[p.w_o.numpy() for p in params] if params else None,
+            comparisons=r.check.comparisons(row) if r.check is not None else [],
+            unsupported=r.unsupported, output_projection=[p.w_o.numpy() for p in r.params] if r.params else None,
             attention=kc.kind, key_tokens=keys if kc.kind == "cross" else None,
         ))
     return out[0], out[1], out[2]
