@@ -116,9 +116,8 @@ def _target_list(target: str | Sequence[str] | None, n: int, single: bool) -> li
 def validate_encoder_decoder(m: Model) -> None:
     """A one-line error unless m is an encoder-decoder model of a family attnscope knows."""
     if not families.is_encoder_decoder(m.model):
-        raise AttnscopeError(f"{m.name} ({m.architecture}) is not an encoder-decoder model: a target is for "
-                             "encoder-decoder models (T5, BART, mBART, Marian); trace one text without it",
-                             parameter="target")
+        raise AttnscopeError(f"{m.name} ({m.architecture}) is not an encoder-decoder model (T5, BART, mBART, "
+                             "Marian): trace its one kind of attention with attnscope.trace(text)")
     fam = families.family_of(m.model)
     if fam is None or fam.cross is None:
         known = ", ".join(k for k, f in families.FAMILIES.items() if f.cross is not None)
