@@ -153,6 +153,14 @@ def test_bad_input_is_one_line(seq2seq: Callable[[str], attnscope.Model], minilm
         with pytest.raises(AttnscopeError, match=words) as info:
             call()
         assert "\n" not in str(info.value)
+    import transformers as T
+
+    pegasus = T.PegasusForConditionalGeneration(T.PegasusConfig(
+        vocab_size=30522, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0, eos_token_id=102))
+    with pytest.raises(AttnscopeError, match=r"no attnscope adapter for the encoder-decoder model type 'pegasus'.*"
+                                             "use one of t5, bart, mbart, marian"):
+        attnscope.trace_seq2seq("a source", "a target", model=attnscope.load_model(pegasus, tokenizer=m.tokenizer))
     with pytest.raises(AttnscopeError, match="use encoder, decoder or cross"):
         attnscope.trace_seq2seq("a source", "a target", model=m).attention("self")
 
