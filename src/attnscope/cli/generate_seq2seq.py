@@ -82,9 +82,14 @@ def _generate_error(report: Any) -> str:
 
 def step_cells(g: Seq2SeqGeneration, s: GeneratedToken, layer: int, head: int | None) -> list[str]:
     source = g.trace.encoder.tokens
-    alts = ", ".join(f"{a.text!r} {a.probability:.3f}" for a in s.alternatives)
+    alts = ", ".join(f"{a.text!r} {_p(a.probability)}" for a in s.alternatives)
     read = ", ".join(f"{i}:{source[i].text!r} {w:.2f}" for i, w in g.aligned(s.step, layer, head))
-    return [str(s.step), str(s.position), repr(s.text), f"{s.probability:.3f}", alts, read]
+    return [str(s.step), str(s.position), repr(s.text), _p(s.probability), alts, read]
+
+
+def _p(p: float) -> str:
+    """A probability: 3 decimals, or 2 significant digits below 0.001 (not a misleading 0.000)."""
+    return f"{p:.3f}" if p >= 1e-3 or p == 0.0 else f"{p:.1e}"
 
 
 def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None) -> Any:
