@@ -80,12 +80,14 @@ def _recompute(cap: KindCapture, params: list[maths.AttentionParams], table: Err
             memory = cap.memory[layer][rows] if cap.memory is not None else None
             rec = maths.multi_head_attention(x[layer][rows], p, None if mask is None else mask[rows], keep=CHECKED,
                                              in_place=True, memory=memory)
-            table.add_scores(layer, rows, layers["q"][layer][rows], layers["k"][layer][rows], rec["scores"], rec["q"],
-                             rec["k"])
-            table.add_output(layer, rows, layers["context"][layer][rows], p.w_o.norm(dim=0),
-                             layers["output"][layer][rows], rec["output"])
-            for stage in ("q", "k", "v", "weights", "context"):
-                table.add_rows(stage, "recompute", layer, rows, layers[stage][layer][rows], rec[stage])
+            for stage in RECOMPUTED_STAGES:  # in stage order: the table knows q's and k's errors before the scores
+                if stage == "scores":  # the trace's scores are q k^T of its q and k
+                    table.add_scores(layer, rows, layers["q"][layer][rows], layers["k"][layer][rows], rec[stage])
+                elif stage == "output":
+                    table.add_output(layer, rows, layers["context"][layer][rows], p.w_o.norm(dim=0),
+                                     layers[stage][layer][rows], rec[stage])
+                else:
+                    table.add_rows(stage, "recompute", layer, rows, layers[stage][layer][rows], rec[stage])
         if bias_errors is not None:  # the model's bias [1, head, query, key] is the same for every row
             captured = layers["position_bias"][layer][0].float()
             recomputed = maths.relative_position_bias(n_query, n_key, p.relative_bias)  # type: ignore[arg-type]
