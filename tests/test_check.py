@@ -21,10 +21,15 @@ def _qk(scale: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _scores_errors(q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor,
-                   rec: tuple[torch.Tensor, torch.Tensor] | None) -> np.ndarray:
-    """[rows, head] errors of the scores: given rec (the recomputed q and k), with the shortcut for equal ones."""
-    table = ErrorTable(torch.ones(ROWS, TOKENS), n_layers=1, n_heads=HEADS)
-    table.add_scores(0, slice(0, ROWS), q, k, recomputed, *(rec or (None, None)))
+                   rec: tuple[torch.Tensor, torch.Tensor] | None, keep: torch.Tensor | None = None) -> np.ndarray:
+    """[rows, head] errors of the scores; with rec (the recomputed q and k) compared first, as verify_batch does."""
+    keep = torch.ones(ROWS, TOKENS) if keep is None else keep
+    table = ErrorTable(keep, n_layers=1, n_heads=HEADS)
+    rows = slice(0, ROWS)
+    if rec is not None:
+        table.add_rows("q", "recompute", 0, rows, q, rec[0])
+        table.add_rows("k", "recompute", 0, rows, k, rec[1])
+    table.add_scores(0, rows, q, k, recomputed)
     return table.errors[("scores", "recompute")][:, 0]
 
 
@@ -33,6 +38,9 @@ def test_equal_q_and_k_give_the_scores_comparison_its_plain_result() -> None:
     rec = (q.clone(), k.clone())  # equal numbers in other tensors, as the recompute gives them
     np.testing.assert_array_equal(_scores_errors(q, k, scores, rec), _scores_errors(q, k, scores, None))
     assert _scores_errors(q, k, scores, rec).max() == 0.0
+    off = scores.clone()
+    off[0, 1, 2, 3] += 1.0  # scores that are not q k^T: the shortcut would miss it, so the plain path must see it
+    assert _scores_errors(q, k, off, None)[0, 1] > TOLERANCE
 
 
 def test_a_different_key_takes_the_plain_comparison_and_fails() -> None:
@@ -45,11 +53,25 @@ def test_a_different_key_takes_the_plain_comparison_and_fails() -> None:
     assert (errors[1, :2] > TOLERANCE).all() and errors[0].max() == 0.0 and errors[1, 2:].max() == 0.0
 
 
-def test_a_nan_in_q_is_never_lost() -> None:
+def test_nan_or_infinity_in_q_is_never_lost() -> None:
     q, k, scores = _qk(scale=3.0)
     q[0, 3, 1, 0] = float("nan")
-    errors = _scores_errors(q, k, scores, (q, k))  # the very same tensors: NaN != NaN, so compared in full
-    assert np.isnan(errors[0, 3]) and not np.isnan(errors[1]).any()
+    q[1, 2, 0, 0] = float("inf")
+    errors = _scores_errors(q, k, scores, (q, k))  # the very same tensors: their errors are NaN, not 0
+    assert np.isnan(errors[0, 3]) and np.isnan(errors[1, 2])
+
+
+def test_a_difference_in_padding_only_keeps_the_shortcut() -> None:
+    """The shortcut rests on q and k alone: given equal ones (here they differ only at padded tokens), the
+    recomputed scores are not formed again (zeros stand in for them and nothing is reported)."""
+    keep = torch.ones(ROWS, TOKENS)
+    keep[1, -2:] = 0  # row 1 ends in two padded tokens
+    q, k, scores = _qk(scale=3.0)
+    rec_q = q.clone()
+    rec_q[1, :, -1] += 1.0  # differs only where row 1 is padded
+    assert _scores_errors(q, k, torch.zeros_like(scores), (rec_q, k), keep).max() == 0.0
+    rec_q[1, :, 0] += 1.0  # and now at a real token: the full comparison runs (and sees the zeros)
+    assert _scores_errors(q, k, torch.zeros_like(scores), (rec_q, k), keep)[1].min() > TOLERANCE
 
 
 def test_the_models_own_weights_compared_after_the_recompute_equal_the_plain_comparison() -> None:

@@ -31,6 +31,7 @@ class ErrorTable:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
         self._scratch: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
+        self._compared: set[tuple[str, int, int | None, int | None]] = set()  # (stage, layer, rows) vs the recompute
 
     def _valid(self, stage: str) -> torch.Tensor:
         """Where a [batch, ...] array of this stage holds real (unpadded) positions: keep on each token axis."""
@@ -58,24 +59,32 @@ class ErrorTable:
         a, b = captured.float(), other.float()
         diff = torch.sub(a, b, out=self.scratch("diff", a.shape)).abs_()
         self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
+        if source == "recompute":
+            self._compared.add((stage, layer, rows.start, rows.stop))
 
-    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor,
-                   rec_q: torch.Tensor | None = None, rec_k: torch.Tensor | None = None) -> None:
+    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
         """The trace's scores, q k^T of the captured q and k [rows, head|kv_head, token, d_head], against the
         recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|).
 
-        Given the recomputed q and k (rec_q, rec_k) equal to the captured ones number for number, the two
-        scores are one product of the same numbers: the difference is 0 without forming it again. (NaN is
-        never equal to itself, so a NaN takes the full comparison and stays.)
+        Where the recomputed q and k were found equal to the captured ones at every real position (their
+        errors, already in the table, are exactly 0, which NaN and infinity never give), the two scores
+        there are one product of the same numbers: the difference is 0 without forming q k^T again.
         """
-        if rec_q is not None and rec_k is not None and torch.equal(q, rec_q) and torch.equal(k, rec_k):
-            self._table("scores", "recompute")[rows, layer] = 0.0
+        table = self._table("scores", "recompute")
+        if self._equal_so_far("q", layer, rows) and self._equal_so_far("k", layer, rows):
+            table[rows, layer] = 0.0
             return
         shape = recomputed.shape
         k = expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # [rows, head, key, d_head]
         diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
         bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
-        self._table("scores", "recompute")[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
+        table[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
+
+    def _equal_so_far(self, stage: str, layer: int, rows: slice) -> bool:
+        """Whether these rows of this stage were compared with the recompute and found equal everywhere."""
+        done = self.errors.get((stage, "recompute"))
+        compared = (stage, layer, rows.start, rows.stop) in self._compared
+        return compared and done is not None and bool(np.all(done[rows, layer] == 0.0))
 
     def add_output(self, layer: int, rows: slice, context: torch.Tensor, w_o_norms: torch.Tensor,
                    captured: torch.Tensor, recomputed: torch.Tensor) -> None:
@@ -163,8 +172,7 @@ def _compare_chunk(table: ErrorTable, captured: dict[str, list[torch.Tensor]], r
     done = set()
     for stage in RECOMPUTED_STAGES:
         if stage == "scores":  # the trace's scores are q k^T of its q and k
-            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage],
-                             rec["q"], rec["k"])
+            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
             continue
         ours = captured[stage][layer]
         if stage == "output":
