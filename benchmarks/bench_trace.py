@@ -15,7 +15,10 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
 Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
     .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--models minilm,smollm2] [--texts 8]
-        [--smollm2-texts 4] [--tokens 256] [--threads 1]
+        [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu]
+
+--clock cpu times the process's CPU seconds instead of the wall clock: on a shared machine whose load
+exceeds its cores, a wall-clock ratio measures the queue as much as the code.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from attnscope import families
 from corpus import ud_dev
 
 UD_DEV = ud_dev()
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+clock = CLOCKS["wall"]
 
 
 def long_texts(n_texts: int, tokens: int, tokenizer: object) -> list[str]:
@@ -73,9 +78,9 @@ def sublayer_seconds(m: attnscope.Model, forward: Callable[[], object]) -> float
     started: list[float] = []
     hooks = []
     for mod in attention_sublayers(m):
-        hooks.append(mod.register_forward_pre_hook(lambda *_: started.append(time.perf_counter())))
+        hooks.append(mod.register_forward_pre_hook(lambda *_: started.append(clock())))
         hooks.append(mod.register_forward_hook(
-            lambda *_: spent.__setitem__(0, spent[0] + time.perf_counter() - started.pop())))
+            lambda *_: spent.__setitem__(0, spent[0] + clock() - started.pop())))
     try:
         forward()
     finally:
@@ -92,9 +97,9 @@ def median_times(cases: dict[str, Callable[[], object]], repeats: int) -> dict[s
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
-            t = time.perf_counter()
+            t = clock()
             out = fn()
-            times[name].append(out if isinstance(out, float) else time.perf_counter() - t)
+            times[name].append(out if isinstance(out, float) else clock() - t)
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -143,7 +148,8 @@ def bench_model(m: attnscope.Model, n_texts: int, tokens: int, repeats: int) -> 
     times = median_times(cases, repeats)
     times["(e) (b) + its attention sublayers"] = times["(b) eager + output_attentions"] + times.pop("sublayers")
     print(f"bench_trace: {n_texts} texts x {tokens} tokens, {m.name} ({m.architecture}), "
-          f"torch threads {torch.get_num_threads()}, median of {repeats}; checks: {', '.join(worst)}")
+          f"torch threads {torch.get_num_threads()}, {clock.__name__}, median of {repeats}, "
+          f"load average {os.getloadavg()[0]:.1f}; checks: {', '.join(worst)}")
     return times
 
 
@@ -166,7 +172,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall (default) or cpu: the process's CPU time, steadier on a loaded machine")
     args = ap.parse_args()
+    global clock
+    clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     logging.getLogger("attnscope").setLevel(logging.ERROR)  # texts are longer than --tokens on purpose
     for name in args.models.split(","):
