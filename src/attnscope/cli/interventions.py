@@ -31,7 +31,8 @@ def _register_ablate(sub: Any) -> None:
     _add_target(p)
     p.add_argument("--each", action="store_true",
                    help="also remove every head alone (one batched forward): a layer x head grid")
-    p.add_argument("--html", metavar="FILE", help="--each: also write the grid as an HTML heatmap")
+    p.add_argument("--html", metavar="FILE", help="--each: also write the grid as an HTML heatmap (FILE.html), "
+                   "or as a figure (FILE.svg, FILE.png, FILE.pdf)")
     add_format(p)
     p.set_defaults(func=run_ablate)
 
@@ -43,7 +44,8 @@ def _register_patch(sub: Any) -> None:
     add_model_args(p)
     _add_target(p)
     p.add_argument("--contrast", metavar="TEXT", help="the corrupt answer token (default: the corrupt run's top token)")
-    p.add_argument("--html", metavar="FILE", help="also write the grids as an HTML heatmap")
+    p.add_argument("--html", metavar="FILE", help="also write the grids as an HTML heatmap (FILE.html), or as a "
+                   "figure (FILE.svg, FILE.png, FILE.pdf)")
     add_format(p)
     p.set_defaults(func=run_patch)
 
@@ -111,6 +113,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         raise AttnscopeError("give --heads L.H[,L.H...] (0-indexed), --each, or both")
     if args.html and not args.each:
         raise AttnscopeError("--html writes the --each grid: add --each")
+    _html_kind(args.html)
     reference = None
     if args.reference is not None:
         if args.mode != "mean":
@@ -133,6 +136,7 @@ def run_patch(args: argparse.Namespace) -> int:
     corrupt = require_text(args.corrupt, "corrupt text (CORRUPT)")
     from attnscope.interventions.patch import patch
 
+    _html_kind(args.html)
     m = model_of(args)
     result = patch(clean, corrupt, model=m, target=args.target, contrast=args.contrast, max_length=args.max_length)
     if args.html:
@@ -153,14 +157,31 @@ def run_knockout(args: argparse.Namespace) -> int:
     return 0
 
 
+def _html_kind(path: str | None) -> str | None:
+    """html, or svg, png, pdf for a figure of the grid: checked before anything runs."""
+    from pathlib import Path
+
+    if path is None:
+        return None
+    kind = {".html": "html", ".htm": "html", "": "html"}.get(Path(path).suffix.lower(), Path(path).suffix[1:].lower())
+    if kind not in ("html", "svg", "png", "pdf"):
+        raise AttnscopeError(f"unsupported --html format {kind!r}: name it FILE.html (the heatmap page), or FILE.svg, "
+                             "FILE.png or FILE.pdf (a figure)")
+    return kind
+
+
 def _write_html(path: str, result: Any, m: Any, text: str, max_length: int) -> None:
-    """The grid's heatmap, with the text's trace for the head and neuron views a click opens."""
+    """The grid's heatmap, with the text's trace for the head and neuron views a click opens; or its figure."""
     from pathlib import Path
 
     from attnscope.tracing import trace
-    from attnscope.views.effects import effects_html
+    from attnscope.views.effects import effects_figure, effects_html
 
     out = Path(path)
+    if _html_kind(path) != "html":
+        effects_figure(result, out)
+        sys.stderr.write(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)\n")
+        return
     out.write_text(effects_html(result, trace(text, model=m, max_length=max_length)), encoding="utf-8")
     sys.stderr.write(f"wrote {out} ({out.stat().st_size / 1e3:.0f} kB)\n")
 

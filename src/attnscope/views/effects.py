@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import html
 import math
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attnscope.errors import AttnscopeError
 from attnscope.views.page import _asset, _csp, css, js, json_for_script
 
 if TYPE_CHECKING:
@@ -100,3 +103,15 @@ def effects_page(result: Any, trace: Trace | None = None) -> Any:
     from attnscope.views import HTMLPage
 
     return HTMLPage(effects_html(result, trace), height=760 if trace is not None else 420)
+
+
+def effects_figure(result: Any, path: str | os.PathLike[str], fmt: str | None = None, scale: float = 2.0) -> Path:
+    """The effect grids as a figure (svg, png or pdf, from fmt or the file's suffix): a cell per layer and head,
+    each value as text, NaN as NaN (the page's ⤓ SVG button, drawn in headless Chromium)."""
+    from attnscope.views.figures import MAX_SCALE, figure_format, render_figure
+
+    kind = figure_format(path, fmt)
+    if not 0 < scale <= MAX_SCALE:
+        raise AttnscopeError(f"scale must be above 0 and at most {MAX_SCALE:g}, got {scale:g}")
+    return render_figure(page_of(effects_payload(result), None), Path(path), kind, scale,
+                         root="attnscope-effects-root")
