@@ -84,6 +84,8 @@ def ablation(repeats: int, stride: int) -> None:
     print(f"  one by one (timed {len(chosen)}, x{n_heads / len(chosen):.0f}) {loop * 1e3:8.0f} ms")
     print(f"  batched is {loop / batched:.1f}x faster than one by one (target >= 5x); "
           f"max |batched - loop| of the target log-prob {worst:.1e}")
+    # the loop is timed minutes after the one forward: on a shared machine the load may change in between
+    print(f"  ({n_heads} forwards at the one-forward time would be {n_heads * one / batched:.1f}x the batched run)")
 
 
 def importance_vs_stats(documents: int, repeats: int) -> None:
