@@ -259,6 +259,7 @@ def long_context(args: argparse.Namespace) -> None:
             r.raise_for_status()
             answer = r.json()
             health = client.get("/healthz").json()
+        print(f"  traced in {traced:.0f} s; now the page", file=sys.stderr, flush=True)
         p = answer["payload"]
         n, layers, heads = len(p["tokens"]), len(p["layers"]), len(p["heads"])
         with chromium() as browser:

@@ -79,7 +79,11 @@ class TraceCache:
             return entry
 
     def put(self, key: CacheKey, entry: Entry) -> None:
+        """Keep it, evicting the oldest; an entry over the byte cap alone is not kept (and evicts nothing)."""
         with self._lock:
+            if entry.nbytes > self.max_bytes:
+                self._items.pop(key, None)
+                return
             self._items[key] = entry
             self._items.move_to_end(key)
             self._fit()

@@ -63,7 +63,7 @@ class MapSet:
     @property
     def nbytes(self) -> int:
         return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
-            sum(len(a) for a in self.answers.values())
+            sum(len(a) for a in {id(a): a for a in self.answers.values()}.values())  # one answer, several keys
 
 
 def is_large(trace: Trace) -> bool:
@@ -220,11 +220,11 @@ class MapStore:
                 total -= old.nbytes
             return True
 
-    def remember(self, id: str, request: tuple[str, ...], answer: bytes) -> None:
+    def remember(self, id: str, requests: list[tuple[str, ...]], answer: bytes) -> None:
         """Keep the page's answer for this trace (JSON, no arrays), so asking again costs no forward pass."""
         with self._lock:
             if id in self._items:
-                self._items[id].answers[request] = answer
+                self._items[id].answers.update(dict.fromkeys(requests, answer))
 
     def clear(self) -> None:
         with self._lock:

@@ -22,6 +22,7 @@ from attnscope.serve import binary, maps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.pool import checkpoint
+from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.tracing import Trace, trace
@@ -89,6 +90,8 @@ class Service:
         return m, (m.name, req.text, req.pair, n, req.truncate)
 
     def trace_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
+        if req.target is not None or is_seq2seq(self.model(req.model)):  # three kinds of attention
+            return seq2seq_body(self, req, stop)
         optional = tuple(s for s in DERIVED if s in req.sources)
         # the page's request for a long trace it asked for before: its answer is kept with the maps (the
         # trace itself may have left the cache: 4.5 GB for SmolLM2 at 2,048 tokens)
@@ -117,8 +120,9 @@ class Service:
         body["arrays"] = {s: encode_array(a, ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
         out = to_json(body)
         out = out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
-        if plain and lazy:
-            self.maps.remember(maps.trace_id(self.key(req)[1]), (req.maps, *optional), out)
+        if plain and lazy:  # a large trace's answer is the same for "lazy" and "auto"
+            modes = ("lazy", "auto") if maps.is_large(tr) else (req.maps,)
+            self.maps.remember(maps.trace_id(self.key(req)[1]), [(m, *optional) for m in modes], out)
         return out
 
     def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
