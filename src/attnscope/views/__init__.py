@@ -42,7 +42,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.views.kinds import family_payload
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
-from attnscope.views.size import MAX_PAGE_MB, page_size, validate_page_size
+from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, page_size, validate_page_size
 
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
     from attnscope.traces import EncoderDecoderTrace, Trace
@@ -194,8 +194,13 @@ class HTMLPage:
 
 
 def repr_html(trace: AnyTrace) -> str:
-    """The notebook display of a Trace: every view, as tabs, in an isolated iframe."""
-    return iframe(to_html(trace, REPR_VIEW), frame_height(trace, REPR_VIEW))
+    """The notebook display of a Trace: every view, as tabs, in an isolated iframe (a long trace over the page
+    size limit: one line that says how to show part of it)."""
+    try:
+        return iframe(to_html(trace, REPR_VIEW), frame_height(trace, REPR_VIEW))
+    except PageTooLarge as exc:
+        return (f"<p>{html.escape(str(exc))}; for example "
+                "<code>trace.show(\"matrix\", layers=[0], heads=[0])</code></p>")
 
 
 def display(page_: HTMLPage) -> None:

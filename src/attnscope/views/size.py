@@ -24,6 +24,10 @@ BASE64 = 4 / 3
 SCRIPT_BYTES = 300_000  # the inlined CSS and JS, with room to grow
 
 
+class PageTooLarge(AttnscopeError):
+    """A page over the size limit (the notebook display shows the message instead of a page)."""
+
+
 @dataclass(frozen=True)
 class PageSize:
     """The estimate: bytes in all, and what they carry (for the message that refuses a page)."""
@@ -73,7 +77,7 @@ def validate_page_size(size: PageSize, max_mb: float | None, flags: bool = False
     fewer = "fewer --layers and --heads (0-indexed, e.g. --layers 0,3 --heads 1,2)" if flags else \
         "fewer layers= and heads= (0-indexed, e.g. layers=[0, 3], heads=[1, 2])"
     limit = f"--max-mb {max_mb:g}" if flags else f"max_mb={max_mb:g}"
-    raise AttnscopeError(
+    raise PageTooLarge(
         f"this page would be up to {size.total / 1e6:.0f} MB ({size.layers} layers x {size.heads} heads, "
         f"{size.maps} maps of {size.cells:,} cells), over the {limit} limit: pass {fewer}, or raise "
         f"{'--max-mb' if flags else 'max_mb'}")
