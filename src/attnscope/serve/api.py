@@ -42,6 +42,7 @@ class TraceRequest:
     precision: str = "float32"  # binary arrays only (attnscope.serve.binary.PRECISIONS)
     maps: str = "inline"  # the payload's maps: inline, lazy (GET /api/trace/ID/map) or auto (attnscope.serve.maps)
     binary: bool = False  # from the Accept header, not the body: arrays as attnscope.serve.binary
+    target: str | None = None  # encoder-decoder models: the decoder's text (attnscope.serve.seq2seq)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ def text_fields(settings: Settings, models: Sequence[str], shortest: int = 2) ->
 def trace_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -> list[Field]:
     return [
         *text_fields(settings, models, shortest),
+        Field("target", "string", "Encoder-decoder models (T5, BART, Marian): the target, fed to the decoder "
+              "teacher-forced (text is the source); null: generated greedily. The answer then has `kinds` "
+              "(encoder, decoder, cross). A target for another model: 422.", nullable=True,
+              max_length=settings.max_chars),
         Field("stages", "array", "Arrays to return, by the stage names of saved traces (axes in each "
               "array's `axes`).", default=("weights",), enum=ARRAYS, max_length=len(ARRAYS)),
         Field("encoding", "string", "How arrays are sent: base64 of little-endian float32 in C order, "

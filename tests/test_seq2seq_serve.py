@@ -1,0 +1,82 @@
+"""POST /api/trace on an encoder-decoder model: text is the source, `target` the decoder's text (null: generated);
+the answer holds each kind's tokens, check and arrays; a target for another model is 422 in one line.
+
+The real app in process (starlette's TestClient) serving a random-weight T5 (tests/seq2seq_support.py) and the
+bundled MiniLM.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+import attnscope
+from attnscope.serve.app import create_app
+from attnscope.serve.settings import Settings
+from seq2seq_support import build
+
+SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
+    where = tmp_path_factory.mktemp("t5")
+    build("t5").save_pretrained(where)  # type: ignore[operator]
+    minilm.tokenizer.save_pretrained(where)
+    return str(where)
+
+
+@pytest.fixture(scope="module")
+def client(t5_dir: str) -> Iterator[TestClient]:
+    app = create_app(Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32))
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        yield c
+
+
+def _array(a: dict[str, Any]) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(a["data"]), dtype="<f4").reshape(a["shape"])
+
+
+def test_a_target_traces_the_three_kinds(client: TestClient, t5_dir: str) -> None:
+    r = client.post("/api/trace", json={"text": SOURCE, "target": TARGET, "stages": ["weights", "k"],
+                                        "payload": True})
+    assert r.status_code == 200, r.text
+    data = r.json()
+    ed = attnscope.trace_seq2seq(SOURCE, TARGET, model=attnscope.load_model(t5_dir))
+    assert data["status"] == "PASS" and not data["generated"] and data["target"] == TARGET
+    assert list(data["kinds"]) == ["encoder", "decoder", "cross"]
+    for kind, got in data["kinds"].items():
+        t = ed.attention(kind)
+        assert [x["text"] for x in got["tokens"]] == t.token_strings
+        assert [x["text"] for x in got["key_tokens"]] == [x.text for x in t.keys]
+        assert got["check"]["status"] == "PASS" and got["check"]["max_error"] <= 1e-5
+        assert np.array_equal(_array(got["arrays"]["weights"]), t.weights)  # float32 bit for bit
+        assert np.array_equal(_array(got["arrays"]["k"]), t.arrays["k"])
+    assert _array(data["kinds"]["cross"]["arrays"]["weights"]).shape == (2, 4, 7, 8)  # [layer, head, target, source]
+    assert data["payload"]["attention"] == "cross" and set(data["payload"]["kinds"]) == {"encoder", "decoder", "cross"}
+
+
+def test_no_target_generates_one(client: TestClient) -> None:
+    data = client.post("/api/trace", json={"text": SOURCE}).json()
+    assert data["generated"] and data["status"] == "PASS" and len(data["kinds"]["cross"]["key_tokens"]) == 8
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"text": SOURCE, "target": TARGET, "model": "all-MiniLM-L6-v2"}, "target is for encoder-decoder models"),
+    ({"text": SOURCE, "target": " "}, "field 'target' is empty"),
+    ({"text": SOURCE, "target": TARGET, "maps": "lazy"}, "maps: not available for an encoder-decoder"),
+    ({"text": SOURCE, "target": TARGET, "stages": ["rollout"]}, "cross-attention's [target, source] maps"),
+])
+def test_bad_requests_are_422_one_line(client: TestClient, body: dict[str, Any], words: str) -> None:
+    r = client.post("/api/trace", json=body)
+    assert r.status_code == 422 and words in r.json()["error"] and "\n" not in r.json()["error"]
+
+
+def test_the_schema_documents_target(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    assert "Encoder-decoder models (T5, BART, Marian): the target" in str(schema["paths"]["/api/trace"])
