@@ -49,18 +49,6 @@
   const visible = (geo, v) => ({ q0: Math.floor(v.q0), q1: Math.min(geo.nq, Math.ceil(v.q0 + geo.h / v.scale)),
                                  k0: Math.floor(v.k0), k1: Math.min(geo.nk, Math.ceil(v.k0 + geo.w / v.scale)) });
 
-  A.hatch = function (g, theme) {
-    const p = document.createElement("canvas");
-    p.width = p.height = 6;
-    const pg = p.getContext("2d");
-    pg.strokeStyle = theme === "dark" ? "rgba(200,200,200,.35)" : "rgba(90,90,90,.35)";
-    pg.beginPath();
-    pg.moveTo(0, 6);
-    pg.lineTo(6, 0);
-    pg.stroke();
-    return g.createPattern(p, "repeat");
-  };
-
   // Keys after the query, within the view: the staircase above the diagonal.
   function maskPath(geo, v) {
     const X = (k) => geo.label + (k - v.k0) * v.scale;

@@ -71,6 +71,19 @@
     return out;
   };
 
+  // The hatching of masked cells (a causal query's later keys).
+  A.hatch = function (g, theme) {
+    const p = document.createElement("canvas");
+    p.width = p.height = 6;
+    const pg = p.getContext("2d");
+    pg.strokeStyle = theme === "dark" ? "rgba(200,200,200,.35)" : "rgba(90,90,90,.35)";
+    pg.beginPath();
+    pg.moveTo(0, 6);
+    pg.lineTo(6, 0);
+    pg.stroke();
+    return g.createPattern(p, "repeat");
+  };
+
   // Draws the part of the map in view: view {scale (px per cell), q0, k0 (first row and column, fractional)},
   // rect {x, y, w, h} the viewport on the canvas. Returns the level drawn.
   A.drawTiles = function (g, pyr, view, rect) {
