@@ -16,3 +16,12 @@ def server() -> Iterator[Server]:
     yield s
     assert s.stop() == 0, "".join(s.stderr)[-2000:]
     assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]
+
+
+@pytest.fixture(scope="session")
+def long_server() -> Iterator[Server]:
+    """Long traces (issue 16): MiniLM up to 512 tokens, 4 MiB per response, two traces kept."""
+    s = start_server("--max-tokens", "512", "--max-chars", "20000", "--max-response", "4", "--cache", "2")
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)[-2000:]
+    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from serve_support import Server, decode, start_server
+from serve_support import Server, decode
 
 import attnscope
 from attnscope.serve import binary
@@ -144,27 +144,19 @@ def test_auto_goes_lazy_only_for_large_traces(http: httpx.Client, lazy: dict[str
     assert r.status_code == 422 and "field 'maps' must be one of" in r.json()["error"]
 
 
-@pytest.fixture(scope="module")
-def small() -> Iterator[Server]:
-    """A server that keeps one trace and sends at most 1 MiB per response."""
-    s = start_server("--max-tokens", "160", "--cache", "1", "--max-response", "1")
-    yield s
-    assert s.stop() == 0 and "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-3000:]
-
-
-def test_too_large_and_evicted(small: Server) -> None:
-    long_text = " ".join([TEXT] * 10)  # truncated to 160 tokens: a layer's 12 heads as float32 are 1.2 MiB
-    with small.client() as c:
+def test_too_large_and_evicted(long_server: Server) -> None:
+    long_text = " ".join([TEXT] * 40)  # truncated to 512 tokens: a layer's 12 heads as float32 are 12 MiB
+    with long_server.client() as c:
         first = c.post("/api/trace", json={"text": long_text, "stages": [], "payload": True, "maps": "lazy"}).json()
         url = first["payload"]["maps"]["url"]
         r = c.get(url, params={"layer": 0, "precision": "float32"})
-        assert r.status_code == 422 and "over the server's limit of 1 MiB: ask for one head" in r.json()["error"]
+        assert r.status_code == 422 and "over the server's limit of 4 MiB: ask for one head" in r.json()["error"]
         assert c.get(url, params={"layer": 0, "head": 2, "precision": "float32"}).status_code == 200
         assert c.get(url, params={"layer": 0}).status_code == 200  # uint8: a quarter, under the limit
-        c.post("/api/trace", json={"text": "Another text.", "payload": True, "maps": "lazy"})  # evicts the first
+        for other in ("Another text.", "And a third one."):  # the server keeps two
+            c.post("/api/trace", json={"text": other, "payload": True, "maps": "lazy"})
         r = c.get(url, params={"layer": 0, "head": 2})
         assert r.status_code == 404 and "no longer has trace" in r.json()["error"]
-
 
 def test_the_servers_quantization_is_the_payloads_byte_for_byte(lazy: dict[str, Any]) -> None:
     rng = np.random.default_rng(16)

@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import Server, decode, start_server
+from serve_support import Server, decode
+
+from attnscope.serve import binary
 
 pytestmark = pytest.mark.browser
 
@@ -25,20 +27,13 @@ SHA = """async (values) => [...new Uint8Array(await crypto.subtle.digest("SHA-25
   values.byteOffset, values.byteLength)))].map((x) => x.toString(16).padStart(2, "0")).join("")"""
 
 
-@pytest.fixture(scope="module")
-def long_server() -> Iterator[Server]:
-    s = start_server("--max-tokens", str(TOKENS), "--max-chars", "20000")
-    yield s
-    assert s.stop() == 0 and "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-3000:]
-
-
-@pytest.fixture(scope="module")
-def local(long_server: Server, page: Any) -> dict[str, np.ndarray]:
-    """The server's trace of TEXT (the one the page shows, from its cache) as float32 JSON: base64, decoded here."""
-    with long_server.client() as c:
-        sent = c.post("/api/trace", json={"text": TEXT, "stages": ["weights", "q"]}).json()
-    assert len(sent["tokens"]) == TOKENS
-    return {name: decode(a) for name, a in sent["arrays"].items()}
+def exact_map(server: Server, page: Any, layer: int, head: int) -> np.ndarray:
+    """The map the page shows, as float32 from the server (its trace cache), read by the Python decoder."""
+    url = server.url.rstrip("/") + shown(page, "s.model.payload.maps.url")
+    with server.client() as c:
+        r = c.get(url, params={"layer": layer, "head": head, "precision": "float32"})
+    assert r.status_code == 200, r.text
+    return binary.decode(r.content)[1]["weights"]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +78,7 @@ def test_long_trace_arrives_without_maps_and_fetches_the_layer_shown(page: Any) 
           "(page clock: sv:traced -> attnscope:ready)")
 
 
-def test_layer_switch_fetches_that_layer_and_draws_its_maps(page: Any, local: dict[str, np.ndarray]) -> None:
+def test_layer_switch_fetches_that_layer_and_draws_its_maps(page: Any, long_server: Server) -> None:
     start = page.evaluate("() => performance.now()")
     page.select_option(".as-panel select[aria-label='layer (0-indexed)']", "3")
     page.wait_for_function("() => !document.getElementById('sv-views').dataset.attnscopeLoading")
@@ -95,25 +90,26 @@ def test_layer_switch_fetches_that_layer_and_draws_its_maps(page: Any, local: di
         f"() => ({B64})(document.getElementById('sv-views').attnscopeShown.model.sources.get('weights').codes(3, 5))")),
         dtype=np.uint8).reshape(TOKENS, TOKENS)
     scale = shown(page, "s.model.sources.get('weights').scale(3, 5)")
-    w = local["weights"][3, 5].astype(np.float64)
+    w = exact_map(long_server, page, 3, 5).astype(np.float64)
     assert scale == pytest.approx(w.max(), abs=1e-6)
     assert np.abs(codes / 255.0 * scale - w).max() <= scale / 510 + 1e-5  # uint8 within half a step
 
 
-def test_numbers_the_page_decodes_are_the_trace_bit_for_bit(page: Any, local: dict[str, np.ndarray]) -> None:
+def test_numbers_the_page_decodes_are_the_trace_bit_for_bit(page: Any, long_server: Server) -> None:
     exact = page.evaluate(f"""async () => {{
       const m = document.getElementById('sv-views').attnscopeShown.model;
       return ({B64})((await m.map(2, 7, {{ precision: "float32" }})).values); }}""")
-    assert np.frombuffer(base64.b64decode(exact), dtype="<f4").tobytes() == \
-        np.ascontiguousarray(local["weights"][2, 7]).tobytes()
-    # and /api/trace's binary form, decoded by the page's own decoder
-    request = {"text": TEXT, "stages": ["weights", "q"]}
+    assert base64.b64decode(exact) == exact_map(long_server, page, 2, 7).tobytes()  # (== the trace: test_serve_long)
+    # and /api/trace's binary form, decoded by the page's own decoder, against its base64 JSON form
+    request = {"text": TEXT, "max_length": 64, "stages": ["weights", "q"]}
     shape, weights, q = page.evaluate(f"""async (request) => {{
       const r = await fetch("/api/trace", {{ method: "POST", body: JSON.stringify(request),
         headers: {{ "Content-Type": "application/json", Accept: "application/x-attnscope-arrays" }} }});
       const {{ arrays }} = window.attnscope.decodeArrays(await r.arrayBuffer());
       return [arrays.weights.spec.shape, await ({SHA})(arrays.weights.values), await ({SHA})(arrays.q.values)]; }}""",
         request)
-    assert shape == list(local["weights"].shape)
-    assert weights == hashlib.sha256(np.ascontiguousarray(local["weights"]).tobytes()).hexdigest()
-    assert q == hashlib.sha256(np.ascontiguousarray(local["q"]).tobytes()).hexdigest()
+    with long_server.client() as c:
+        sent = c.post("/api/trace", json=request).json()["arrays"]
+    assert shape == sent["weights"]["shape"] == [6, 12, 64, 64]
+    assert weights == hashlib.sha256(decode(sent["weights"]).tobytes()).hexdigest()
+    assert q == hashlib.sha256(decode(sent["q"]).tobytes()).hexdigest()
