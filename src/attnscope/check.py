@@ -156,8 +156,11 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     done: set[tuple[str, int]] = set()  # (stage, layer) compared with the model's own output already
     if params is not None and "x" in captured:
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
+        w_o_norms: dict[int, torch.Tensor] = {}  # [d_model]: |W_O[:, j]|, once per layer
         for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
-            done |= _compare_chunk(table, captured, reference, params[layer], layer, rows, rec)
+            if layer not in w_o_norms:
+                w_o_norms[layer] = params[layer].w_o.norm(dim=0)
+            done |= _compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
     for stage, ref in reference.items():
         for layer in range(n_layers):
             if (stage, layer) not in done:
@@ -165,8 +168,11 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     return table
 
 
-def _compare_chunk(table: ErrorTable, captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
-                   p: AttentionParams, layer: int, rows: slice, rec: dict[str, torch.Tensor]) -> set[tuple[str, int]]:
+Layers = dict[str, list[torch.Tensor]]  # stage -> one [batch, ...] tensor per layer
+
+
+def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_norms: torch.Tensor, layer: int,
+                   rows: slice, rec: dict[str, torch.Tensor]) -> set[tuple[str, int]]:
     """Every recomputed stage of some rows of one layer against the capture; where the model returned the very
     tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with the model."""
     done = set()
@@ -176,7 +182,6 @@ def _compare_chunk(table: ErrorTable, captured: dict[str, list[torch.Tensor]], r
             continue
         ours = captured[stage][layer]
         if stage == "output":
-            w_o_norms = p.w_o.norm(dim=0)  # [d_model]: |W_O[:, j]|
             table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms, ours[rows], rec[stage])
         else:
             table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage])
