@@ -45,6 +45,8 @@ def _form(max_chars: int) -> str:
   spellcheck="false">{html.escape(DEFAULT_TEXT)}</textarea></label>
 <label for="sv-pair">Second text (optional, segment B)<input type="text" id="sv-pair" name="pair"
   maxlength="{max_chars}" spellcheck="false"></label>
+<label for="sv-target" id="sv-target-label">Target (encoder-decoder model: the decoder's text; empty:
+  generated)<input type="text" id="sv-target" name="target" maxlength="{max_chars}" spellcheck="false"></label>
 <button type="submit" id="sv-go">Trace</button>
 <div class="sv-options">
 <label for="sv-model">Model<select id="sv-model" name="model"></select></label>

@@ -57,7 +57,8 @@ class Service:
         for m in dict.fromkeys(self.models.values()):
             aliases = sorted(n for n, other in self.models.items() if other is m and n != m.name)
             out.append({**describe(m), "default": m is self.default, "aliases": aliases,
-                        "max_length": min(self.settings.max_tokens, m.max_positions)})
+                        "max_length": min(self.settings.max_tokens, m.max_positions),
+                        "encoder_decoder": is_seq2seq(m)})  # the page then asks for a target
         return out
 
     def model(self, name: str | None) -> Model:

@@ -48,7 +48,22 @@
 
   function textRequest() {
     const pair = $("sv-pair").value;
+    if (seq2seq()) {  // an encoder-decoder model: the text is the source, and a target (empty: generated)
+      const target = $("sv-target").value;
+      return { text: $("sv-text").value, target: target.trim() ? target : null, model: $("sv-model").value || null };
+    }
     return { text: $("sv-text").value, pair: pair.trim() ? pair : null, model: $("sv-model").value || null };
+  }
+
+  function seq2seq() {
+    const name = $("sv-model").value;
+    const m = config.models.find((x) => x.name === name) || config.models.find((x) => x.default);
+    return Boolean(m && m.encoder_decoder);
+  }
+
+  function showTextFields() {  // the form's labels set their own display, so `hidden` alone would not hide them
+    $("sv-target-label").style.display = seq2seq() ? "" : "none";
+    $("sv-pair").closest("label").style.display = seq2seq() ? "none" : "";
   }
 
   function sources() {
@@ -64,14 +79,17 @@
     $("sv-go").disabled = true;
     try {
       // "auto": a long trace comes without its maps; the views fetch each layer's maps when they show it
-      const body = Object.assign({ stages: [], payload: true, sources: sources(), maps: "auto" }, request);
+      const body = request.target !== undefined ? Object.assign({ stages: [], payload: true }, request)
+        : Object.assign({ stages: [], payload: true, sources: sources(), maps: "auto" }, request);
       const data = await api("/api/trace", body);
       performance.mark("sv:traced");
-      current = { request: request, payload: data.payload, tokens: data.tokens, controller: null };
+      current = { request: request, payload: data.payload, tokens: data.tokens, controller: null, kinds: data.kinds };
       await draw(null);
       const ms = Math.round(performance.now() - started);
       const lazy = data.payload.maps ? " · maps fetched as shown" : "";
-      status(`${data.tokens.length} tokens${data.truncated ? " (truncated)" : ""} · ${ms} ms${lazy}`, "ok");
+      const size = data.kinds ? `${data.kinds.encoder.tokens.length} source → ${data.kinds.decoder.tokens.length} ` +
+        `target tokens${data.generated ? " (generated)" : ""} · ${data.status}` : `${data.tokens.length} tokens`;
+      status(`${size}${data.truncated ? " (truncated)" : ""} · ${ms} ms${lazy}`, "ok");
       clearExplanation();
     } catch (err) {
       status(err.message, "error");
@@ -98,6 +116,11 @@
 
   async function explain(detail) {
     if (!current || detail.query === null || detail.query === undefined) return;
+    if (current.kinds) {  // the page explains one-kind models; the CLI walks an encoder-decoder's kinds
+      $("sv-explain").replaceChildren(el("p", { class: "sv-hint", text: "An encoder-decoder model's walkthrough: " +
+        "attnscope explain SOURCE --target TARGET --model M --attention encoder|decoder|cross --layer L --head H" }));
+      return;
+    }
     const state = current.controller ? current.controller.state : {};
     const layer = detail.layer ?? state.layer ?? 0;
     const head = detail.head ?? state.head ?? 0;
@@ -340,6 +363,8 @@
         `${m.layers} layers × ${m.heads} heads)` }));
     }
     $("sv-form").addEventListener("submit", traceText);
+    select.addEventListener("change", showTextFields);
+    showTextFields();
     $("sv-view").addEventListener("change", () => {
       if (current && current.controller) draw(current.controller.state).catch((err) => status(err.message, "error"));
     });

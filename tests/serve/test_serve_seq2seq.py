@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from serve_support import start_server
 from starlette.testclient import TestClient
 
 import attnscope
@@ -80,3 +81,34 @@ def test_bad_requests_are_422_one_line(client: TestClient, body: dict[str, Any],
 def test_the_schema_documents_target(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
     assert "Encoder-decoder models (T5, BART, Marian): the target" in str(schema["paths"]["/api/trace"])
+
+
+def test_the_page_asks_an_encoder_decoder_model_for_a_target(t5_dir: str) -> None:
+    """The real server and page in headless Chromium: with the T5 chosen the pair field gives way to a target
+    field; the trace shows the encoder / decoder / cross selector; with MiniLM chosen the pair field is back."""
+    from attnscope.views.browser import chromium
+
+    server = start_server("--model", t5_dir, "all-MiniLM-L6-v2", "--max-tokens", "32")
+    errors: list[str] = []
+    try:
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(server.url)
+            page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default text, target generated
+            assert page.is_visible("#sv-target") and not page.is_visible("#sv-pair")
+            assert "(generated)" in page.inner_text("#sv-status")
+            page.fill("#sv-text", SOURCE)
+            page.fill("#sv-target", TARGET)
+            page.click("#sv-go")
+            page.wait_for_function("() => document.getElementById('sv-status').textContent.includes('8 source')")
+            status = page.inner_text("#sv-status")
+            assert "8 source → 7 target tokens · PASS" in status, status
+            options = page.eval_on_selector_all("select.as-attention option", "os => os.map(o => o.textContent)")
+            assert "cross-attention (target -> source)" in options
+            page.select_option("#sv-model", "all-MiniLM-L6-v2")
+            assert page.is_visible("#sv-pair") and not page.is_visible("#sv-target")
+            assert not errors, errors
+    finally:
+        server.stop()
