@@ -147,6 +147,16 @@ def test_zoom_reaches_exact_cells_and_hover_shows_the_arrays_value(matrix_page: 
     labels = [t.text for t in group(root, "tokens")]
     assert f"{q}: w{q}" in labels and f"{k}: w{k}" in labels
     assert len(labels) == (q_last - q_first + 1) + (k_last - k_first + 1)  # a label per row and column in view
+    before = dataset(page)
+    page.mouse.move(box["x"] + 300, box["y"] + 300)
+    page.mouse.down()
+    page.mouse.move(box["x"] + 200, box["y"] + 250, steps=5)  # a drag pans: 100 px right, 50 px down in the map
+    page.mouse.up()
+    page.wait_for_function(f"() => document.querySelector('{CANVAS}').dataset.k0 !== '{before['k0']!r}'")
+    after = dataset(page)
+    assert after["k0"] - before["k0"] == pytest.approx(100 / d["cell"]) and after["cell"] == before["cell"]
+    assert after["q0"] - before["q0"] == pytest.approx(50 / d["cell"])
+    assert page.inner_text(".as-info") == ""  # a drag selects nothing
     assert matrix_page.errors == [] and matrix_page.foreign_requests() == []
 
 
