@@ -92,7 +92,8 @@ def test_bad_input_is_one_line(minilm: attnscope.Model, generated: Generated) ->
     m, _ = generated("t5")
     cases = [(lambda: generate_seq2seq(SOURCE, model=minilm), "not an encoder-decoder model"),
              (lambda: generate_seq2seq("  ", model=m), "source"),
-             (lambda: generate_seq2seq(SOURCE, model=m, max_new_tokens=0), "max_new_tokens 0 is out of range")]
+             (lambda: generate_seq2seq(SOURCE, model=m, max_new_tokens=0), "max_new_tokens 0 is out of range"),
+             (lambda: attnscope.generate(SOURCE, model=m), "is an encoder-decoder model: it writes a target")]
     for call, words in cases:
         with pytest.raises(AttnscopeError) as err:
             call()
@@ -123,8 +124,9 @@ def test_cli_generate_on_an_encoder_decoder(t5_dir: str, capsys: pytest.CaptureF
     assert "generate loop's rows vs the trace" in out
     assert (tmp_path / "g.html").read_text().count("cross") > 0
     for flags, words in ((["--temperature", "0.7"], "--temperature: generation on an encoder-decoder"),
-                         (["-o", str(tmp_path / "f.svg")], "figures of an encoder-decoder generation")):
-        code = main(["generate", SOURCE, "--model", t5_dir, *flags])
+                         (["-o", str(tmp_path / "f.svg")], "figures of an encoder-decoder generation"),
+                         (["--step", "1"], "is an encoder-decoder model: it writes a target")):
+        code = main(["explain" if "--step" in flags else "generate", SOURCE, "--model", t5_dir, *flags])
         err = capsys.readouterr().err
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1
 

@@ -25,7 +25,7 @@ from attnscope import maths
 from attnscope.arrays import Pending, TraceArrays
 from attnscope.capture import AttentionCall, attention_modules, recording
 from attnscope.errors import AttnscopeError, require_text
-from attnscope.families import family_of
+from attnscope.families import family_of, is_encoder_decoder
 from attnscope.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.models import Model, ModelLike, describe, load_model
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
@@ -65,6 +65,9 @@ def validate_settings(max_new_tokens: int, temperature: float | None, top_k: int
 def require_decoder(m: Model) -> None:
     """A model that can write: a causal language model with its LM head."""
     fam = family_of(m.model)
+    if is_encoder_decoder(m.model):
+        raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder-decoder model: it writes a target for a "
+                             "source with attnscope.generate_seq2seq (attnscope generate SOURCE --model M)")
     if fam is not None and not fam.causal:
         raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder and cannot generate text: "
                              "use a decoder such as 'smollm2'")

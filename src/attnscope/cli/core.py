@@ -114,6 +114,9 @@ def traced(args: argparse.Namespace) -> Trace:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if (args.step is not None or args.generation is not None) and (args.target is not None or args.attention):
+        raise AttnscopeError("--step and --generation explain a decoder's generation step: for an encoder-decoder "
+                             "model give the target (attnscope generate SOURCE shows it) with --target and --token")
     if args.step is not None or args.generation is not None:
         from attnscope.cli.generate import run_explain_step
 
