@@ -153,3 +153,16 @@ def test_cli_attention_or_target_on_another_model_is_one_line(capsys: pytest.Cap
         code = main(["explain", "a short text", *flags])
         err = capsys.readouterr().err
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_saved_trace_explains_without_the_model(t5: tuple[attnscope.Model, attnscope.EncoderDecoderTrace],
+                                                  tmp_path: Path) -> None:
+    _, tr = t5
+    tr.save(tmp_path / "t5.safetensors")
+    loaded = attnscope.EncoderDecoderTrace.load(tmp_path / "t5.safetensors")
+    cross = _steps(walkthrough(loaded, layer=1, head=0))
+    assert "projections" not in cross and np.array_equal(cross["memory"].arrays["memory"], tr.cross.arrays["memory"])
+    assert np.array_equal(cross["weights"].arrays["weights"], tr.cross.weights[1, 0])
+    bias = _steps(walkthrough(loaded, layer=1, head=0, attention="decoder"))["position_bias"].arrays
+    assert "bucket" not in bias  # the buckets need the model's config; the bias added is the trace's own
+    assert np.array_equal(bias["position_bias"], tr.decoder.arrays["position_bias"][1, 0])
