@@ -122,7 +122,7 @@ def test_cli_generate_on_an_encoder_decoder(t5_dir: str, capsys: pytest.CaptureF
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "the alignment; cross-attention of layer 1, mean over heads" in out
     assert "generate loop's rows vs the trace" in out
-    assert (tmp_path / "g.html").read_text().count("cross") > 0
+    assert 'id="attnscope-translation"' in (tmp_path / "g.html").read_text()  # the translation view
     for flags, words in ((["--temperature", "0.7"], "--temperature: generation on an encoder-decoder"),
                          (["-o", str(tmp_path / "f.svg")], "figures of an encoder-decoder generation"),
                          (["--step", "1"], "is an encoder-decoder model: it writes a target")):
@@ -133,3 +133,36 @@ def test_cli_generate_on_an_encoder_decoder(t5_dir: str, capsys: pytest.CaptureF
 
 def test_public_api() -> None:
     assert attnscope.generate_seq2seq is generate_seq2seq and attnscope.Seq2SeqGeneration is Seq2SeqGeneration
+
+
+def test_translation_view_shades_the_source_by_each_steps_alignment(
+        generated: Callable[[str], tuple[attnscope.Model, Seq2SeqGeneration]], tmp_path: Path) -> None:
+    """The page in headless Chromium: the source's shading is the step's alignment (mean over heads of the last
+    layer, then one head), the target grows with the slider, nothing is fetched, no error."""
+    from attnscope.views.browser import chromium
+
+    _, g = generated("marian")
+    page_file = tmp_path / "translation.html"
+    page_file.write_text(g.to_html(), encoding="utf-8")
+    errors: list[str] = []
+    requests: list[str] = []
+    with chromium() as browser:
+        page = browser.new_page()
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(page_file.as_uri())
+        page.wait_for_selector("[data-attnscope-ready]")
+        weights = "() => [...document.querySelectorAll('.as-tr-source .as-tr-tok')].map(t => Number(t.dataset.weight))"
+        shown = page.evaluate(weights)
+        np.testing.assert_allclose(shown, g.alignment(g.n_steps - 1)[1].mean(axis=0), atol=2e-5)  # uint16 + mean
+        page.fill('input[aria-label="step (0-indexed)"]', "1")
+        page.dispatch_event('input[aria-label="step (0-indexed)"]', "input")
+        page.select_option('select[aria-label="head (0-indexed)"]', "2")
+        np.testing.assert_allclose(page.evaluate(weights), g.alignment(1)[1, 2], atol=1e-5)
+        target = page.eval_on_selector_all(".as-tr-target .as-tr-tok", "ts => ts.map(t => t.textContent)")
+        assert target == [s.text for s in g.steps[:2]]
+        assert page.inner_text(".as-tr-badge").startswith("check: PASS")
+        assert page.eval_on_selector_all(".as-tr-grid tr", "rs => rs.length") == g.n_steps + 1
+    assert not errors, errors
+    assert all(u.startswith("file:") for u in requests), requests

@@ -86,6 +86,18 @@ class Seq2SeqGeneration:
         probabilities and alternatives are not in the file."""
         self.trace.save(path)
 
+    def to_html(self) -> str:
+        """The translation view: a self-contained page, the target growing step by step, the source shaded by each
+        step's alignment, and the alignment matrix (attnscope.views.translation)."""
+        from attnscope.views.translation import translation_html
+
+        return translation_html(self)
+
+    def _repr_html_(self) -> str:
+        from attnscope.views import iframe
+
+        return iframe(self.to_html(), height=720)
+
     def __repr__(self) -> str:
         return (f"Seq2SeqGeneration(model={self.model.get('name')!r}, source_tokens={self.trace.encoder.n_tokens}, "
                 f"steps={self.n_steps}, stopped={self.stopped!r})")

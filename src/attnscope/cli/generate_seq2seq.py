@@ -40,7 +40,7 @@ def run_generate_seq2seq(m: Model, source: str, args: argparse.Namespace, figure
     if args.html:
         from attnscope.views import HTMLPage
 
-        HTMLPage(g.trace.to_html(attention="cross")).save(args.html)
+        HTMLPage(g.to_html()).save(args.html)  # the translation view: each step's alignment over the source
     _emit(g, layer, args)
     return EXIT_CODES[g.status()]
 
