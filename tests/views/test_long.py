@@ -227,7 +227,9 @@ def test_cli_carries_the_chosen_layers_and_heads_and_refuses_over_the_limit(
     code = main(["view", "time flies like an arrow", "--max-mb", "0.2", "-o", str(big)])
     err = capsys.readouterr().err
     assert code == 2 and not big.exists() and err.count("\n") == 1
-    assert err.startswith("attnscope: error: this page would be up to ") and "over the --max-mb 0.2 limit: pass " \
-        "fewer --layers and --heads (0-indexed, e.g. --layers 0,3 --heads 1,2), or raise --max-mb" in err
+    assert re.fullmatch(r"attnscope: error: this page would be up to [\d.]+ MB \(6 layers x 12 heads, 72 maps of \d+ "
+                        r"cells\), over the --max-mb 0\.2 limit: pass fewer --layers and --heads \(0-indexed, e\.g\. "
+                        r"--layers 0,3 --heads 1,2\), or --neuron none \(the neuron view's exact numbers take "
+                        r"[\d.]+ MB\), or raise --max-mb\n", err), err
     code = main(["view", "time flies", "--layers", "9", "-o", str(big)])
     assert code == 2 and "layer 9" in capsys.readouterr().err and not big.exists()

@@ -37,6 +37,7 @@ class PageSize:
     cells: int  # cells of one map
     layers: int
     heads: int
+    neuron: int = 0  # bytes of the neuron view's exact float32 numbers (in the page: 4/3 of them)
 
 
 def page_size(trace: Trace, layers: Iterable[int] | None = None, heads: Iterable[int] | None = None,
@@ -51,8 +52,9 @@ def page_size(trace: Trace, layers: Iterable[int] | None = None, heads: Iterable
         cells = int(shape[-2] * shape[-1])
         maps += (len(sel.layers) if "layer" in axes else 1) * (len(sel.heads) if "head" in axes else 1)
     total = maps * cells * (2 if word_level else 1)  # words: at most as many as tokens
-    return PageSize(int((total + _neuron_bytes(trace, len(sel.layers) * len(sel.heads), neuron)) * BASE64)
-                    + SCRIPT_BYTES, maps, cells, len(sel.layers), len(sel.heads))
+    exact = _neuron_bytes(trace, len(sel.layers) * len(sel.heads), neuron)
+    return PageSize(int((total + exact) * BASE64) + SCRIPT_BYTES, maps, cells, len(sel.layers), len(sel.heads),
+                    int(exact * BASE64))
 
 
 def _neuron_bytes(trace: Trace, pairs: int, neuron: NeuronChoice) -> int:
@@ -77,7 +79,10 @@ def validate_page_size(size: PageSize, max_mb: float | None, flags: bool = False
     fewer = "fewer --layers and --heads (0-indexed, e.g. --layers 0,3 --heads 1,2)" if flags else \
         "fewer layers= and heads= (0-indexed, e.g. layers=[0, 3], heads=[1, 2])"
     limit = f"--max-mb {max_mb:g}" if flags else f"max_mb={max_mb:g}"
+    if size.neuron:  # the neuron view's exact numbers alone can be most of a long page
+        fewer += (", or --neuron none" if flags else ", or neuron='none'") + \
+            f" (the neuron view's exact numbers take {size.neuron / 1e6:.2g} MB)"
     raise PageTooLarge(
-        f"this page would be up to {size.total / 1e6:.0f} MB ({size.layers} layers x {size.heads} heads, "
+        f"this page would be up to {size.total / 1e6:.2g} MB ({size.layers} layers x {size.heads} heads, "
         f"{size.maps} maps of {size.cells:,} cells), over the {limit} limit: pass {fewer}, or raise "
         f"{'--max-mb' if flags else 'max_mb'}")
