@@ -175,6 +175,19 @@ def test_in_place_and_kept_stages_give_the_same_numbers() -> None:
         assert torch.equal(t, full[name]), name
 
 
+def test_scratch_buffers_give_the_same_numbers_and_are_reused() -> None:
+    p = _rope_params()
+    mask = maths.causal_mask(5)
+    scratch: dict[str, torch.Tensor] = {}
+    for seed in (0, 1):  # the second call writes into the first call's buffers
+        x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(seed))
+        full = maths.multi_head_attention(x, p, mask)
+        lean = maths.multi_head_attention(x, p, mask, keep=("scores", "weights"), in_place=True, scratch=scratch)
+        for name, t in lean.items():
+            assert torch.equal(t, full[name]), name
+    assert len(scratch) == 2 and {t.data_ptr() for t in scratch.values()} == {t.data_ptr() for t in lean.values()}
+
+
 def test_a_sink_takes_its_share_of_each_row() -> None:
     scores = torch.randn(2, 3, 4, 5)  # [batch, head, query, key]
     sinks = torch.tensor([0.0, 2.0, -1.0])  # [head]

@@ -127,14 +127,14 @@ def merge_heads(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(-3, -2).reshape(*lead, n_tok, n_heads * d_head)
 
 
-def dot_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """q k^T.  [..., query, d_head] x [..., d_head, key] -> [..., query, key]"""
-    return q @ k.transpose(-1, -2)
+def dot_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """q k^T.  [..., query, d_head] x [..., d_head, key] -> [..., query, key] (into out when given)"""
+    return torch.matmul(q, k.transpose(-1, -2), out=out)
 
 
-def scale(scores: torch.Tensor, scaling: float) -> torch.Tensor:
+def scale(scores: torch.Tensor, scaling: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """Multiply by the scaling factor (1 / sqrt(d_head) in the standard case)."""
-    return scores * scaling
+    return torch.mul(scores, scaling, out=out)
 
 
 def rms_norm(t: torch.Tensor, norm: QKNorm) -> torch.Tensor:
@@ -329,7 +329,7 @@ def attention(
 def multi_head_attention(
     x: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None, keep: Collection[str] | None = None, in_place: bool = False,
-    memory: torch.Tensor | None = None,
+    memory: torch.Tensor | None = None, scratch: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every stage of one multi-head attention layer, by name: self-attention, or cross-attention with memory.
 
@@ -342,14 +342,19 @@ def multi_head_attention(
     output [..., token, d_model].
     keep: the stage names to return (default all). in_place=True forms scaled, capped and masked in one
     fresh tensor that the softmax then overwrites (same numbers, less memory): they are not returned.
+    scratch (with in_place): a dict in which the scores and that tensor are kept and reused from call to
+    call with the same shapes (a fresh big tensor costs page faults); the scores and weights returned then
+    live only until the next such call.
     memory: cross-attention (encoder-decoder models): q from x (the decoder's), k and v from memory (the
     encoder's output) [..., key, d_model]. params.relative_bias (T5) adds position_bias [head, query, key].
     """
     st: dict[str, torch.Tensor] = {"x": x} if memory is None else {"x": x, "memory": memory}
     _project_qkv(st, x, params, positions, memory)
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
-    st["scores"] = dot_scores(st["q"], k)  # [..., head, query, key]
-    logits = scale(st["scores"], params.scaling)
+    shape = (*st["q"].shape[:-1], int(k.shape[-2]))  # [..., head, query, key]
+    reuse = scratch if in_place else None
+    st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "scores", shape, st["q"].dtype))
+    logits = scale(st["scores"], params.scaling, out=_buffer(reuse, "logits", shape, st["q"].dtype))
     if params.softcap is not None:
         st["scaled"], logits = logits, soft_cap(logits, params.softcap)
         st["capped"] = logits
@@ -372,6 +377,17 @@ def multi_head_attention(
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
     return {name: st[name] for name in STAGES if name in st and (keep is None or name in keep)}
+
+
+def _buffer(scratch: dict[str, torch.Tensor] | None, name: str, shape: tuple[int, ...],
+            dtype: torch.dtype) -> torch.Tensor | None:
+    """A tensor of this shape kept in scratch under name, or None without scratch."""
+    if scratch is None:
+        return None
+    key = f"{name} {shape} {dtype}"
+    if key not in scratch:
+        scratch[key] = torch.empty(shape, dtype=dtype)
+    return scratch[key]
 
 
 def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,

@@ -42,10 +42,12 @@ def recompute_layers(
 
     x: [batch, token, d_model] per layer; keep: [batch, token], 1 for real tokens and 0 for padding.
     chunk_bytes: recompute that many bytes of [rows, head, query, key] at a time (default: all rows
-    at once). Only one chunk's intermediates are alive at a time.
+    at once). Only one chunk's intermediates are alive at a time: the scores and weights of a chunk are
+    written into the same buffers as the previous chunk's, so compare them before asking for the next.
     """
     n_rows, n_tokens = int(x[0].shape[0]), int(x[0].shape[1])
     masks: dict[maths.Window, torch.Tensor | None] = {}  # one mask per distinct window
+    scratch: dict[str, torch.Tensor] = {}  # the big [rows, head, query, key] tensors, reused chunk after chunk
     n_heads = params[0].n_heads if params else 1
     chunks = row_chunks(n_heads * n_tokens * n_tokens, n_rows, chunk_bytes)
     for layer, p in enumerate(params):
@@ -55,7 +57,7 @@ def recompute_layers(
         for rows in chunks:
             rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
             yield layer, rows, maths.multi_head_attention(
-                x[layer][rows], p, rows_mask, keep=RECOMPUTED_STAGES, in_place=True)
+                x[layer][rows], p, rows_mask, keep=RECOMPUTED_STAGES, in_place=True, scratch=scratch)
 
 
 def row_chunks(row_items: int, n_rows: int, chunk_bytes: int | None = CHUNK_BYTES) -> list[slice]:
