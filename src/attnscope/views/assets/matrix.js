@@ -304,10 +304,12 @@
       };
       const pyramid = () => {
         const w = where();
-        const key = [w.src.name, w.layer, w.head, ctx.theme(), ctx.state.scale].join("|");
+        const held = !w.src.loaded || w.src.loaded(w.layer, w.head); // a lazy source's stand-in until it arrives
+        const key = [w.src.name, w.layer, w.head, ctx.theme(), ctx.state.scale, held].join("|");
         if (key === s.key) return s.pyr;
         const toLut = w.src.scale(w.layer, w.head) / A.top(ctx, w.src, w.layer, w.head); // code -> colour index
-        s.pyr = A.pyramid(w.src.codes(w.layer, w.head), s.geo.nq, s.geo.nk, A.codeColours(ctx.theme(), toLut));
+        const codes = w.src.codes(w.layer, w.head);
+        s.pyr = A.pyramid(held ? codes : codes.slice(), s.geo.nq, s.geo.nk, A.codeColours(ctx.theme(), toLut));
         s.key = key;
         return s.pyr;
       };
