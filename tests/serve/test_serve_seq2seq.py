@@ -1,19 +1,24 @@
 """POST /api/trace on an encoder-decoder model: text is the source, `target` the decoder's text (null: generated);
-the answer holds each kind's tokens, check and arrays; a target for another model is 422 in one line.
+the answer holds each kind's tokens, check and arrays; a target for another model is 422 in one line. And the page.
 
-The real app in process (starlette's TestClient) serving a random-weight T5 (tests/seq2seq_support.py) and the
-bundled MiniLM.
+The real app serving a random-weight T5 (tests/seq2seq_support.py) and the bundled MiniLM: in process with
+starlette's TestClient for the API, under uvicorn on a loopback port (as `attnscope serve` runs it) for the page
+in headless Chromium.
 """
 
 from __future__ import annotations
 
 import base64
+import socket
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import start_server
+import uvicorn
 from starlette.testclient import TestClient
 
 import attnscope
@@ -83,32 +88,46 @@ def test_the_schema_documents_target(client: TestClient) -> None:
     assert "Encoder-decoder models (T5, BART, Marian): the target" in str(schema["paths"]["/api/trace"])
 
 
+@contextmanager
+def serving(settings: Settings) -> Iterator[str]:
+    """The real app under uvicorn on a free loopback port, in this process (its models are loaded already)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started and thread.is_alive():
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        sock.close()
+
+
 def test_the_page_asks_an_encoder_decoder_model_for_a_target(t5_dir: str) -> None:
-    """The real server and page in headless Chromium: with the T5 chosen the pair field gives way to a target
+    """The page in headless Chromium against the real app: with the T5 chosen the pair field gives way to a target
     field; the trace shows the encoder / decoder / cross selector; with MiniLM chosen the pair field is back."""
     from attnscope.views.browser import chromium
 
-    server = start_server("--model", t5_dir, "all-MiniLM-L6-v2", "--max-tokens", "32")
     errors: list[str] = []
-    try:
-        with chromium() as browser:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.on("console", lambda m: m.type == "error" and errors.append(m.text))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(server.url)
-            page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default text, target generated
-            assert page.is_visible("#sv-target") and not page.is_visible("#sv-pair")
-            assert "(generated)" in page.inner_text("#sv-status")
-            page.fill("#sv-text", SOURCE)
-            page.fill("#sv-target", TARGET)
-            page.click("#sv-go")
-            page.wait_for_function("() => document.getElementById('sv-status').textContent.includes('8 source')")
-            status = page.inner_text("#sv-status")
-            assert "8 source → 7 target tokens · PASS" in status, status
-            options = page.eval_on_selector_all("select.as-attention option", "os => os.map(o => o.textContent)")
-            assert "cross-attention (target -> source)" in options
-            page.select_option("#sv-model", "all-MiniLM-L6-v2")
-            assert page.is_visible("#sv-pair") and not page.is_visible("#sv-target")
-            assert not errors, errors
-    finally:
-        server.stop()
+    with serving(Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32)) as url, chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.on("console", lambda m: m.type == "error" and errors.append(m.text))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(url)
+        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default text, target generated
+        assert page.is_visible("#sv-target") and not page.is_visible("#sv-pair")
+        assert "(generated)" in page.inner_text("#sv-status")
+        page.fill("#sv-text", SOURCE)
+        page.fill("#sv-target", TARGET)
+        page.click("#sv-go")
+        page.wait_for_function("() => document.getElementById('sv-status').textContent.includes('8 source')")
+        status = page.inner_text("#sv-status")
+        assert "8 source → 7 target tokens · PASS" in status, status
+        options = page.eval_on_selector_all("select.as-attention option", "os => os.map(o => o.textContent)")
+        assert "cross-attention (target -> source)" in options
+        page.select_option("#sv-model", "all-MiniLM-L6-v2")
+        assert page.is_visible("#sv-pair") and not page.is_visible("#sv-target")
+        assert not errors, errors
