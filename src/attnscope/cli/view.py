@@ -5,17 +5,25 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_text_args
-from attnscope.cli.core import traced
+from attnscope.cli.common import add_text_args, model_of
+from attnscope.cli.core import add_target_args, require_encoder_decoder, traced_any
 from attnscope.errors import AttnscopeError
-from attnscope.views.size import MAX_PAGE_MB, PageSize, page_size, validate_page_size
+from attnscope.stages import ATTENTION_KINDS
+from attnscope.views.size import MAX_PAGE_MB, PageSize, family_page_size, page_size, validate_page_size
+
+if TYPE_CHECKING:
+    from attnscope.traces import EncoderDecoderTrace, Trace
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("view", help="write interactive attention views as one self-contained HTML file (or PNG)")
     add_text_args(p)
+    add_target_args(p)
+    p.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
+                   help="encoder-decoder models: the kind of attention shown first, or the one a figure shows "
+                        "(default: encoder)")
     p.add_argument("--view", choices=("head", "model", "neuron", "matrix", "all"), default="all",
                    help="which view (default all: every view as tabs)")
     p.add_argument("--layers", nargs="+", metavar="L",
@@ -88,18 +96,16 @@ def run_view(args: argparse.Namespace) -> int:
 
         validate_figure(args.view, scale)
     validate_page_size(PageSize(0, 0, 0, 0, 0), args.max_mb, flags=True)
-    tr = traced(args)
-    from attnscope.traces import Trace
+    tr = _traced(args)
     from attnscope.views import to_html  # heavy: after the input checks
 
     neuron = "all" if figure and args.view == "neuron" else args.neuron
-    if isinstance(tr, Trace):  # measured before the page is built, refused in the CLI's words
-        carried = neuron if args.view in ("neuron", "all") else "none"
-        validate_page_size(page_size(tr, layers, heads, carried, args.word_level), args.max_mb, flags=True)
+    carried = neuron if args.view in ("neuron", "all") else "none"  # measured before the page is built
+    validate_page_size(_size(tr, layers, heads, carried, args.word_level), args.max_mb, flags=True)
     show_heads = [args.head] if args.view == "head" and args.head is not None else None
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
                    show_heads=show_heads, theme="light" if figure else args.theme, neuron=neuron,
-                   word_level=args.word_level, max_mb=args.max_mb)
+                   word_level=args.word_level, attention=args.attention, max_mb=args.max_mb)
     out = Path(args.output)
     if figure:
         from attnscope.views.figures import render_figure
@@ -116,6 +122,45 @@ def run_view(args: argparse.Namespace) -> int:
             raise AttnscopeError(f"cannot write {out}: {exc.strerror or exc}") from exc
     size = out.stat().st_size
     what = f"figure of the {args.view} view" if figure else f"{args.view} view{'s' if args.view == 'all' else ''}"
-    print(f"wrote {out}: {what} of {tr.n_tokens} tokens, "
-          f"{tr.n_layers} layers x {tr.n_heads} heads ({size / 1e6:.2f} MB, {fmt})")
+    shown = _shape(tr, (args.attention or "encoder") if figure else None)
+    print(f"wrote {out}: {what} of {shown} ({size / 1e6:.2f} MB, {fmt})")
     return 0
+
+
+def _traced(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
+    """The trace to show: an encoder-decoder's three kinds (SOURCE, --target or generated) or one trace."""
+    if args.attention is not None or args.pair is not None:  # one line before tracing, as check and explain do
+        from attnscope import families
+
+        m = model_of(args)
+        if args.attention is not None:
+            require_encoder_decoder(m, "--attention")
+        elif families.is_encoder_decoder(m.model):
+            raise AttnscopeError(f"--pair is a second sentence for an encoder or decoder: {m.name} "
+                                 f"({m.architecture}) is an encoder-decoder model, so give the source as TEXT and "
+                                 "the target with --target (drop --pair)")
+    return traced_any(args)
+
+
+def _size(tr: Trace | EncoderDecoderTrace, layers: list[int] | None, heads: list[int] | None, neuron: str,
+          word_level: bool) -> PageSize:
+    from attnscope.traces import EncoderDecoderTrace
+
+    if isinstance(tr, EncoderDecoderTrace):
+        if word_level:
+            raise AttnscopeError("--word-level is not available for an encoder-decoder model's page: drop it")
+        return family_page_size(tr.kinds, layers, heads, neuron)
+    return page_size(tr, layers, heads, neuron, word_level)
+
+
+def _shape(tr: Trace | EncoderDecoderTrace, attention: str | None) -> str:
+    """What the page or figure (of one kind: `attention`) shows, for the line the command prints."""
+    from attnscope.traces import EncoderDecoderTrace
+
+    if not isinstance(tr, EncoderDecoderTrace):
+        return f"{tr.n_tokens} tokens, {tr.n_layers} layers x {tr.n_heads} heads"
+    if attention is not None:  # a figure: one kind
+        k = tr.kinds[attention]
+        return f"{k.attention} attention, {k.n_tokens} x {k.n_keys} tokens, {k.n_layers} layers x {k.n_heads} heads"
+    return (f"{tr.encoder.n_tokens} source -> {tr.decoder.n_tokens} target tokens "
+            f"({'generated greedily' if tr.generated else 'teacher-forced'}), encoder, decoder and cross attention")

@@ -42,7 +42,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.views.kinds import family_payload
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
-from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, page_size, validate_page_size
+from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, family_page_size, page_size, validate_page_size
 
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
     from attnscope.traces import EncoderDecoderTrace, Trace
@@ -114,7 +114,7 @@ def to_html(
             raise AttnscopeError("word_level is not available for an encoder-decoder trace: leave it False")
         texts = (trace.source, trace.decoder.text if trace.target is None else trace.target)
         return family_html(trace.kinds, texts, initial, layers=layers, heads=heads, attention=attention, title=title,
-                           neuron=neuron if wants_neuron else "none")
+                           neuron=neuron if wants_neuron else "none", max_mb=max_mb)
     if attention not in (None, trace.attention):
         raise AttnscopeError(f"attention={attention!r} is for encoder-decoder traces: this trace is {trace.attention} "
                              "attention alone")
@@ -138,9 +138,13 @@ def family_html(
     attention: str | None = None,
     title: str | None = None,
     neuron: NeuronChoice = "budget",
+    max_mb: float | None = MAX_PAGE_MB,
 ) -> str:
     """One page of some of an encoder-decoder's kinds of attention ("encoder", "decoder", "cross" -> Trace), with
-    the selector among them; texts: (source, target) for the header; initial: as to_html's, for the first kind."""
+    the selector among them; texts: (source, target) for the header; initial: as to_html's, for the first kind;
+    max_mb: as to_html's, for the kinds together."""
+    layers, heads = (None if layers is None else list(layers)), (None if heads is None else list(heads))
+    validate_page_size(family_page_size(kinds, layers, heads, neuron), max_mb)
     data = family_payload(kinds, texts, layers, heads, neuron, initial, attention)
     return page(data, title or f"attnscope {initial.get('view') or 'all'} view: {_short(texts[0])}")
 

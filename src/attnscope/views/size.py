@@ -17,6 +17,8 @@ from attnscope.stages import ARRAY_AXES
 from attnscope.views.payload import NEURON_BUDGET, NeuronChoice, block_stages, select, source_names
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from attnscope.traces import Trace
 
 MAX_PAGE_MB = 50.0  # the default limit on a page's size, in MB (10^6 bytes)
@@ -41,8 +43,10 @@ class PageSize:
 
 
 def page_size(trace: Trace, layers: Iterable[int] | None = None, heads: Iterable[int] | None = None,
-              neuron: NeuronChoice = "none", word_level: bool = False) -> PageSize:
-    """The bytes a page of `trace` with these layers and heads (0-indexed, None = all) would take, at most."""
+              neuron: NeuronChoice = "none", word_level: bool = False, budget: int = NEURON_BUDGET) -> PageSize:
+    """The bytes a page of `trace` with these layers and heads (0-indexed, None = all) would take, at most.
+
+    budget: the bytes of exact neuron data carried with neuron="budget" (an encoder-decoder page shares it)."""
     sel = select(trace, layers, heads)
     maps = 0
     cells = 0
@@ -52,19 +56,31 @@ def page_size(trace: Trace, layers: Iterable[int] | None = None, heads: Iterable
         cells = int(shape[-2] * shape[-1])
         maps += (len(sel.layers) if "layer" in axes else 1) * (len(sel.heads) if "head" in axes else 1)
     total = maps * cells * (2 if word_level else 1)  # words: at most as many as tokens
-    exact = _neuron_bytes(trace, len(sel.layers) * len(sel.heads), neuron)
+    exact = _neuron_bytes(trace, len(sel.layers) * len(sel.heads), neuron, budget)
     return PageSize(int((total + exact) * BASE64) + SCRIPT_BYTES, maps, cells, len(sel.layers), len(sel.heads),
                     int(exact * BASE64))
 
 
-def _neuron_bytes(trace: Trace, pairs: int, neuron: NeuronChoice) -> int:
+def family_page_size(kinds: Mapping[str, Trace], layers: Iterable[int] | None = None,
+                     heads: Iterable[int] | None = None, neuron: NeuronChoice = "none") -> PageSize:
+    """An encoder-decoder page (views/kinds.py): the sum of its kinds' pages, carrying the script once and
+    sharing the neuron budget among them as family_payload does. maps: summed over the kinds; cells, layers,
+    heads: the most of any kind (layers and heads choose the same for each kind)."""
+    layers, heads = (None if layers is None else list(layers)), (None if heads is None else list(heads))
+    sizes = [page_size(t, layers, heads, neuron, budget=NEURON_BUDGET // max(1, len(kinds))) for t in kinds.values()]
+    return PageSize(sum(s.total - SCRIPT_BYTES for s in sizes) + SCRIPT_BYTES, sum(s.maps for s in sizes),
+                    max((s.cells for s in sizes), default=0), max((s.layers for s in sizes), default=0),
+                    max((s.heads for s in sizes), default=0), sum(s.neuron for s in sizes))
+
+
+def _neuron_bytes(trace: Trace, pairs: int, neuron: NeuronChoice, budget: int = NEURON_BUDGET) -> int:
     """The exact float32 data for the neuron view: `pairs` heads' worth, or the budget (at least one head)."""
     if neuron == "none" or "q" not in trace.arrays:
         return 0
     per_pair = int(sum(trace.arrays[s][0, 0].nbytes for s in block_stages(trace)))
     if not isinstance(neuron, str):
         return per_pair * len(list(neuron))
-    return per_pair * pairs if neuron == "all" else min(per_pair * pairs, max(per_pair, NEURON_BUDGET))
+    return per_pair * pairs if neuron == "all" else min(per_pair * pairs, max(per_pair, budget))
 
 
 def validate_page_size(size: PageSize, max_mb: float | None, flags: bool = False) -> None:
