@@ -113,3 +113,12 @@ def test_numbers_the_page_decodes_are_the_trace_bit_for_bit(page: Any, long_serv
     assert shape == sent["weights"]["shape"] == [6, 12, 64, 64]
     assert weights == hashlib.sha256(decode(sent["weights"]).tobytes()).hexdigest()
     assert q == hashlib.sha256(decode(sent["q"]).tobytes()).hexdigest()
+
+
+def test_model_view_draws_every_map_from_summaries(page: Any) -> None:
+    before = len([u for u in page.requests if "/map?" in u])
+    page.select_option("#sv-view", "model")
+    page.wait_for_selector(".as-panel[data-view=model] .as-thumb", timeout=60_000)
+    assert page.locator(".as-panel .as-thumb").count() == 6 * 12
+    assert len([u for u in page.requests if "/map?" in u]) == before  # thumbnails from the overviews: no fetch
+    assert shown(page, "s.model.sources.get('weights').loaded(5, 0)") is False

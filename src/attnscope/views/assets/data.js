@@ -175,6 +175,8 @@
     return src;
   }
 
+  const HELD = new WeakMap(); // payload -> its fetched maps
+
   // Fetched layers by key, the oldest dropped past HELD_BYTES; pending ones count once they arrive.
   function heldMaps() {
     const done = new Map();
@@ -229,7 +231,8 @@
       throw new Error("not an attnscope views payload (format attnscope.views/1)");
     }
     const sources = new Map();
-    const held = heldMaps();
+    const held = HELD.get(payload) || heldMaps(); // drawn again (another view): the layers fetched stay
+    HELD.set(payload, held);
     for (const spec of payload.sources) {
       sources.set(spec.name, spec.encoding === "lazy"
         ? makeLazySource(spec, await unpack(spec.overview.encoding, spec.overview.data), payload, held)
