@@ -210,11 +210,7 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     q, k, v = a["q"][h], a["k"][kv], a["v"][kv]
     shared = f" {_sharing(tr, h)} so these are k/v head {kv}'s numbers." if tr.kv_heads != tr.n_heads else ""
     rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
-    scale_text = (f"Then {scaling_text(d_head, s)}, which keeps the scores' variance near 1 so the softmax does not "
-                  "saturate.")
-    if tr.model.get("family") == "t5":
-        scale_text = ("T5 does not divide by sqrt(d_head): its initialisation folds that factor into W_Q, so the "
-                      "scaled scores equal the scores (x 1).")
+    scale_text = _scale_text(tr, d_head, s)
     mask_text = explain_kinds.mask_text(tr) if tr.attention == "cross" else _mask_text(tr, p)
     kv_in = "memory" if tr.attention == "cross" else "x"
     sums = weights[sl].sum(axis=-1, keepdims=True)
@@ -241,6 +237,13 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
         Step("context", "Context = weights V", "Each query's output is the weighted average of the "
              "value vectors.", f"[token, d_head] = [{n}, {d_head}]", {"context": a["context"][h][sl]}, rows),
     ]
+
+
+def _scale_text(tr: Trace, d_head: int, s: float) -> str:
+    if tr.model.get("family") == "t5":
+        return ("T5 does not divide by sqrt(d_head): its initialisation folds that factor into W_Q, so the scaled "
+                "scores equal the scores (x 1).")
+    return f"Then {scaling_text(d_head, s)}, which keeps the scores' variance near 1 so the softmax does not saturate."
 
 
 def _weighted_steps(weights: np.ndarray, v: np.ndarray, context: np.ndarray, sl: slice,
