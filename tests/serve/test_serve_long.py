@@ -114,6 +114,7 @@ def test_float32_maps_are_the_trace_bit_for_bit(http: httpx.Client, lazy: dict[s
     ({"layer": 0, "precision": "int4"}, "precision 'int4' is not known"),
     ({"layer": 0, "source": "flow"}, "source 'flow' is not in this trace: it has weights, rollout"),
     ({"layer": 0, "query": 3}, "unknown parameter 'query'"),
+    ({"layer": 0, "source": "rollout", "head": 1}, "source 'rollout' has no heads: leave out parameter 'head'"),
 ])
 def test_bad_selections_are_one_line_422(http: httpx.Client, lazy: dict[str, Any], params: dict[str, Any],
                                          words: str) -> None:

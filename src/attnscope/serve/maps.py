@@ -145,6 +145,9 @@ def parse_query(params: dict[str, str], maps: MapSet) -> MapQuery:
     if precision not in binary.PRECISIONS:
         raise AttnscopeError(f"precision {precision!r} is not known: use one of {', '.join(binary.PRECISIONS)}")
     s = maps.sources[source]
+    for name, has in (("layer", s.per_layer), ("head", s.per_head)):
+        if name in params and not has:
+            raise AttnscopeError(f"source {source!r} has no {name}s: leave out parameter {name!r}")
     layer = _index(params, "layer", s.codes.shape[0]) if s.per_layer else None
     head = _index(params, "head", s.codes.shape[1]) if s.per_head and "head" in params else None
     if s.per_layer and layer is None:
