@@ -29,6 +29,8 @@ AS_FIGURE = """() => {
   const pick = (label) => panel.querySelector(`select[aria-label^="${label}"]`);
   const chips = [...panel.querySelectorAll(".as-chip[aria-pressed=true]")].map((c) => c.dataset.head);
   const parts = [];
+  const kind = panel.querySelector("select.as-attention") || document.querySelector("select.as-attention");
+  if (kind) parts.push(kind.selectedOptions[0].textContent);  // an encoder-decoder page: which attention
   if (pick("layer")) parts.push(`layer ${pick("layer").value}`);
   if (chips.length) parts.push(`head${chips.length > 1 ? "s" : ""} ${chips.join(", ")}`);
   if (pick("query")) parts.push(`query ${pick("query").selectedOptions[0].textContent}`);

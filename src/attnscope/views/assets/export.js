@@ -38,10 +38,12 @@
     return A.describeCheck(model, layer, heads).text;
   }
 
+  // An encoder-decoder page's kind of attention is named first (cross: rows target tokens, columns source tokens).
   function caption(model, view, parts, layer, heads) {
-    const m = model.payload.model;
-    const what = [`${m.name || "model"} · ${view} view`, ...parts.filter(Boolean), "0-indexed"].join(" · ");
-    return [what, `${badge(model, layer, heads)} · ${model.n} tokens`];
+    const [m, kind, nk] = [model.payload.model, model.payload.attention_label, A.keys(model).n];
+    const what = [`${m.name || "model"} · ${view} view`, kind, ...parts.filter(Boolean), "0-indexed"].join(" · ");
+    const n = model.payload.attention === "cross" ? `${model.n} target × ${nk} source tokens` : `${model.n} tokens`;
+    return [what, `${badge(model, layer, heads)} · ${n}`];
   }
 
   // The whole document: white background, caption lines on top, the body translated below them.
@@ -59,13 +61,16 @@
 
   const clip = (t) => (t.length > 24 ? t.slice(0, 23) + "…" : t);
   const tokenText = (model, i) => clip(A.tokenLabel(model, i));
+  const keyText = (model, j) => clip(A.keyLabel(model, j)); // a cross map's keys are the source tokens (A.keys)
+  const widest = (model, size) => Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), size)),
+                                           ...A.keys(model).tokens.map((t, j) => width(keyText(model, j), size)));
 
   function headFigure(model, state) {
     const src = A.headSource ? A.headSource(model, state) : model.sources.get(state.source);
     const layer = src.perLayer ? state.layer : null;
     const heads = src.perHead ? state.heads.filter((h) => model.heads.includes(h)) : [null];
-    const n = model.n;
-    const colW = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 12))) + 8;
+    const [n, nk] = [model.n, A.keys(model).n];
+    const colW = widest(model, 12) + 8;
     const span = 260;
     const y = (i) => i * ROW + ROW / 2;
     const count = model.payload.model.heads || model.heads.length;
@@ -74,7 +79,7 @@
     const found = []; // [opacity, head, query, key] of every line at or above MIN_OPACITY
     for (const h of heads) {
       for (const q of queries) {
-        for (let k = 0; k < n; k++) {
+        for (let k = 0; k < nk; k++) {
           const w = src.value(layer, h, q, k) / src.top(layer, h);
           if (w >= MIN_OPACITY && A.passes(model, state.filter, q, k)) found.push([w, h, q, k]);
         }
@@ -91,8 +96,9 @@
       }
       out.push("</g>");
     }
-    const tokens = model.tokens.map((t, i) => text(colW - 4, y(i) + 4, tokenText(model, i), ' text-anchor="end"') +
-      text(colW + span + 4, y(i) + 4, tokenText(model, i))).join("\n");
+    const tokens = [...Array(Math.max(n, nk)).keys()].map((i) => // row i: query i on the left, key i on the right
+      (i < n ? text(colW - 4, y(i) + 4, tokenText(model, i), ' text-anchor="end"') : "") +
+      (i < nk ? text(colW + span + 4, y(i) + 4, keyText(model, i)) : "")).join("\n");
     const body = `${out.join("\n")}\n<g class="tokens">\n${tokens}\n</g>`;
     const parts = [src.label, layer === null ? null : `layer ${layer}`,
       heads[0] === null ? null : `head${heads.length > 1 ? "s" : ""} ${heads.join(", ")}`,
@@ -102,24 +108,26 @@
       total > FIG_LINES ? `the ${FIG_LINES.toLocaleString("en")} strongest of ${total.toLocaleString("en")} lines ` +
         `drawn (below ${MIN_OPACITY} left out)` : `lines below ${MIN_OPACITY} left out`];
     const verified = src.selected ? src.selected(layer) : heads; // the badge of the heads behind the lines
-    return svg(body, 2 * colW + span, n * ROW, caption(model, "head", parts, layer, verified));
+    return svg(body, 2 * colW + span, Math.max(n, nk) * ROW, caption(model, "head", parts, layer, verified));
   }
 
-  function cells(src, layer, head, n, cell, x0, y0, top, r) {
-    // r x r blocks, each the max of its cells; white (zero) blocks are left to the background
-    const pooled = new Float32Array(r * r);
-    for (let q = 0; q < n; q++) {
-      for (let k = 0; k < n; k++) {
-        const i = Math.floor((q * r) / n) * r + Math.floor((k * r) / n);
+  function cells(src, layer, head, px, x0, y0, top) {
+    // rq x rk blocks in a px x px square (a cross map is not square), each the max of its cells; white left out
+    const [nq, nk] = [src.nq, src.nk];
+    const [rq, rk] = [Math.min(nq, THUMB), Math.min(nk, THUMB)];
+    const pooled = new Float32Array(rq * rk);
+    for (let q = 0; q < nq; q++) {
+      for (let k = 0; k < nk; k++) {
+        const i = Math.floor((q * rq) / nq) * rk + Math.floor((k * rk) / nk);
         pooled[i] = Math.max(pooled[i], src.value(layer, head, q, k) / top);
       }
     }
     const out = [];
-    for (let i = 0; i < r * r; i++) {
+    for (let i = 0; i < rq * rk; i++) {
       const fill = colour(pooled[i]);
       if (fill === "#ffffff") continue;
-      out.push(`<rect x="${num(x0 + (i % r) * cell)}" y="${num(y0 + Math.floor(i / r) * cell)}" width="${num(cell)}" ` +
-               `height="${num(cell)}" fill="${fill}"/>`);
+      out.push(`<rect x="${num(x0 + (i % rk) * px / rk)}" y="${num(y0 + Math.floor(i / rk) * px / rq)}" ` +
+               `width="${num(px / rk)}" height="${num(px / rq)}" fill="${fill}"/>`);
     }
     return out.join("\n");
   }
@@ -151,13 +159,13 @@
   function axisLabels(model, w, f, cell, label) {
     const rows = Math.ceil((w.q1 - w.q0) / f);
     const step = f > 1 || rows > FIG_LABELS ? [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000].find((s) => s * cell / f >= 24) || 1000 : 0;
-    const name = (i) => (step ? String(i) : tokenText(model, i));
+    const name = (i, key) => (step ? String(i) : (key ? keyText : tokenText)(model, i));
     const out = [];
     for (let i = Math.min(w.q0, w.k0); i < Math.max(w.q1, w.k1); i++) { // row i, then column i
       if (step && i % step) continue;
       if (i >= w.q0 && i < w.q1) out.push(text(label - 4, label + ((i - w.q0) / f) * cell + cell / 2 + 4, name(i), ' text-anchor="end"'));
       const c = label + ((i - w.k0) / f) * cell + cell / 2 - 4;
-      if (i >= w.k0 && i < w.k1) out.push(text(c, label - 4, name(i), ` transform="rotate(-90 ${num(c)} ${num(label - 4)})"`));
+      if (i >= w.k0 && i < w.k1) out.push(text(c, label - 4, name(i, true), ` transform="rotate(-90 ${num(c)} ${num(label - 4)})"`));
     }
     return out.join("\n");
   }
@@ -171,12 +179,12 @@
     const f = Math.ceil(Math.max(w.q1 - w.q0, w.k1 - w.k0) / FIG_CELLS); // cells per block
     const [rows, cols] = [Math.ceil((w.q1 - w.q0) / f), Math.ceil((w.k1 - w.k0) / f)];
     const cell = Math.max(2, Math.min(20, 600 / Math.max(rows, cols)));
-    const label = f > 1 || rows > FIG_LABELS ? 40 : Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 11))) + 6;
+    const label = f > 1 || rows > FIG_LABELS ? 40 : widest(model, 11) + 6;
     const top = mapTop(src, state, layer, head);
     const body = [`<g class="cells">${windowCells(src, layer, head, w, f, cell, label, top)}</g>`,
       `<rect x="${num(label)}" y="${num(label)}" width="${num(cols * cell)}" height="${num(rows * cell)}" fill="none" ` +
       `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">${axisLabels(model, w, f, cell, label)}</g>`];
-    if (model.causal) body.push(`<text x="${num(label)}" y="${num(label + rows * cell + 16)}" fill="${MUTED}">` +
+    if (model.causal && src.nq === src.nk) body.push(`<text x="${num(label)}" y="${num(label + rows * cell + 16)}" fill="${MUTED}">` +
       "white above the diagonal: a causal query never sees later keys</text>");
     const whole = w.q0 === 0 && w.k0 === 0 && w.q1 === src.nq && w.k1 === src.nk;
     const parts = [src.label, layer === null ? null : `layer ${layer}`, head === null ? null : `head ${head}`,
@@ -191,7 +199,6 @@
     const src = model.sources.get(state.source) || model.sources.values().next().value;
     const layers = src.perLayer ? model.layers : [null];
     const heads = src.perHead ? model.heads : [null];
-    const r = Math.min(model.n, THUMB);
     const px = 64;
     const gap = 6;
     const left = 64;
@@ -205,11 +212,12 @@
       const y = 18 + i * (px + gap);
       const top = mapTop(src, state, l, h);
       body.push(`<g class="thumb" data-layer="${l ?? ""}" data-head="${h ?? ""}">` +
-        `${cells(src, l, h, model.n, px / r, x, y, top, r)}<rect x="${x}" y="${y}" width="${px}" height="${px}" ` +
+        `${cells(src, l, h, px, x, y, top)}<rect x="${x}" y="${y}" width="${px}" height="${px}" ` +
         `fill="none" stroke="${MUTED}" stroke-width="0.5"/></g>`);
     }));
+    const [rq, rk] = [Math.min(src.nq, THUMB), Math.min(src.nk, THUMB)];
     const parts = [src.label, `${layers.length} layers × ${heads.length} heads`,
-      r < model.n ? `each map max-pooled to ${r} × ${r}` : null];
+      rq < src.nq || rk < src.nk ? `each map max-pooled to ${rq} × ${rk}` : null];
     return svg(body.join("\n"), left + heads.length * (px + gap), 18 + layers.length * (px + gap),
                caption(model, "model", parts, null, []));
   }
@@ -221,15 +229,15 @@
     const head = state.head;
     const query = state.query ?? 0;
     const exact = model.readyBlock(layer, head);
-    const n = model.n;
+    const n = A.keys(model).n; // the keys (cross-attention: the source tokens)
     const weight = (k) => (exact ? exact.weights[query * n + k] : src.value(layer, head, query, k));
-    const label = Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), 12))) + 8;
+    const label = widest(model, 12) + 8;
     const bar = 220;
     const rows = ['<g class="rows">'];
     for (let k = 0; k < n; k++) {
       const y = k * ROW;
       const w = weight(k);
-      rows.push(text(label - 4, y + 13, tokenText(model, k), ' text-anchor="end"'));
+      rows.push(text(label - 4, y + 13, keyText(model, k), ' text-anchor="end"'));
       rows.push(`<rect x="${num(label)}" y="${y + 3}" width="${num(Math.max(0, w) * bar)}" height="${ROW - 6}" ` +
                 `fill="${colour(0.6)}"/>`);
       rows.push(text(label + bar + 6, y + 13, `${exact ? "" : "≈ "}${A.fmt(w)}`, ' font-family="ui-monospace, monospace"'));
