@@ -7,7 +7,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def ud_dev() -> Path:
     """The repo's slice of the real UD English EWT dev set (500 sentences with gold trees)."""
     return UD_DEV
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """The driver's own forward passes (the local baselines of the Ray tests) on one thread, like each Ray
+    worker: float32 sums round differently on two threads, and two busy torch threads per process on a
+    shared 2-core machine slow everything down many times. Ask for it with usefixtures."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

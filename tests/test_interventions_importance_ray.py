@@ -21,6 +21,7 @@ lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the inte
 SETTINGS = ImportanceSettings(batch_size=4, checkpoint_every=1)  # 12 sentences: 3 batches, a checkpoint after each
 SOURCE = {"kind": "test"}
 TOL = 1e-6
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the local baselines on one thread, like each worker
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +37,6 @@ def ray_runtime() -> Iterator[object]:
         yield ray
     finally:
         ray.shutdown()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The local baselines on one thread, like each worker: float32 sums may round otherwise on other counts."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +101,18 @@ def test_cli_cluster_flags_are_validated(ud_dev: Path, tmp_path: Path, capsys: p
     assert code == 2
     assert says in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()  # refused before any model loads or directory is made
+
+
+def test_a_worker_failure_is_one_line() -> None:
+    """stats and importance on Ray say a worker's failure the same way (stats.distributed.workers.worker_error);
+    a worker's own AttnscopeError passes through as it is."""
+    exceptions = pytest.importorskip("ray.exceptions", reason="the ray extra is not installed")
+    from attnscope.errors import AttnscopeError
+    from attnscope.stats.distributed.workers import worker_error
+
+    failed = exceptions.RayTaskError("run", "Traceback ...", ValueError("shapes differ\nin layer 3"))
+    assert str(worker_error(failed)) == "a Ray worker failed: ValueError: shapes differ"
+    assert str(worker_error(failed, " on batch 2", "run again with resume=True")) == \
+        "a Ray worker failed on batch 2: ValueError: shapes differ; run again with resume=True"
+    own = AttnscopeError("the text is empty: give a sentence to trace")
+    assert worker_error(exceptions.RayTaskError("run", "Traceback ...", own)) is own

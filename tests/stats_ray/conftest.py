@@ -17,15 +17,8 @@ SETTINGS = Settings(batch_size=8, limit=80, chunk_batches=4, checkpoint_every=2)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The driver's own forward passes (the local baselines) on one thread, like each worker here:
-    two busy torch threads per process on a shared 2-core machine slow everything down many times."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+def _one_torch_thread(one_torch_thread: None) -> None:
+    """Every test here on one torch thread (tests/conftest.py's fixture)."""
 
 
 @pytest.fixture(scope="session")

@@ -133,17 +133,14 @@ def _collect(jobs: dict[Any, int], fold: Fold, progress: Callable[[int, int], No
     import ray
     from ray.exceptions import RayActorError, RayTaskError
 
+    from attnscope.stats.distributed.workers import worker_error
+
     (ref,), _ = ray.wait(list(jobs), num_returns=1)
     n = jobs.pop(ref)
     try:
         folded = fold.done(n, ray.get(ref))
     except RayTaskError as exc:  # the worker's own one-line error, or what failed there in one line
-        cause = exc.cause
-        if isinstance(cause, AttnscopeError):
-            raise cause from None
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-        raise AttnscopeError(f"a Ray worker failed on batch {n}: {type(cause).__name__}: {first}; "
-                             "run again with resume=True") from None
+        raise worker_error(exc, f" on batch {n}", "run again with resume=True") from None
     except RayActorError as exc:  # Ray's restarts of that worker are used up
         raise AttnscopeError(f"the Ray worker of batch {n} died ({type(exc).__name__}): see the Ray logs "
                              "(e.g. out of memory), then run again with resume=True") from None

@@ -109,7 +109,7 @@ class Pool:
         try:
             infos: list[dict[str, Any]] = ray.get([w.describe.remote() for w in self.workers])
         except RayTaskError as exc:
-            raise _reason(exc) from exc
+            raise worker_error(exc) from exc
         want = (expected.name, expected.n_layers, expected.n_heads)
         for info in infos:
             if (info["name"], info["layers"], info["heads"]) != want:
@@ -153,7 +153,7 @@ class Pool:
                                          ) from exc
                 self._send(job, work)
             except RayTaskError as exc:
-                raise _reason(exc) from exc
+                raise worker_error(exc) from exc
         return done
 
     def close(self) -> None:
@@ -161,10 +161,11 @@ class Pool:
             ray.kill(w, no_restart=True)
 
 
-def _reason(exc: RayTaskError) -> AttnscopeError:
-    """The worker's own AttnscopeError, or a one-line account of what failed there."""
+def worker_error(exc: RayTaskError, where: str = "", advice: str = "") -> AttnscopeError:
+    """The worker's own AttnscopeError, or one line: "a Ray worker failed{where}: Type: first line; advice"."""
     cause = exc.cause
     if isinstance(cause, AttnscopeError):
         return cause
     first = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-    return AttnscopeError(f"a Ray worker failed: {type(cause).__name__}: {first}")
+    tail = f"; {advice}" if advice else ""
+    return AttnscopeError(f"a Ray worker failed{where}: {type(cause).__name__}: {first}{tail}")
