@@ -11,6 +11,16 @@
   const KEY_STAGES = ["scores", "scaled", "masked", "weights"]; // arrays whose columns are keys
   const MASK_FLOOR = -1.7e38; // half the most negative float32: the additive mask
 
+  // The views fetch a lazy trace's maps through this (data.js has no network access of its own).
+  A.getBinary = async function (url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) {
+      const data = await response.json().catch(() => null);
+      throw new Error((data && data.error) || `${url} answered HTTP ${response.status}`);
+    }
+    return response.arrayBuffer();
+  };
+
   let current = null; // {request, payload, tokens, controller}
   let explainSeq = 0;
 

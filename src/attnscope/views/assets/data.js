@@ -115,13 +115,11 @@
     return { header: header, arrays: arrays };
   };
 
+  // Lazy maps come from the web app only: its script (serve.js) sets A.getBinary(url) -> Promise<ArrayBuffer>.
+  // A self-contained page carries every map and never reaches the network, so it has no such function.
   async function getArrays(url) {
-    const response = await fetch(url, { credentials: "same-origin" });
-    if (!response.ok) {
-      const data = await response.json().catch(() => null);
-      throw new Error((data && data.error) || `${url} answered HTTP ${response.status}`);
-    }
-    return A.decodeArrays(await response.arrayBuffer());
+    if (typeof A.getBinary !== "function") throw new Error("this page has no server to fetch " + url + " from");
+    return A.decodeArrays(await A.getBinary(url));
   }
 
   const HELD_BYTES = 256 * 2 ** 20; // maps a page keeps fetched (the oldest layers leave first)
