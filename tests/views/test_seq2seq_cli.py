@@ -74,7 +74,8 @@ def test_view_writes_a_cross_attention_figure(t5_dir: str, capsys: pytest.Captur
     out = tmp_path / "cross.svg"
     code, printed, err = run(capsys, "view", SOURCE, "--target", TARGET, "--model", t5_dir, "--attention", "cross",
                              "--view", "matrix", "-o", str(out))
-    assert code == 0 and "figure of the matrix view of cross attention, 7 x 8 tokens" in printed, err
+    assert code == 0, err
+    assert "figure of the matrix view of cross-attention (target -> source), 7 target x 8 source tokens" in printed
     root = ET.fromstring(out.read_bytes())
     caption = " ".join(t.text or "" for g in root.iter(f"{NS}g") if g.get("class") == "caption"
                        for t in g.iter(f"{NS}text"))

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.cli.common import add_text_args, model_of
 from attnscope.cli.core import add_target_args, require_encoder_decoder, traced_any
 from attnscope.errors import AttnscopeError
-from attnscope.stages import ATTENTION_KINDS
+from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
 from attnscope.views.size import MAX_PAGE_MB, PageSize, family_page_size, page_size, validate_page_size
 
 if TYPE_CHECKING:
@@ -161,6 +161,8 @@ def _shape(tr: Trace | EncoderDecoderTrace, attention: str | None) -> str:
         return f"{tr.n_tokens} tokens, {tr.n_layers} layers x {tr.n_heads} heads"
     if attention is not None:  # a figure: one kind
         k = tr.kinds[attention]
-        return f"{k.attention} attention, {k.n_tokens} x {k.n_keys} tokens, {k.n_layers} layers x {k.n_heads} heads"
+        tokens = {"encoder": f"{k.n_tokens} source", "decoder": f"{k.n_tokens} target",
+                  "cross": f"{k.n_tokens} target x {k.n_keys} source"}[attention]
+        return f"{ATTENTION_LABELS[attention]}, {tokens} tokens, {k.n_layers} layers x {k.n_heads} heads"
     return (f"{tr.encoder.n_tokens} source -> {tr.decoder.n_tokens} target tokens "
             f"({'generated greedily' if tr.generated else 'teacher-forced'}), encoder, decoder and cross attention")
