@@ -109,3 +109,14 @@ def test_picture_caption_names_the_attention(open_page: Callable[..., Any], ed_t
     opened = open_page(ed_trace.to_html("matrix", attention="cross", layer=1, head=0), "ed-picture")
     opened.page.evaluate(AS_FIGURE)  # what render_png does before its screenshot
     assert opened.page.text_content(".as-figure-caption") == f"{CROSS} · layer 1 · head 0 (0-indexed)"
+
+
+def test_python_figure_of_one_kind(ed_trace: EncoderDecoderTrace, tmp_path: Any) -> None:
+    from attnscope.views.figures import figure as write_figure
+
+    out = write_figure(ed_trace, tmp_path / "decoder.svg", "matrix", attention="decoder", layer=2, head=0)
+    root = ET.fromstring(out.read_bytes())
+    cap = texts(root, "caption")
+    assert ATTENTION_LABELS["decoder"] in cap[0] and cap[1].endswith(f"· {ed_trace.decoder.n_tokens} tokens")
+    labels = [f"{i}: {t}" for i, t in enumerate(ed_trace.decoder.token_strings)]
+    assert texts(root, "tokens") == [x for label in labels for x in (label, label)]  # square: target x target

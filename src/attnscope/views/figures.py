@@ -5,6 +5,7 @@ buttons) in headless Chromium: the view's page is opened with its starting selec
 that `attnscope.figureSVG` returns is written as it is, or rasterised (`figurePNG`) or printed (PDF).
 
     figure(trace, "out.svg", view="head", layer=2, heads=[7])  -> Path
+    figure(ed_trace, "cross.svg", view="matrix", attention="cross")   an encoder-decoder's kind: target x source
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
-    from attnscope.traces import Trace
+    from attnscope.traces import EncoderDecoderTrace, Trace
 
 FORMATS = ("svg", "png", "pdf")
 FIGURE_VIEWS = ("head", "model", "matrix", "neuron")
@@ -44,7 +45,7 @@ def validate_figure(view: str, scale: float) -> None:
 
 
 def figure(
-    trace: Trace,
+    trace: Trace | EncoderDecoderTrace,
     path: str | os.PathLike[str],
     view: str = "head",
     *,
@@ -57,18 +58,21 @@ def figure(
     show_heads: Iterable[int] | None = None,
     query: int | None = None,
     source: str | None = None,
+    attention: str | None = None,
 ) -> Path:
     """Write one view of `trace` as a figure (svg, png or pdf, from fmt or the file's suffix) and return its path.
 
     layer, head, show_heads (heads drawn in the head view), query, source: the selection shown, 0-indexed.
-    scale: PNG pixels per SVG pixel.
+    scale: PNG pixels per SVG pixel. attention: an encoder-decoder trace's kind shown, "encoder" (default),
+    "decoder" or "cross" (rows the target tokens, columns the source tokens).
     """
     from attnscope.views import to_html
 
     kind = figure_format(path, fmt)
     validate_figure(view, scale)
     document = to_html(trace, view, layers=layers, heads=heads, layer=layer, head=head, show_heads=show_heads,
-                       query=query, source=source, theme="light", neuron="all" if view == "neuron" else "none")
+                       query=query, source=source, theme="light", neuron="all" if view == "neuron" else "none",
+                       attention=attention)
     return render_figure(document, Path(path), kind, scale)
 
 
