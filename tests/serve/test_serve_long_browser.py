@@ -1,5 +1,6 @@
 """A long trace in the web app, in headless Chromium against a real server (issue 16): 512 tokens on MiniLM come
-without their maps, the page fetches each layer's maps as it shows them, and the numbers it decodes from the
+without their maps, the page fetches each map as it shows it (the selected head first, then the layer's other
+heads in the background), and the numbers it decodes from the
 binary form are the trace's bit for bit. First paint and a layer switch are measured and printed, never asserted."""
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def shown(page: Any, expression: str) -> Any:
 def test_long_trace_arrives_without_maps_and_fetches_the_layer_shown(page: Any) -> None:
     assert shown(page, "s.model.lazy && s.model.n") == TOKENS
     assert "maps fetched as shown" in page.text_content("#sv-status")
+    page.wait_for_function("() => document.querySelector('.as-panel .as-status').dataset.pending === '0'")
     fetched = [u for u in page.requests if "/map?" in u]
-    assert len(fetched) == 1 and "layer=0" in fetched[0]  # only the first layer, every head at once
+    assert fetched[0].endswith("layer=0&head=0")  # the head shown first, then the layer's other heads, one each
+    assert sorted(fetched) == sorted(f"{fetched[0][:-1]}{h}" for h in range(12))
     assert shown(page, "[0, 1].map((l) => s.model.sources.get('weights').loaded(l, 0))") == [True, False]
     ms = page.evaluate("""() => { const t = performance.getEntriesByName("sv:traced").pop().startTime;
       return performance.getEntriesByName("attnscope:ready").pop().startTime - t; }""")
@@ -84,8 +87,13 @@ def test_layer_switch_fetches_that_layer_and_draws_its_maps(page: Any, long_serv
     page.wait_for_function("() => !document.getElementById('sv-views').dataset.attnscopeLoading")
     page.evaluate(NEXT_FRAME)
     ms = page.evaluate("() => performance.now()") - start
-    print(f"\nlayer switch at {TOKENS} tokens: {ms:.0f} ms to the next frame drawn (fetch included)")
-    assert shown(page, "s.state().layer") == 3 and any("layer=3" in u for u in page.requests)
+    assert shown(page, "[s.state().layer, s.model.sources.get('weights').loaded(3, s.state().head)]") == [3, True]
+    page.wait_for_function("() => document.querySelector('.as-panel .as-status').dataset.pending === '0'")
+    page.evaluate(NEXT_FRAME)
+    every = page.evaluate("() => performance.now()") - start
+    print(f"\nlayer switch at {TOKENS} tokens: {ms:.0f} ms to the selected head drawn, {every:.0f} ms to all 12 "
+          "(fetches included)")
+    assert sum(u.endswith(f"layer=3&head={h}") for u in page.requests for h in range(12)) == 12  # each once
     codes = np.frombuffer(base64.b64decode(page.evaluate(
         f"() => ({B64})(document.getElementById('sv-views').attnscopeShown.model.sources.get('weights').codes(3, 5))")),
         dtype=np.uint8).reshape(TOKENS, TOKENS)

@@ -8,8 +8,10 @@
        when the page does not hold it. precision "uint8" (default): values Uint8Array codes, a value is
        values[i] / 255 * scale; "float32": values Float32Array, the trace's numbers bit for bit (scale: the max).
      model.lazy: true when the payload came without its maps (the web app on a long trace, attnscope.serve.maps);
-       then model.ensure(state) -> Promise loads what state {source, layer} shows (every head of that layer),
-       model.holds(state) says whether it is there, and for a map not held yet src.codes() answers from
+       then model.ensure(state) -> Promise loads what state {source, layer, head, heads, meanHeads} needs first (the
+       selected head; every selected head for their mean), one head per request, and fetches the layer's other
+       heads in the background after it; model.holds(state) says whether that is there; model.onMap(fn) calls fn
+       as each map arrives (returns a function that stops it); for a map not held yet src.codes() answers from
        src.overview(layer, head) -> {rows, cols, codes} (at most 64 x 64, each the max of its block, same scale),
        scaled up to n_query x n_key (a stand-in: src.loaded(layer, head) is false).
    Layers, heads and tokens are 0-indexed. */
@@ -130,19 +132,18 @@
     const [nl, nh, nq, nk] = spec.shape;
     const [oq, ok] = spec.overview.shape;
     const layerOf = (layer) => (src.perLayer ? layer : null);
-    const keyOf = (layer) => `${spec.name}:${layerOf(layer)}`;
+    const keyOf = (layer, head) => `${spec.name}:${layerOf(layer)}:${src.perHead ? head : null}`;
     const headAt = (head) => (spec.heads.length ? spec.heads.indexOf(head) : 0);
     const layerAt = (layer) => (spec.layers.length ? spec.layers.indexOf(layer) : 0);
     let scratch = null; // one n_query x n_key stand-in, rewritten per call (the model view reads it at once)
     src.lazy = true;
-    src.loaded = (layer, head) => held.has(keyOf(layer));
+    src.loaded = (layer, head) => held.has(keyOf(layer, head));
     src.overview = (layer, head) => {
       const i = layerAt(layer) * nh + headAt(head);
       return { rows: oq, cols: ok, codes: overview.subarray(i * oq * ok, (i + 1) * oq * ok) };
     };
     src.codes = (layer, head) => {
-      const got = held.has(keyOf(layer)) ? held.get(keyOf(layer)) : null;
-      if (got) return got.codes.subarray(headAt(head) * nq * nk, (headAt(head) + 1) * nq * nk);
+      if (held.has(keyOf(layer, head))) return held.get(keyOf(layer, head)).codes; // [query * key]
       const o = src.overview(layer, head);
       scratch = scratch || new Uint8Array(nq * nk);
       const bq = Math.ceil(nq / oq);
@@ -154,12 +155,13 @@
       return scratch;
     };
     src.value = (layer, head, q, k) => (src.codes(layer, head)[q * nk + k] / 255) * src.scale(layer, head);
-    // every head of one layer as uint8, as stored on the server
-    src.load = (layer) => {
-      const key = keyOf(layer);
-      if (held.has(key)) return held.get(key).ready;
+    // one head of one layer as uint8, as stored on the server (a source without heads: its layer's map)
+    src.load = (layer, head) => {
+      const key = keyOf(layer, head);
+      if (held.get(key)) return held.get(key).ready;
       const query = new URLSearchParams({ source: spec.name });
       if (src.perLayer) query.set("layer", String(layer));
+      if (src.perHead) query.set("head", String(head));
       const entry = { codes: null, ready: null };
       entry.ready = getArrays(`${payload.maps.url}?${query}`).then(({ arrays }) => {
         entry.codes = arrays[spec.name].values;
@@ -180,7 +182,9 @@
     const done = new Map();
     const waiting = new Map();
     let bytes = 0;
+    const listeners = new Set();
     return {
+      listen: (fn) => (listeners.add(fn), () => listeners.delete(fn)),
       has: (key) => done.has(key),
       get: (key) => done.get(key) || waiting.get(key) || null,
       pending: (key, entry) => waiting.set(key, entry),
@@ -194,19 +198,20 @@
           done.delete(old);
           bytes -= e.size;
         }
+        for (const fn of listeners) fn(key);
       },
     };
   }
 
   // model.map and model.ensure (see the top of this file).
-  function mapAccess(sources, payload) {
+  function mapAccess(sources, payload, held) {
     const pick = (name) => sources.get(name || "weights") || sources.values().next().value;
     return {
       async map(layer, head, options) {
         const o = options || {};
         const src = pick(o.source);
         if ((o.precision || "uint8") === "uint8") {
-          if (src.lazy) await src.load(layer);
+          if (src.lazy) await src.load(layer, head);
           return { n_query: src.nq, n_key: src.nk, values: src.codes(layer, head), scale: src.scale(layer, head) };
         }
         if (!payload.maps) throw new Error("exact maps come from the server: this page has uint8 maps only");
@@ -216,12 +221,25 @@
         const { arrays } = await getArrays(`${payload.maps.url}?${query}`);
         return { n_query: src.nq, n_key: src.nk, values: arrays[src.name].values, scale: src.scale(layer, head) };
       },
-      holds: (state) => !pick(state.source).lazy || pick(state.source).loaded(state.layer),
+      holds: (state) => !pick(state.source).lazy || firstHeads(pick(state.source), state)
+        .every((h) => pick(state.source).loaded(state.layer, h)),
       ensure: async (state) => {
         const src = pick(state.source);
-        if (src.lazy) await src.load(state.layer);
+        if (!src.lazy) return;
+        await Promise.all(firstHeads(src, state).map((h) => src.load(state.layer, h)));
+        for (const h of src.heads) src.load(state.layer, h).catch(() => null); // the rest, in the background
       },
+      onMap: (fn) => held.listen(fn),
     };
+  }
+
+  // The heads a state shows first: the selected head, or every selected head when it shows their mean.
+  function firstHeads(src, state) {
+    if (!src.perHead) return [null];
+    const picked = (state.heads || []).filter((h) => src.heads.includes(h));
+    if (state.meanHeads && picked.length) return picked;
+    const head = src.heads.includes(state.head) ? state.head : picked.length ? picked[0] : src.heads[0];
+    return [head];
   }
 
   A.decode = async function (payload) {
@@ -268,7 +286,7 @@
       },
       addBlock: keep,
       lazy: payload.sources.some((s) => s.encoding === "lazy"),
-      ...mapAccess(sources, payload),
+      ...mapAccess(sources, payload, held),
     };
   };
 

@@ -9,7 +9,8 @@
   const BUCKETS = 16; // opacity levels: one canvas path per head and level
   const MIN_ALPHA = 0.01; // lines fainter than this are not drawn unless a token is focused
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
-  const SCROLL_LINES = 1500; // while the columns scroll: the strongest few, then all MAX_LINES once it stops
+  const SCROLL_LINES = 1500; // while the columns scroll or a long map arrives: the strongest few, then all MAX_LINES
+  const IDLE_MS = 150; // once the page has been still this long
   A.views = A.views || {};
 
   // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
@@ -48,33 +49,63 @@
     }
   }
 
-  // Every line of one head at or above MIN_ALPHA that passes the filter, read from the n x n codes once per map:
-  // scrolling a long text then culls this list instead of reading every code again.
-  const LISTS = new WeakMap(); // source -> (layer|head|filter -> {q, k, a})
+  // Every line of one head at or above MIN_ALPHA that passes the filter, strongest first, read from the n x n
+  // codes once per map by a counting sort on the uint8 codes (a histogram gives each code's offset; no comparison
+  // sort of millions of lines): {q, k, code, count, bins}, bins[code] = the opacity bucket (0-255) of that code.
+  const LISTS = new WeakMap(); // source -> (layer|head|filter|held -> list)
   function lineList(model, src, layer, head, filter) {
     const memo = LISTS.get(src) || new Map();
     LISTS.set(src, memo);
-    const key = `${layer}|${head}|${filter}`;
+    const key = `${layer}|${head}|${filter}|${src.loaded ? src.loaded(layer, head) : true}`;
     if (memo.has(key)) return memo.get(key);
-    const list = { q: [], k: [], a: [] };
-    eachLine(model, src, layer, head, null, filter, { top: 0, row: 1, height: Infinity }, (yq, yk, a) => {
-      list.q.push(yq - 0.5);
-      list.k.push(yk - 0.5);
-      list.a.push(a);
-    });
+    const [n, nk] = [model.n, A.keys(model).n];
+    const codes = src.codes(layer, head); // [query * key]
+    const perCode = src.scale(layer, head) / 255 / src.top(layer, head); // opacity of one code step
+    const minCode = Math.max(1, Math.ceil(MIN_ALPHA / (perCode || 1)));
+    const all = !filter || filter === "all";
+    const keep = (i) => all || A.passes(model, filter, Math.floor(i / nk), i % nk);
+    const hist = new Uint32Array(257); // [code] how many lines have it (hist[256] = 0)
+    if (all) for (let i = 0; i < n * nk; i++) hist[codes[i]]++;
+    else for (let i = 0; i < n * nk; i++) if (codes[i] >= minCode && keep(i)) hist[codes[i]]++;
+    const at = new Uint32Array(257); // at[c]: where code c's lines start (strongest first)
+    for (let c = 255; c >= minCode; c--) at[c] = at[c + 1] + hist[c + 1];
+    const count = minCode <= 255 ? at[minCode] + hist[minCode] : 0;
+    const list = { q: new Uint32Array(count), k: new Uint32Array(count), code: new Uint8Array(count), count: count,
+                   bins: new Uint8Array(256).map((_, c) => Math.min(255, Math.floor(Math.min(1, c * perCode) * 256))),
+                   perCode: perCode };
+    for (let i = 0; i < n * nk; i++) {
+      const c = codes[i];
+      if (c < minCode || !keep(i)) continue;
+      const j = at[c]++;
+      list.q[j] = Math.floor(i / nk);
+      list.k[j] = i % nk;
+      list.code[j] = c;
+    }
     memo.set(key, list);
     return list;
   }
 
-  // The lines of one head in the band: from the list when nothing is focused, else that token's (all of them).
-  function bandLines(model, src, layer, head, focus, filter, band, each) {
-    if (focus) return eachLine(model, src, layer, head, focus, filter, band, each);
-    const list = lineList(model, src, layer, head, filter);
-    for (let i = 0; i < list.a.length; i++) {
-      const yq = list.q[i] * band.row + band.row / 2 - band.top;
-      const yk = list.k[i] * band.row + band.row / 2 - band.top;
-      if ((yq < 0 && yk < 0) || (yq > band.height && yk > band.height)) continue;
-      each(yq, yk, list.a[i]);
+  // How many of one head's lines cross the band, by opacity bucket (added into counts).
+  function countBand(list, band, counts) {
+    const [r, top, h] = [band.row, band.top, band.height];
+    for (let i = 0; i < list.count; i++) {
+      const yq = list.q[i] * r + r / 2 - top;
+      const yk = list.k[i] * r + r / 2 - top;
+      if ((yq < 0 && yk < 0) || (yq > h && yk > h)) continue;
+      counts[list.bins[list.code[i]]]++;
+    }
+  }
+
+  // The lines of one head in the band at or above `floor`: the list is strongest first, so it stops at the floor.
+  function bandLines(list, band, floor, each) {
+    const [r, top, h] = [band.row, band.top, band.height];
+    for (let i = 0; i < list.count; i++) {
+      const a = Math.min(1, list.code[i] * list.perCode);
+      if (a < floor) return;
+      const yq = list.q[i] * r + r / 2 - top;
+      const yk = list.k[i] * r + r / 2 - top;
+      if ((yq < 0 && yk < 0) || (yq > h && yk > h)) continue;
+      each(yq, yk, a);
     }
   }
 
@@ -88,28 +119,43 @@
     return 0;
   }
 
+  // The selected heads whose maps are here (a lazy layer's other heads arrive after the first: data.js).
   function drawnHeads(ctx) {
     const src = A.headSource(ctx.model, ctx.state);
-    return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h)) : [null];
+    if (!src.perHead) return [null];
+    const layer = src.perLayer ? ctx.state.layer : null;
+    return ctx.state.heads.filter((h) => ctx.model.heads.includes(h) && (!src.lazy || src.loaded(layer, h)));
   }
 
-  // Draws the lines; returns {floor: the opacity below which lines were left out (0: none were), drawn, total}.
-  function draw(canvas, ctx, focus, band, limit) {
+  // The selected heads still on their way (their lines are added as each arrives).
+  function pendingHeads(ctx) {
+    const drawn = drawnHeads(ctx);
+    const src = A.headSource(ctx.model, ctx.state);
+    return src.perHead ? ctx.state.heads.filter((h) => ctx.model.heads.includes(h) && !drawn.includes(h)) : [];
+  }
+
+  // Draws the lines; returns {floor: the opacity below which lines were left out (0: none were), drawn, total,
+  // partial}. quick: when more than `limit` lines are in view (a long text), only the strongest SCROLL_LINES now
+  // (partial: the caller draws all `limit` once the page is idle).
+  function draw(canvas, ctx, focus, band, limit, quick) {
     const g = A.sizeCanvas(canvas, band.width, band.height);
     const src = A.headSource(ctx.model, ctx.state);
     const layer = src.perLayer ? ctx.state.layer : null;
     const count = ctx.model.payload.model.heads || ctx.model.heads.length;
     const heads = drawnHeads(ctx);
-    const lines = (head, each) => bandLines(ctx.model, src, layer, head, focus, ctx.state.filter, band, each);
+    const lists = focus ? null : heads.map((h) => lineList(ctx.model, src, layer, h, ctx.state.filter));
+    const lines = (head, floor, each) => (focus ? eachLine(ctx.model, src, layer, head, focus, ctx.state.filter, band,
+      each) : bandLines(lists[heads.indexOf(head)], band, floor, each));
     const counts = new Uint32Array(256);
-    if (!focus) for (const h of heads) lines(h, (yq, yk, a) => counts[Math.min(255, Math.floor(a * 256))]++);
-    const floor = focus ? 0 : cutoff(counts, limit);
-    const shown = { floor: floor, total: counts.reduce((x, y) => x + y, 0), drawn: 0 };
+    if (!focus) for (const list of lists) countBand(list, band, counts);
+    const total = counts.reduce((x, y) => x + y, 0);
+    const cap = quick && total > limit ? SCROLL_LINES : limit;
+    const floor = focus ? 0 : cutoff(counts, cap);
+    const shown = { floor: floor, total: total, drawn: 0, partial: !focus && cap < limit };
     g.lineWidth = 1;
     for (const head of heads) {
       const paths = Array.from({ length: BUCKETS }, () => new Path2D());
-      lines(head, (yq, yk, a) => {
-        if (a < floor) return;
+      lines(head, floor, (yq, yk, a) => {
         shown.drawn++;
         const p = paths[Math.min(BUCKETS - 1, Math.floor(a * BUCKETS))];
         p.moveTo(0, yq);
@@ -257,13 +303,20 @@
         const qs = A.selectedQueries(ctx.state);
         return qs.length ? { side: "q", index: qs[0], indices: qs.length > 1 ? qs : null } : null;
       };
-      const paint = (limit) => {
-        const shown = draw(canvas, ctx, focus(), band(), limit || MAX_LINES);
+      const paint = (limit, quick) => {
+        const shown = draw(canvas, ctx, focus(), band(), limit || MAX_LINES, quick);
         status.textContent = shown.floor > 0 ? `Showing the ${shown.drawn.toLocaleString("en")} strongest of ` +
           `${shown.total.toLocaleString("en")} lines in view (opacity ≥ ${A.fmt(shown.floor)}; lines below ` +
           `${MIN_ALPHA} are never drawn); hover a token to see all of its lines.` : "";
+        const pending = pendingHeads(ctx);
+        if (pending.length) {
+          status.textContent = `${status.textContent} Loading head${pending.length > 1 ? "s" : ""} ${pending.join(", ")}…`.trim();
+        }
         status.dataset.drawn = String(shown.drawn);
         status.dataset.total = String(shown.total);
+        status.dataset.pending = String(pending.length);
+        status.dataset.partial = String(shown.partial); // "true": the strongest few now, all once idle
+        return shown;
       };
       const later = (f) => {
         cancelAnimationFrame(frame);
@@ -281,19 +334,36 @@
         },
       };
       listen(ctx, cols, hover);
-      const now = () => (cancelAnimationFrame(frame), paint(), shade(cols, ctx, focus()));
+      let idle = 0;
+      const settle = () => { // every line (up to MAX_LINES) once nothing has changed for IDLE_MS
+        clearTimeout(idle);
+        idle = setTimeout(() => later(() => paint()), IDLE_MS);
+      };
+      // a new map (layer, heads, source, filter, a head arriving): a long text gets its strongest lines at once,
+      // all of them when idle (software rasters take ~30 ms per 1,000 long lines)
+      const now = () => {
+        cancelAnimationFrame(frame);
+        if (paint(MAX_LINES, true).partial) settle();
+        shade(cols, ctx, focus());
+      };
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "queries", "theme",
                                               "meanHeads"]) && now());
-      let idle = 0;
       body.addEventListener("scroll", () => {
-        later(() => paint(SCROLL_LINES)); // software rasters take ~30 ms per 1,000 long lines: few while moving
-        clearTimeout(idle);
-        idle = setTimeout(() => later(() => paint()), 150);
+        later(() => paint(SCROLL_LINES)); // few while moving
+        settle();
       }, { passive: true });
-      const resize = new ResizeObserver(redraw);
+      let seen = ""; // the body's size last drawn at: the observer's first call (same size) draws nothing again
+      const resize = new ResizeObserver(() => {
+        const wh = `${body.clientWidth}x${body.clientHeight}`;
+        if (wh !== seen) redraw();
+        seen = wh;
+      });
       resize.observe(body);
-      ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), resize.disconnect()));
+      const arrived = ctx.model.onMap ? ctx.model.onMap(() => status.dataset.pending !== "0" && later(now))
+        : () => null;
+      ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), resize.disconnect(), arrived()));
       now();
+      seen = `${body.clientWidth}x${body.clientHeight}`;
     },
   };
 })();

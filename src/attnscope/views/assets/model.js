@@ -7,10 +7,19 @@
   A.views = A.views || {};
   const SIZES = { small: 56, medium: 84, large: 128 };
 
+  // The codes a thumbnail pools: the map, or for a lazy map not fetched its overview (at most 64 x 64, each the
+  // max of its block: already max-pooled), never the overview scaled up to n x n first.
+  function thumbCodes(src, layer, head) {
+    if (src.lazy && !src.loaded(layer, head)) {
+      const o = src.overview(layer, head);
+      return { nq: o.rows, nk: o.cols, codes: o.codes };
+    }
+    return { nq: src.nq, nk: src.nk, codes: src.codes(layer, head) };
+  }
+
   // nq x nk codes -> rq x rk image, each pixel the max of its block, coloured through the theme's table.
-  function thumbImage(ctx, src, layer, head, rq, rk) {
-    const [nq, nk] = [src.nq, src.nk];
-    const codes = src.codes(layer, head);
+  function thumbImage(ctx, src, layer, head, cells, rq, rk) {
+    const { nq, nk, codes } = cells;
     const pooled = new Uint8Array(rq * rk);
     const binQ = Array.from({ length: nq }, (_, i) => Math.floor((i * rq) / nq));
     const binK = Array.from({ length: nk }, (_, i) => Math.floor((i * rk) / nk));
@@ -34,11 +43,12 @@
     const longest = Math.max(src.nq, src.nk);
     const [hq, wk] = [Math.max(4, Math.round((px * src.nq) / longest)), Math.max(4, Math.round((px * src.nk) / longest))];
     const dpr = Math.min(2, window.devicePixelRatio || 1);
-    const [rq, rk] = [Math.min(src.nq, Math.ceil(hq * dpr)), Math.min(src.nk, Math.ceil(wk * dpr))];
+    const cells = thumbCodes(src, layer, head);
+    const [rq, rk] = [Math.min(cells.nq, Math.ceil(hq * dpr)), Math.min(cells.nk, Math.ceil(wk * dpr))];
     const canvas = el("canvas", { width: String(rk), height: String(rq) });
     canvas.style.width = `${wk}px`;
     canvas.style.height = `${hq}px`;
-    canvas.getContext("2d").putImageData(thumbImage(ctx, src, layer, head, rq, rk), 0, 0);
+    canvas.getContext("2d").putImageData(thumbImage(ctx, src, layer, head, cells, rq, rk), 0, 0);
     const name = [layer === null ? "" : `layer ${layer}`, head === null ? "" : `head ${head}`].filter(Boolean).join(", ");
     return el("button", { type: "button", class: "as-thumb", "data-layer": layer === null ? null : String(layer),
                           "data-head": head === null ? null : String(head), title: `${name || src.label}: open large`,
