@@ -185,7 +185,8 @@ def test_scratch_buffers_give_the_same_numbers_and_are_reused() -> None:
         lean = maths.multi_head_attention(x, p, mask, keep=("scores", "weights"), in_place=True, scratch=scratch)
         for name, t in lean.items():
             assert torch.equal(t, full[name]), name
-    assert len(scratch) == 2 and {t.data_ptr() for t in scratch.values()} == {t.data_ptr() for t in lean.values()}
+    # scores, the logits the softmax overwrites into weights, and the exp's factor (the causal mask underflows)
+    assert len(scratch) == 3 and {t.data_ptr() for t in lean.values()} < {t.data_ptr() for t in scratch.values()}
 
 
 def test_a_sink_takes_its_share_of_each_row() -> None:

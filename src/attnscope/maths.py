@@ -257,13 +257,15 @@ def apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return scaled if mask is None else scaled + mask
 
 
-def softmax(masked: torch.Tensor, in_place: bool = False) -> torch.Tensor:
+def softmax(masked: torch.Tensor, in_place: bool = False,
+            scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1.
 
     in_place=True overwrites `masked` (for a caller that owns it and needs it no longer); same numbers.
+    scratch: where the exp keeps a buffer from call to call (see multi_head_attention).
     """
     row_max = masked.amax(dim=-1, keepdim=True)
-    e = _exp_(masked.sub_(row_max) if in_place else masked - row_max)
+    e = _exp_(masked.sub_(row_max) if in_place else masked - row_max, scratch)
     return e.div_(e.sum(dim=-1, keepdim=True))
 
 
@@ -272,7 +274,7 @@ _ZERO_EXP = -104.0  # below this exp(x) rounds to exactly 0 in float32 (the smal
 _ZERO_SHIFT = torch.tensor(-_ZERO_EXP * 2.0**17)  # 104 * 2^17, exact in float32
 
 
-def _exp_(t: torch.Tensor) -> torch.Tensor:
+def _exp_(t: torch.Tensor, scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
     """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: an input at
     most -104 (a masked key) becomes exactly 0 directly; the rare inputs in (-104, -87) keep torch's exp."""
     lowest = float(t.amin()) if t.dtype == torch.float32 and t.numel() else 0.0
@@ -282,7 +284,8 @@ def _exp_(t: torch.Tensor) -> torch.Tensor:
         return _exp_denormal_(t)
     # factor: (t + 104) 2^17 clamped to [0, 1] is exactly 0 at or below -104 and 1 above (inputs near -104 are
     # multiples of 2^-17); exp(t * factor) * factor is then exp(t), or exp(0) * 0 = 0 without the slow path
-    factor = torch.add(_ZERO_SHIFT, t, alpha=2.0**17).clamp_(0.0, 1.0)
+    out = _buffer(scratch, "exp factor", tuple(t.shape), t.dtype)
+    factor = torch.add(_ZERO_SHIFT, t, alpha=2.0**17, out=out).clamp_(0.0, 1.0)
     return t.mul_(factor).exp_().mul_(factor)
 
 
@@ -372,7 +375,7 @@ def multi_head_attention(
     if params.sinks is not None:
         st["weights"] = softmax_with_sink(logits, params.sinks)  # [..., head, query, key], rows sum below 1
     else:
-        st["weights"] = softmax(logits, in_place=in_place)
+        st["weights"] = softmax(logits, in_place=in_place, scratch=reuse)
     st["context"] = attend(st["weights"], v)  # [..., head, query, d_head]
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
