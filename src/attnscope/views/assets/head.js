@@ -10,7 +10,8 @@
   const MIN_ALPHA = 0.01; // lines fainter than this are not drawn unless a token is focused
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
   const SCROLL_LINES = 1500; // while the columns scroll or a long map arrives: the strongest few, then all MAX_LINES
-  const IDLE_MS = 150; // once the page has been still this long
+  const IDLE_MS = 150; // once the page has been still this long (scrolling stopped, the maps arrived)
+  const ARRIVALS_MS = 40; // heads arriving closer together than this are drawn in one frame
   A.views = A.views || {};
 
   // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
@@ -335,22 +336,22 @@
       };
       listen(ctx, cols, hover);
       let idle = 0;
-      const settle = () => { // every line (up to MAX_LINES) once nothing has changed for IDLE_MS
+      const settle = (ms) => { // every line (up to MAX_LINES) once nothing has changed for ms
         clearTimeout(idle);
-        idle = setTimeout(() => later(() => paint()), IDLE_MS);
+        idle = setTimeout(() => later(() => paint()), ms);
       };
       // a new map (layer, heads, source, filter, a head arriving): a long text gets its strongest lines at once,
       // all of them when idle (software rasters take ~30 ms per 1,000 long lines)
       const now = () => {
         cancelAnimationFrame(frame);
-        if (paint(MAX_LINES, true).partial) settle();
+        if (paint(MAX_LINES, true).partial) settle(IDLE_MS);
         shade(cols, ctx, focus());
       };
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "queries", "theme",
                                               "meanHeads"]) && now());
       body.addEventListener("scroll", () => {
         later(() => paint(SCROLL_LINES)); // few while moving
-        settle();
+        settle(IDLE_MS);
       }, { passive: true });
       let seen = ""; // the body's size last drawn at: the observer's first call (same size) draws nothing again
       const resize = new ResizeObserver(() => {
@@ -359,9 +360,13 @@
         seen = wh;
       });
       resize.observe(body);
-      const arrived = ctx.model.onMap ? ctx.model.onMap(() => status.dataset.pending !== "0" && later(now))
-        : () => null;
-      ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), resize.disconnect(), arrived()));
+      let burst = 0; // a layer's heads arrive in a burst: drawn together once none came for ARRIVALS_MS
+      const arrived = ctx.model.onMap ? ctx.model.onMap(() => {
+        clearTimeout(burst);
+        burst = status.dataset.pending !== "0" ? setTimeout(() => later(now), ARRIVALS_MS) : 0;
+      }) : () => null;
+      ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), clearTimeout(burst), resize.disconnect(),
+                           arrived()));
       now();
       seen = `${body.clientWidth}x${body.clientHeight}`;
     },
