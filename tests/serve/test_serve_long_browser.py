@@ -129,4 +129,6 @@ def test_model_view_draws_every_map_from_summaries(page: Any) -> None:
     page.wait_for_selector(".as-panel[data-view=model] .as-thumb", timeout=60_000)
     assert page.locator(".as-panel .as-thumb").count() == 6 * 12
     assert len([u for u in page.requests if "/map?" in u]) == before  # thumbnails from the overviews: no fetch
+    sides = page.eval_on_selector_all(".as-panel .as-thumb[data-layer='5'] canvas", "cs => cs.map((c) => c.width)")
+    assert len(sides) == 12 and max(sides) <= 64  # pooled from the 64 x 64 overview, never a 512 x 512 stand-in
     assert shown(page, "s.model.sources.get('weights').loaded(5, 0)") is False

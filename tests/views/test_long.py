@@ -233,3 +233,18 @@ def test_cli_carries_the_chosen_layers_and_heads_and_refuses_over_the_limit(
                         r"[\d.]+ MB\), or raise --max-mb\n", err), err
     code = main(["view", "time flies", "--layers", "9", "-o", str(big)])
     assert code == 2 and "layer 9" in capsys.readouterr().err and not big.exists()
+
+
+def test_head_view_draws_every_line_at_or_above_the_floor(open_page: Callable[..., Any]) -> None:
+    """Few lines (all in view, under the limit): the counting sort keeps each line whose 8-bit code reaches 0.01."""
+    rng = np.random.default_rng(1)
+    n = 24
+    w = rng.random((1, 3, n, n), dtype=np.float32) ** 8  # [layer, head, query, key]
+    w /= w.sum(axis=-1, keepdims=True)
+    opened = open_page(to_html(trace_from_attention(w, [f"t{i}" for i in range(n)]), "head", layer=0), "head-all")
+    d = opened.page.eval_on_selector(".as-status", "s => ({...s.dataset})")
+    top = w[0].astype(np.float64).max(axis=(-2, -1), keepdims=True)  # each map's scale
+    expected = int((np.rint(w[0] / top * 255) / 255 * top >= 0.01).sum())
+    assert 100 < expected < 12_000
+    assert (int(d["drawn"]), int(d["total"]), d["partial"], d["pending"]) == (expected, expected, "false", "0")
+    assert opened.errors == []
