@@ -227,7 +227,10 @@
         const src = pick(state.source);
         if (!src.lazy) return;
         await Promise.all(firstHeads(src, state).map((h) => src.load(state.layer, h)));
-        for (const h of src.heads) src.load(state.layer, h).catch(() => null); // the rest, in the background
+        // the rest in the background, once the frame that shows the first is out (they would delay it)
+        const rest = () => src.heads.forEach((h) => src.load(state.layer, h).catch(() => null));
+        requestAnimationFrame(() => setTimeout(rest, 0));
+        setTimeout(rest, 250); // a hidden tab has no frames (a map asked twice is fetched once)
       },
       onMap: (fn) => held.listen(fn),
     };

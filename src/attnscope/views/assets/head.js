@@ -11,7 +11,7 @@
   const MAX_LINES = 12000; // beyond this many, the faintest lines are left out until a token is focused
   const SCROLL_LINES = 1500; // while the columns scroll or a long map arrives: the strongest few, then all MAX_LINES
   const IDLE_MS = 150; // once the page has been still this long (scrolling stopped, the maps arrived)
-  const ARRIVALS_MS = 40; // heads arriving closer together than this are drawn in one frame
+  const ARRIVALS_MS = 100; // heads arriving closer together than this are drawn in one frame
   A.views = A.views || {};
 
   // side "q": the query tokens; "k": the key tokens (a cross-attention's source tokens, A.keys).
