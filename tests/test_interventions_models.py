@@ -14,6 +14,8 @@ from test_families import _build, _configs
 # every decoder and encoder family check supports (tests/test_interventions.py asserts it, naming the exclusions)
 EVERY_FAMILY = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
                 "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
+# every encoder-decoder family check supports: their gates (by kind) are tested in tests/test_interventions_seq2seq.py
+EVERY_ENCODER_DECODER = ("t5", "bart", "mbart", "marian")
 
 
 @pytest.fixture(scope="session")

@@ -50,9 +50,11 @@ _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("attns
 # --- interventions (attnscope.interventions): edit a layer's mask and context inside the real forward pass ---
 class Intervention(Protocol):
     """Edits each attention call of a forward pass, in layer order: the mask before the attention, the
-    context after it. Each call makes edit_mask then edit_context."""
+    context after it. Each call makes edit_mask (told the attention module, so an encoder-decoder's edit knows
+    the kind of call) then edit_context."""
 
-    def edit_mask(self, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None: ...
+    def edit_mask(self, mask: torch.Tensor | None, query: torch.Tensor,
+                  module: nn.Module | None = None) -> torch.Tensor | None: ...
 
     def edit_context(self, context: torch.Tensor) -> torch.Tensor: ...  # [batch, query, head, d_head]
 
@@ -86,7 +88,7 @@ def attention_function(
     """Registered as "attnscope": the family's eager attention, observed (and edited by an active Intervention)."""
     intervention = _INTERVENTION.get()
     if intervention is not None:
-        attention_mask = intervention.edit_mask(attention_mask, query)
+        attention_mask = intervention.edit_mask(attention_mask, query, module)
     context, weights = eager_attention(module)(
         module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
     )

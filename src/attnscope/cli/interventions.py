@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
 def _register_ablate(sub: Any) -> None:
     p = sub.add_parser("ablate", help="remove heads (zero or mean) and measure the effect on the output")
     add_text_args(p, pair=False)
-    p.add_argument("--heads", metavar="L.H[,L.H...]", help="heads to remove together, layer.head, 0-indexed")
+    p.add_argument("--heads", metavar="L.H[,L.H...]", help="heads to remove together, layer.head, 0-indexed; "
+                   "an encoder-decoder's as kind:layer.head, kind encoder, decoder or cross (cross:1.2)")
     p.add_argument("--mode", choices=("zero", "mean"), default="zero",
                    help="zero the heads' context, or set it to its mean over --reference (default zero)")
     p.add_argument("--reference", metavar="PATH", help="--mode mean: texts to average over, one per line "
@@ -31,6 +32,8 @@ def _register_ablate(sub: Any) -> None:
     _add_target(p)
     p.add_argument("--each", action="store_true",
                    help="also remove every head alone (one batched forward): a layer x head grid")
+    p.add_argument("--attention", choices=("encoder", "decoder", "cross"),
+                   help="encoder-decoders with --each: the kind of attention whose heads the grid removes")
     p.add_argument("--html", metavar="FILE", help="--each: also write the grid as an HTML heatmap (FILE.html), "
                    "or as a figure (FILE.svg, FILE.png, FILE.pdf)")
     add_format(p)
@@ -92,7 +95,8 @@ def _register_importance(sub: Any) -> None:
 
 def _add_target(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="TEXT", help="the continuation whose log-probability is measured "
-                   "(causal LMs; default the model's greedy next token), or the word at the mask (masked LMs)")
+                   "(causal LMs; default the model's greedy next token), or the word at the mask (masked LMs), or "
+                   "the target read teacher-forced (encoder-decoders: required)")
 
 
 def numbers(value: str | None, flag: str) -> list[int] | None:
@@ -119,12 +123,15 @@ def run_ablate(args: argparse.Namespace) -> int:
         if args.mode != "mean":
             raise AttnscopeError("--reference is read only with --mode mean")
         reference = [line for line in read_text_file(args.reference).splitlines() if line.strip()]
-    from attnscope.interventions import ablate, parse_heads
+    from attnscope.interventions import ablate
+    from attnscope.interventions.seq2seq import parse_kind_heads
 
-    heads = parse_heads(args.heads, "--heads") if args.heads is not None else []
+    heads = parse_kind_heads(args.heads, "--heads") if args.heads is not None else []
     m = model_of(args)
+    if args.html and m.model.config.is_encoder_decoder:
+        raise AttnscopeError("--html is not drawn for an encoder-decoder yet: leave it out (the grid is printed)")
     result = ablate(text, heads, model=m, mode=args.mode, target=args.target, each=args.each,
-                    reference=reference, max_length=args.max_length)
+                    reference=reference, max_length=args.max_length, attention=args.attention)
     if args.html:
         _write_html(args.html, result, m, text, args.max_length)
     _emit(result.to_dict(), args.format, _ablate_lines)
@@ -198,8 +205,9 @@ def _measures(values: dict[str, float]) -> str:
 
 
 def _ablate_lines(d: dict[str, Any], md: bool) -> list[str]:
-    heads = ",".join(f"{la}.{h}" for la, h in d["heads"])
-    what = f"heads {heads} (layer.head, 0-indexed)" if heads else "each head alone"
+    heads = ",".join(":".join(map(str, h[:-2])) + ":" * (len(h) > 2) + f"{h[-2]}.{h[-1]}" for h in d["heads"])
+    layout = "kind:layer.head" if d["kind"] == "seq2seq-lm" else "layer.head"
+    what = f"heads {heads} ({layout}, 0-indexed)" if heads else "each head alone"
     out = [f"{'# ' if md else ''}{d['model']} ({d['kind']}): {d['mode']} ablation, {what}", ""]
     if d["target"] is not None:
         out.append(f"target {d['target']!r}; untouched: {_measures(d['clean'])}")
@@ -209,7 +217,8 @@ def _ablate_lines(d: dict[str, Any], md: bool) -> list[str]:
         out.append("each token's final-state change: " + ", ".join(
             f"{t} {c:.3f}" for t, c in zip(d["tokens"], d["token_change"], strict=True)))
     if d["grid"] is not None:
-        out += ["", *grid_lines(d["grid"][d["primary"]], f"{d['primary']}, each head removed alone", md)]
+        kind = f"each {d['attention']} head" if d.get("attention") else "each head"
+        out += ["", *grid_lines(d["grid"][d["primary"]], f"{d['primary']}, {kind} removed alone", md)]
     return out
 
 

@@ -14,8 +14,19 @@ import numpy as np
 import torch
 
 from attnscope.errors import AttnscopeError, require_text
+from attnscope.families import is_encoder_decoder
 from attnscope.interventions.effects import PRIMARY, Kind, Probe, effects, outputs, prepare
 from attnscope.interventions.gates import Head, HeadEdit, mean_contexts, n_layers_heads, ones, validate_heads
+from attnscope.interventions.seq2seq import (
+    AnyHead,
+    kind_edit,
+    kind_gates,
+    layout,
+    seq2seq_inputs,
+    seq2seq_measures,
+    validate_attention,
+    validate_kind_heads,
+)
 from attnscope.models import Model, ModelLike, load_model
 from attnscope.tokens import Token, encode
 
@@ -32,11 +43,12 @@ class Ablation:
     tokens: list[Token]
     target: str | None
     mode: Mode
-    heads: list[Head]  # removed together (may be empty with each=True)
+    heads: list[AnyHead]  # removed together (may be empty with each=True); encoder-decoders: (kind, layer, head)
     clean: dict[str, float]  # the untouched model's measures
     ablated: dict[str, float] | None  # with `heads` removed: measures and changes (d_...)
     token_change: list[float] | None  # encoders: each token's relative final-state change
     grid: dict[str, np.ndarray] | None  # each=True: every measure with one head removed, [layer, head]
+    attention: str | None = None  # encoder-decoders: the kind of attention the grid removes heads of
 
     @property
     def primary(self) -> str:
@@ -48,23 +60,32 @@ class Ablation:
             "model": self.model, "kind": self.kind, "mode": self.mode, "target": self.target,
             "tokens": [t.text for t in self.tokens], "heads": [list(h) for h in self.heads],
             "clean": self.clean, "ablated": self.ablated, "token_change": self.token_change,
-            "primary": self.primary,
+            "primary": self.primary, "attention": self.attention,
             "grid": None if self.grid is None else {k: v.tolist() for k, v in self.grid.items()},
         }
 
 
-def ablate(text: str, heads: Sequence[Head] = (), model: ModelLike = None, mode: Mode = "zero",
+def ablate(text: str, heads: Sequence[AnyHead] = (), model: ModelLike = None, mode: Mode = "zero",
            target: str | None = None, each: bool = False, reference: Sequence[str] | None = None,
-           max_length: int = 256) -> Ablation:
+           max_length: int = 256, attention: str | None = None) -> Ablation:
     """Remove heads (zero: their context set to 0; mean: to its mean over the reference texts, default the
-    text itself) and measure the output. each=True also removes every head alone, in the same forward."""
+    text itself) and measure the output. each=True also removes every head alone, in the same forward.
+    Encoder-decoders: text is the source, target= the teacher-forced target, heads are (kind, layer, head) with
+    kind "encoder", "decoder" or "cross", and each=True needs attention= (the kind whose heads the grid removes)."""
     m = load_model(model)
     require_text(text)
     if mode not in MODES:
         raise AttnscopeError(f"mode {mode!r} is unknown: use one of {', '.join(MODES)}")
     if not heads and not each:
         raise AttnscopeError("no heads given: pass heads=[(layer, head), ...] (0-indexed) or each=True")
-    chosen = validate_heads(m, heads) if heads else []
+    if is_encoder_decoder(m.model):
+        return _ablate_seq2seq(m, text, heads, mode, target, attention if each else None, reference, max_length)
+    if attention is not None:
+        raise AttnscopeError(f"attention= names a kind of an encoder-decoder's attention; {m.name} has one kind: "
+                             "leave it out")
+    if any(len(h) != 2 for h in heads):
+        raise AttnscopeError(f"{m.name} has one kind of attention: write heads as (layer, head), without a kind")
+    chosen = validate_heads(m, heads) if heads else []  # type: ignore[arg-type]
     probe = prepare(m, text, target, max_length)
     source = _source(m, probe, mode, reference, max_length)
     scale = setting_gates(m, [chosen] if chosen else [], each)
@@ -115,5 +136,29 @@ def _result(m: Model, probe: Probe, mode: Mode, chosen: list[Head], fx: dict[str
         n_layers, n_heads = n_layers_heads(m)
         first = 2 if chosen else 1
         grid = {k: v[first:].reshape(n_layers, n_heads) for k, v in scalars.items()}
-    return Ablation(m.name, probe.kind, probe.tokens, probe.target, mode, chosen, clean, ablated, token_change,
-                    grid)
+    return Ablation(m.name, probe.kind, probe.tokens, probe.target, mode, list[AnyHead](chosen), clean, ablated,
+                    token_change, grid)
+
+
+def _ablate_seq2seq(m: Model, text: str, heads: Sequence[AnyHead], mode: Mode, target: str | None,
+                    grid: str | None, reference: Sequence[str] | None, max_length: int) -> Ablation:
+    """Ablate an encoder-decoder's heads by kind (zero mode), measured on the teacher-forced target."""
+    if mode != "zero" or reference is not None:
+        raise AttnscopeError("on an encoder-decoder ablate zeroes heads only (mode='mean' not yet): use mode='zero'")
+    chosen = validate_kind_heads(m, heads) if heads else []
+    if grid is not None or not heads:
+        grid = validate_attention(grid)
+    inputs, tokens, labels = seq2seq_inputs(m, text, target, max_length)
+    scale = kind_gates(m, chosen, grid)
+    n_rows = int(next(iter(scale.values())).shape[1])
+    rows = {k: v.expand(n_rows, -1).contiguous() for k, v in inputs.items()}
+    with torch.no_grad():
+        fx = effects("seq2seq-lm", seq2seq_measures(m, rows, labels, kind_edit(m, scale)))
+    scalars = {k: v for k, v in fx.items() if v.ndim == 1}
+    grids = None
+    if grid is not None:
+        shape = layout(m)[grid]
+        grids = {k: v[2 if chosen else 1:].reshape(shape) for k, v in scalars.items()}
+    return Ablation(m.name, "seq2seq-lm", tokens, target, mode, list(chosen),
+                    {k: float(v[0]) for k, v in scalars.items() if not k.startswith("d_")},
+                    {k: float(v[1]) for k, v in scalars.items()} if chosen else None, None, grids, grid)

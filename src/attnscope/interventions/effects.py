@@ -24,16 +24,18 @@ from attnscope.interventions.gates import HeadEdit
 from attnscope.models import Model
 from attnscope.tokens import Token, encode
 
-Kind = Literal["causal-lm", "masked-lm", "encoder"]
+Kind = Literal["causal-lm", "masked-lm", "encoder", "seq2seq-lm"]
 HEAD_CHUNK_BYTES = 2**27  # log-probabilities of at most 128 MiB at a time
-PRIMARY = {"causal-lm": "d_target_logprob", "masked-lm": "d_target_logprob", "encoder": "embedding_distance"}
+PRIMARY = {"causal-lm": "d_target_logprob", "masked-lm": "d_target_logprob", "encoder": "embedding_distance",
+           "seq2seq-lm": "d_target_logprob"}
 
 
 def kind_of(m: Model) -> Kind:
     """How effects are read: through the language-model head, or from the final hidden states."""
-    if is_encoder_decoder(m.model):  # three kinds of attention call per forward; a HeadEdit numbers one stack
-        raise AttnscopeError(f"interventions run on encoders and decoders, not on encoder-decoder models like "
-                             f"{m.name} ({m.model.config.model_type}): trace, check or explain it instead")
+    if is_encoder_decoder(m.model):  # three kinds of attention call per forward: ablate reads them (seq2seq.py)
+        raise AttnscopeError(f"ablate works on encoder-decoder models like {m.name} "
+                             f"({m.model.config.model_type}), patch, knockout and importance not yet: ablate its "
+                             "heads (kind:layer.head), or trace, check or explain it")
     if lm_head(m) is None:
         return "encoder"
     return "causal-lm" if is_causal(m.model) else "masked-lm"

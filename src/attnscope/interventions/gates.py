@@ -43,7 +43,8 @@ class HeadEdit:
     def layer(self) -> int:
         return self._calls % self.n_layers
 
-    def edit_mask(self, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    def edit_mask(self, mask: torch.Tensor | None, query: torch.Tensor,
+                  module: object = None) -> torch.Tensor | None:
         knock = self.knock[self.layer] if self.knock is not None else None
         if knock is None:
             return mask
