@@ -117,10 +117,21 @@ def test_bad_input_is_one_line(seq2seq: Callable[[str], attnscope.Model]) -> Non
         assert "\n" not in str(err.value)
     with pytest.raises(AttnscopeError, match="give target="):
         ablate(SOURCE, [("cross", 0, 0)], model=m)
-    with pytest.raises(AttnscopeError, match="attention None is not a kind"):
-        ablate(SOURCE, model=m, target=TARGET, each=True)
+    for attention in (None, "self"):
+        with pytest.raises(AttnscopeError, match=f"attention {attention!r} is not a kind"):
+            ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, each=True, attention=attention)
+    with pytest.raises(AttnscopeError, match="add each=True"):
+        ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, attention="cross")
     with pytest.raises(AttnscopeError, match="mode='mean' not yet"):
         ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, mode="mean")
+
+
+def test_one_kind_models_take_plain_heads(tiny_model: Callable[[str], attnscope.Model]) -> None:
+    m = tiny_model("bert")
+    with pytest.raises(AttnscopeError, match="one kind of attention: write heads as \\(layer, head\\)"):
+        ablate("a text", [("cross", 0, 0)], model=m)
+    with pytest.raises(AttnscopeError, match="one kind: leave it out"):
+        ablate("a text", [(0, 0)], model=m, attention="cross")
 
 
 @pytest.fixture(scope="module")

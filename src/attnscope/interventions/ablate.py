@@ -79,7 +79,10 @@ def ablate(text: str, heads: Sequence[AnyHead] = (), model: ModelLike = None, mo
     if not heads and not each:
         raise AttnscopeError("no heads given: pass heads=[(layer, head), ...] (0-indexed) or each=True")
     if is_encoder_decoder(m.model):
-        return _ablate_seq2seq(m, text, heads, mode, target, attention if each else None, reference, max_length)
+        if attention is not None and not each:
+            raise AttnscopeError("attention= picks the kind of attention of the each=True grid: add each=True")
+        grid = validate_attention(attention) if each else None
+        return _ablate_seq2seq(m, text, heads, mode, target, grid, reference, max_length)
     if attention is not None:
         raise AttnscopeError(f"attention= names a kind of an encoder-decoder's attention; {m.name} has one kind: "
                              "leave it out")
@@ -146,8 +149,6 @@ def _ablate_seq2seq(m: Model, text: str, heads: Sequence[AnyHead], mode: Mode, t
     if mode != "zero" or reference is not None:
         raise AttnscopeError("on an encoder-decoder ablate zeroes heads only (mode='mean' not yet): use mode='zero'")
     chosen = validate_kind_heads(m, heads) if heads else []
-    if grid is not None or not heads:
-        grid = validate_attention(grid)
     inputs, tokens, labels = seq2seq_inputs(m, text, target, max_length)
     scale = kind_gates(m, chosen, grid)
     n_rows = int(next(iter(scale.values())).shape[1])
