@@ -16,7 +16,7 @@ from attnscope.capture import capturing, intervening
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
-from attnscope.interventions.seq2seq import kind_edit, kind_gates, layout, seq2seq_inputs, seq2seq_measures
+from attnscope.interventions.seq2seq import kind_edit, kind_gates, kind_means, layout, seq2seq_inputs, seq2seq_measures
 
 FAMILIES = test_interventions_models.EVERY_ENCODER_DECODER
 SOURCE, TARGET = "the cat sat on the mat", "a dog ran"
@@ -88,6 +88,25 @@ def test_zeroed_cross_head_equals_projection_of_the_other_heads(seq2seq: Callabl
     assert (cap.output[at][0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
 
 
+def test_mean_ablation_lets_in_each_kinds_mean(seq2seq: Callable[[str], attnscope.Model]) -> None:
+    m = seq2seq("bart")
+    inputs, _, _ = seq2seq_inputs(m, SOURCE, TARGET, 64)
+    means = kind_means(m, inputs)
+    for kind, layer in (("encoder", 1), ("cross", 0)):
+        edit = kind_edit(m, kind_gates(m, [(kind, layer, 1)], None), means)
+        edit.reset()
+        with torch.no_grad(), intervening(m.model, edit), capturing(m.model) as cap:
+            m.model(**{k: v.expand(2, -1) for k, v in inputs.items()})
+        call = next(c for c in cap.calls if c.module is families.seq2seq_modules(m.model)[kind][layer])
+        mean = means[kind][layer][0, 1, 0]  # type: ignore[index]
+        assert torch.equal(call.context[1, 1], mean.expand_as(call.context[1, 1]))  # [query, d_head]
+        assert not torch.equal(call.context[0, 1], call.context[1, 1])
+        own = call.context[0, 1].mean(0)  # the untouched row's context, averaged over its real queries
+        assert (own - mean).abs().max() <= TOL
+    result = ablate(SOURCE, [("cross", 0, 1)], model=m, target=TARGET, mode="mean")
+    assert result.mode == "mean" and result.ablated is not None and result.ablated["d_target_logprob"] != 0
+
+
 def test_ablate_reads_the_models_own_target_logprob(seq2seq: Callable[[str], attnscope.Model]) -> None:
     m = seq2seq("t5")
     result = ablate(SOURCE, [("cross", 1, 2), ("encoder", 0, 3)], model=m, target=TARGET)
@@ -122,8 +141,8 @@ def test_bad_input_is_one_line(seq2seq: Callable[[str], attnscope.Model]) -> Non
             ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, each=True, attention=attention)
     with pytest.raises(AttnscopeError, match="add each=True"):
         ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, attention="cross")
-    with pytest.raises(AttnscopeError, match="mode='mean' not yet"):
-        ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, mode="mean")
+    with pytest.raises(AttnscopeError, match="reference= is not read on an encoder-decoder"):
+        ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, mode="mean", reference=["a text"])
 
 
 def test_one_kind_models_take_plain_heads(tiny_model: Callable[[str], attnscope.Model]) -> None:

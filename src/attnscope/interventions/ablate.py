@@ -21,6 +21,7 @@ from attnscope.interventions.seq2seq import (
     AnyHead,
     kind_edit,
     kind_gates,
+    kind_means,
     layout,
     seq2seq_inputs,
     seq2seq_measures,
@@ -145,16 +146,19 @@ def _result(m: Model, probe: Probe, mode: Mode, chosen: list[Head], fx: dict[str
 
 def _ablate_seq2seq(m: Model, text: str, heads: Sequence[AnyHead], mode: Mode, target: str | None,
                     grid: str | None, reference: Sequence[str] | None, max_length: int) -> Ablation:
-    """Ablate an encoder-decoder's heads by kind (zero mode), measured on the teacher-forced target."""
-    if mode != "zero" or reference is not None:
-        raise AttnscopeError("on an encoder-decoder ablate zeroes heads only (mode='mean' not yet): use mode='zero'")
+    """Ablate an encoder-decoder's heads by kind, measured on the teacher-forced target (mean: over the source and
+    target themselves)."""
+    if reference is not None:
+        raise AttnscopeError("reference= is not read on an encoder-decoder yet: mode='mean' averages over the source "
+                             "and target themselves, leave reference out")
     chosen = validate_kind_heads(m, heads) if heads else []
     inputs, tokens, labels = seq2seq_inputs(m, text, target, max_length)
     scale = kind_gates(m, chosen, grid)
     n_rows = int(next(iter(scale.values())).shape[1])
     rows = {k: v.expand(n_rows, -1).contiguous() for k, v in inputs.items()}
     with torch.no_grad():
-        fx = effects("seq2seq-lm", seq2seq_measures(m, rows, labels, kind_edit(m, scale)))
+        sources = kind_means(m, inputs) if mode == "mean" else None
+        fx = effects("seq2seq-lm", seq2seq_measures(m, rows, labels, kind_edit(m, scale, sources)))
     scalars = {k: v for k, v in fx.items() if v.ndim == 1}
     grids = None
     if grid is not None:

@@ -109,8 +109,29 @@ def kind_gates(m: Model, chosen: list[KindHead], grid: str | None) -> dict[str, 
     return scale
 
 
-def kind_edit(m: Model, scale: dict[str, torch.Tensor]) -> KindEdit:
-    return KindEdit(m.model, {kind: HeadEdit(int(s.shape[0]), s) for kind, s in scale.items()})
+def kind_edit(m: Model, scale: dict[str, torch.Tensor],
+              sources: dict[str, list[torch.Tensor | None]] | None = None) -> KindEdit:
+    """Each kind's gates [layer, row, head], and what its closed gates let in (None: zeros)."""
+    return KindEdit(m.model, {kind: HeadEdit(int(s.shape[0]), s, sources[kind] if sources else None)
+                              for kind, s in scale.items()})
+
+
+def kind_means(m: Model, inputs: dict[str, torch.Tensor]) -> dict[str, list[torch.Tensor | None]]:
+    """Each kind's per-layer context of an untouched forward, averaged over its real query tokens (the source's
+    for the encoder, the target's for decoder and cross): [1, head, 1, d_head] per layer."""
+    from attnscope.capture import capturing
+
+    kind_of = {id(mod): kind for kind, mods in families.seq2seq_modules(m.model).items() for mod in mods}
+    target_keep = torch.ones_like(inputs["decoder_input_ids"])
+    keep = {"encoder": inputs["attention_mask"], "decoder": target_keep, "cross": target_keep}
+    out: dict[str, list[torch.Tensor | None]] = {kind: [] for kind in KINDS}
+    with torch.no_grad(), capturing(m.model) as cap:
+        m.model(**inputs)
+    for call in cap.calls:
+        kind = kind_of[id(call.module)]
+        w = keep[kind].to(call.context.dtype)[:, None, :, None]  # [batch, 1, query, 1]
+        out[kind].append((call.context * w).sum(dim=(0, 2), keepdim=True) / w.sum())  # [1, head, 1, d_head]
+    return out
 
 
 def seq2seq_inputs(m: Model, source: str, target: str | None,
@@ -130,7 +151,7 @@ def seq2seq_inputs(m: Model, source: str, target: str | None,
 
 
 def seq2seq_measures(m: Model, inputs: dict[str, torch.Tensor], labels: list[int],
-                     edit: KindEdit) -> dict[str, torch.Tensor]:
+                     edit: KindEdit) -> dict[str, torch.Tensor]:  # inputs [rows, token], labels [target]
     """Per row: the target's log-probability (sum over its tokens) and the loss (mean NLL over them)."""
     from attnscope.capture import intervening
 
