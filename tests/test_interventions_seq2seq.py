@@ -136,6 +136,8 @@ def test_bad_input_is_one_line(seq2seq: Callable[[str], attnscope.Model]) -> Non
         assert "\n" not in str(err.value)
     with pytest.raises(AttnscopeError, match="give target="):
         ablate(SOURCE, [("cross", 0, 0)], model=m)
+    with pytest.raises(AttnscopeError, match="the target is empty"):
+        ablate(SOURCE, [("cross", 0, 0)], model=m, target="  ")
     for attention in (None, "self"):
         with pytest.raises(AttnscopeError, match=f"attention {attention!r} is not a kind"):
             ablate(SOURCE, [("cross", 0, 0)], model=m, target=TARGET, each=True, attention=attention)

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnscope import families
-from attnscope.errors import AttnscopeError, validate_index
+from attnscope.errors import AttnscopeError, require_text, validate_index
 from attnscope.interventions.gates import Head, HeadEdit
 from attnscope.models import Model
 from attnscope.tokens import Token, encode
@@ -143,6 +143,7 @@ def seq2seq_inputs(m: Model, source: str, target: str | None,
     if target is None:
         raise AttnscopeError(f"{m.name} is an encoder-decoder: give target= (--target TEXT), the target text whose "
                              "teacher-forced log-probability is measured")
+    require_text(target, "target", parameter="target")
     src = encode(m.tokenizer, [source], max_length=max_length, truncate=False)
     labels = encode(m.tokenizer, [target], None, max_length, False, as_target=True).inputs["input_ids"]  # [1, target]
     inputs = {"input_ids": src.inputs["input_ids"], "attention_mask": src.inputs["attention_mask"],
