@@ -34,7 +34,7 @@ def build(family: str) -> torch.nn.Module:
         model = T.MarianMTModel(T.MarianConfig(**_BART, decoder_start_token_id=0))
     else:
         raise ValueError(family)
-    model.config._attn_implementation = "eager"
+    model.set_attn_implementation("eager")  # T5 keeps a config per stack: set them all
     return model.eval()
 
 
