@@ -9,8 +9,8 @@
        values[i] / 255 * scale; "float32": values Float32Array, the trace's numbers bit for bit (scale: the max).
      model.lazy: true when the payload came without its maps (the web app on a long trace, attnscope.serve.maps);
        then model.ensure(state) -> Promise loads what state {source, layer, head, heads, meanHeads} needs first (the
-       selected head; every selected head for their mean), one head per request, and fetches the layer's other
-       heads in the background after it; model.holds(state) says whether that is there; model.onMap(fn) calls fn
+       selected head; every selected head for their mean), one head per request, then the layer's other heads
+       in the background (one request for the layer; one per head when the layer is over the server's limit); model.holds(state) says whether that is there; model.onMap(fn) calls fn
        as each map arrives (returns a function that stops it); for a map not held yet src.codes() answers from
        src.overview(layer, head) -> {rows, cols, codes} (at most 64 x 64, each the max of its block, same scale),
        scaled up to n_query x n_key (a stand-in: src.loaded(layer, head) is false).
@@ -172,6 +172,25 @@
       entry.ready.catch(() => held.drop(key));
       return entry.ready;
     };
+    // the heads of one layer not held yet, in one request (the whole layer: one answer costs less than eight)
+    src.loadLayer = (layer) => {
+      const missing = src.heads.filter((h) => !held.get(keyOf(layer, h)));
+      if (!src.perHead || !missing.length) return Promise.all(missing.map((h) => src.load(layer, h)));
+      const query = new URLSearchParams({ source: spec.name });
+      if (src.perLayer) query.set("layer", String(layer));
+      const all = getArrays(`${payload.maps.url}?${query}`);
+      for (const h of missing) {
+        const entry = { codes: null, ready: null };
+        entry.ready = all.then(({ arrays }) => { // [head, query, key]
+          entry.codes = arrays[spec.name].values.subarray(headAt(h) * nq * nk, (headAt(h) + 1) * nq * nk);
+          held.keep(keyOf(layer, h), entry, entry.codes.byteLength);
+          return entry;
+        });
+        held.pending(keyOf(layer, h), entry);
+        entry.ready.catch(() => held.drop(keyOf(layer, h)));
+      }
+      return all;
+    };
     return src;
   }
 
@@ -228,9 +247,11 @@
         if (!src.lazy) return;
         await Promise.all(firstHeads(src, state).map((h) => src.load(state.layer, h)));
         // the rest in the background, once the frame that shows the first is out (they would delay it)
-        const rest = () => src.heads.forEach((h) => src.load(state.layer, h).catch(() => null));
+        const each = () => src.heads.forEach((h) => src.load(state.layer, h).catch(() => null));
+        const rest = () => src.loadLayer(state.layer).catch(() => setTimeout(each, 0)); // a layer over the server's
+        // response limit: one head at a time (once the failed entries are dropped)
         requestAnimationFrame(() => setTimeout(rest, 0));
-        setTimeout(rest, 250); // a hidden tab has no frames (a map asked twice is fetched once)
+        setTimeout(rest, 1000); // a hidden tab has no frames (a map already asked for is not asked again)
       },
       onMap: (fn) => held.listen(fn),
     };

@@ -288,6 +288,19 @@
     }
   }
 
+  // The status line under the lines: how many are drawn of how many, which heads are still loading.
+  function report(status, shown, pending) {
+    const cut = shown.floor > 0 ? `Showing the ${shown.drawn.toLocaleString("en")} strongest of ` +
+      `${shown.total.toLocaleString("en")} lines in view (opacity ≥ ${A.fmt(shown.floor)}; lines below ` +
+      `${MIN_ALPHA} are never drawn); hover a token to see all of its lines.` : "";
+    const loading = pending.length ? `Loading head${pending.length > 1 ? "s" : ""} ${pending.join(", ")}…` : "";
+    status.textContent = [cut, loading].filter(Boolean).join(" ");
+    status.dataset.drawn = String(shown.drawn);
+    status.dataset.total = String(shown.total);
+    status.dataset.pending = String(pending.length);
+    status.dataset.partial = String(shown.partial); // "true": the strongest few now, all once idle
+  }
+
   A.views.head = {
     label: "Head",
     render(panel, ctx) {
@@ -306,17 +319,7 @@
       };
       const paint = (limit, quick) => {
         const shown = draw(canvas, ctx, focus(), band(), limit || MAX_LINES, quick);
-        status.textContent = shown.floor > 0 ? `Showing the ${shown.drawn.toLocaleString("en")} strongest of ` +
-          `${shown.total.toLocaleString("en")} lines in view (opacity ≥ ${A.fmt(shown.floor)}; lines below ` +
-          `${MIN_ALPHA} are never drawn); hover a token to see all of its lines.` : "";
-        const pending = pendingHeads(ctx);
-        if (pending.length) {
-          status.textContent = `${status.textContent} Loading head${pending.length > 1 ? "s" : ""} ${pending.join(", ")}…`.trim();
-        }
-        status.dataset.drawn = String(shown.drawn);
-        status.dataset.total = String(shown.total);
-        status.dataset.pending = String(pending.length);
-        status.dataset.partial = String(shown.partial); // "true": the strongest few now, all once idle
+        report(status, shown, pendingHeads(ctx));
         return shown;
       };
       const later = (f) => {
@@ -336,22 +339,22 @@
       };
       listen(ctx, cols, hover);
       let idle = 0;
-      const settle = (ms) => { // every line (up to MAX_LINES) once nothing has changed for ms
+      const settle = () => { // every line (up to MAX_LINES) once nothing has changed for IDLE_MS
         clearTimeout(idle);
-        idle = setTimeout(() => later(() => paint()), ms);
+        idle = setTimeout(() => later(() => paint()), IDLE_MS);
       };
       // a new map (layer, heads, source, filter, a head arriving): a long text gets its strongest lines at once,
       // all of them when idle (software rasters take ~30 ms per 1,000 long lines)
       const now = () => {
         cancelAnimationFrame(frame);
-        if (paint(MAX_LINES, true).partial) settle(IDLE_MS);
+        if (paint(MAX_LINES, true).partial) settle();
         shade(cols, ctx, focus());
       };
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "heads", "source", "filter", "query", "queries", "theme",
                                               "meanHeads"]) && now());
       body.addEventListener("scroll", () => {
         later(() => paint(SCROLL_LINES)); // few while moving
-        settle(IDLE_MS);
+        settle();
       }, { passive: true });
       let seen = ""; // the body's size last drawn at: the observer's first call (same size) draws nothing again
       const resize = new ResizeObserver(() => {
@@ -363,7 +366,8 @@
       let burst = 0; // a layer's heads arrive in a burst: drawn together once none came for ARRIVALS_MS
       const arrived = ctx.model.onMap ? ctx.model.onMap(() => {
         clearTimeout(burst);
-        burst = status.dataset.pending !== "0" ? setTimeout(() => later(now), ARRIVALS_MS) : 0;
+        if (status.dataset.pending === "0") return;
+        burst = setTimeout(() => later(now), pendingHeads(ctx).length ? ARRIVALS_MS : 0); // the last: at once
       }) : () => null;
       ctx.onDispose(() => (cancelAnimationFrame(frame), clearTimeout(idle), clearTimeout(burst), resize.disconnect(),
                            arrived()));
