@@ -39,7 +39,9 @@ def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) ->
 
 @pytest.fixture(scope="module")
 def client(t5_dir: str) -> Iterator[TestClient]:
-    app = create_app(Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32))
+    # threads=None: an app made in this process must not set pytest's torch threads (later tests compare
+    # in-process numbers with subprocesses that run on torch's default threads)
+    app = create_app(Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32, threads=None))
     with TestClient(app, base_url="http://127.0.0.1") as c:
         yield c
 
@@ -112,7 +114,8 @@ def test_the_page_asks_an_encoder_decoder_model_for_a_target(t5_dir: str) -> Non
     from attnscope.views.browser import chromium
 
     errors: list[str] = []
-    with serving(Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32)) as url, chromium() as browser:
+    settings = Settings(models=(t5_dir, "all-MiniLM-L6-v2"), max_tokens=32, threads=None)
+    with serving(settings) as url, chromium() as browser:
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.on("console", lambda m: m.type == "error" and errors.append(m.text))
         page.on("pageerror", lambda e: errors.append(str(e)))
