@@ -80,6 +80,18 @@ def _tiny(name: str) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
+def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
+    """A tiny random-weight T5 (tests/seq2seq_support.py) saved with the bundled tokenizer, for the CLI and the
+    web app, which load models by path. Read-only."""
+    from seq2seq_support import build
+
+    where = tmp_path_factory.mktemp("t5")
+    build("t5").save_pretrained(where)  # type: ignore[operator]
+    minilm.tokenizer.save_pretrained(where)
+    return str(where)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
     """tiny_model("gpt2") -> a random-weight model of that family with the bundled WordPiece tokenizer."""
     cache: dict[str, attnscope.Model] = {}

@@ -12,17 +12,8 @@ import pytest
 
 import attnscope
 from attnscope.cli.main import main
-from seq2seq_support import build
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
-
-
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
-    where = tmp_path_factory.mktemp("t5")
-    build("t5").save_pretrained(where)  # type: ignore[operator]
-    minilm.tokenizer.save_pretrained(where)
-    return str(where)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

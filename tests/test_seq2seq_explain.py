@@ -19,7 +19,7 @@ from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
-from seq2seq_support import build, tiny_seq2seq
+from seq2seq_support import tiny_seq2seq
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
 CROSS = ["tokens", "x", "memory", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights", "context",
@@ -122,14 +122,6 @@ def test_attention_errors_are_one_line(t5: tuple[attnscope.Model, attnscope.Enco
         with pytest.raises(AttnscopeError) as err:
             call()
         assert words in str(err.value) and "\n" not in str(err.value)
-
-
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
-    where = tmp_path_factory.mktemp("t5")
-    build("t5").save_pretrained(where)  # type: ignore[operator]
-    minilm.tokenizer.save_pretrained(where)
-    return str(where)
 
 
 def test_cli_explain_source_target_attention(t5_dir: str, capsys: pytest.CaptureFixture[str]) -> None:

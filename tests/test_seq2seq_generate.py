@@ -19,7 +19,7 @@ from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.seq2seq_generating import generate_seq2seq
 from attnscope.seq2seq_generation import Seq2SeqGeneration
-from seq2seq_support import build, tiny_seq2seq
+from seq2seq_support import tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"
 
@@ -98,14 +98,6 @@ def test_bad_input_is_one_line(minilm: attnscope.Model, generated: Generated) ->
         with pytest.raises(AttnscopeError) as err:
             call()
         assert words in str(err.value) and "\n" not in str(err.value)
-
-
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
-    where = tmp_path_factory.mktemp("t5")
-    build("t5").save_pretrained(where)  # type: ignore[operator]
-    minilm.tokenizer.save_pretrained(where)
-    return str(where)
 
 
 def test_cli_generate_on_an_encoder_decoder(t5_dir: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

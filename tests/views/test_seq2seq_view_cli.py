@@ -16,18 +16,9 @@ from attnscope.stages import ATTENTION_LABELS
 from attnscope.traces import EncoderDecoderTrace
 from attnscope.views import to_html
 from attnscope.views.size import SCRIPT_BYTES, PageTooLarge, family_page_size, page_size
-from seq2seq_support import build
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"  # 8 source tokens, 7 decoder tokens
 NS = "{http://www.w3.org/2000/svg}"
-
-
-@pytest.fixture(scope="module")
-def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
-    where = tmp_path_factory.mktemp("t5-view")
-    build("t5").save_pretrained(where)  # type: ignore[operator]
-    minilm.tokenizer.save_pretrained(where)
-    return str(where)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
