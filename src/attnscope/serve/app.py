@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
-from attnscope.serve import binary, maps, memory, page
+from attnscope.serve import binary, maps, memory, page, wordmaps
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -88,6 +88,9 @@ class Server:
         except AttnscopeError as exc:
             raise RequestError(422, str(exc)) from exc
         headers = {"Cache-Control": "private, max-age=3600"}  # the id names the text: its maps never change
+        if q.precision == "uint8" and q.level == "words":  # merged from the stored codes: no forward pass
+            body = await self._run(request, lambda r, _stop: wordmaps.stored_body(*r), (kept, q))
+            return Response(body, media_type=binary.MEDIA_TYPE, headers=headers)
         if q.precision == "uint8":  # as stored: no forward pass, no new quantization
             return Response(maps.stored_body(kept, q), media_type=binary.MEDIA_TYPE, headers=headers)
         body = await self._run(request, self.service.exact_map, (kept, q))

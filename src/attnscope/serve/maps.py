@@ -8,7 +8,8 @@ uint8 codes in a MapStore (a quarter of float32; SmolLM2 at 2,048 tokens: 1.1 GB
 and `GET /api/trace/ID/map?source=&layer=&head=&precision=` sends one map (or, without head, every
 head of a layer) in the binary form of attnscope.serve.binary. uint8 comes from the store as quantized
 once (the codes the inline payload would carry); float16 and float32 come from the exact trace (the
-trace cache, or a new forward pass of the same text when it was evicted).
+trace cache, or a new forward pass of the same text when it was evicted). `level=words` sends word maps
+(pieces merged into words, views.words; attnscope.serve.wordmaps), computed on request, never stored.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from attnscope.errors import AttnscopeError, validate_index
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES, SOURCE_LABELS
 from attnscope.views.payload import encode_bytes
+from attnscope.views.words import merge, word_groups
 
 if TYPE_CHECKING:
     from attnscope.serve.cache import CacheKey
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 OVERVIEW = 64  # the overview's side at most, in cells: each cell the max of its block of codes
 LAZY_FROM = 2**24  # "auto": maps travel lazily when a source holds more codes than this (16 MiB of uint8)
 MODES = ("inline", "lazy", "auto")
+LEVELS = ("tokens", "words")
 
 
 def trace_id(key: CacheKey) -> str:
@@ -51,6 +54,30 @@ class Source:
     per_head: bool
 
 
+@dataclass(frozen=True)
+class WordLevel:
+    """A trace's words as views.words groups them: the token indices of each word, and the word of each token."""
+
+    groups: list[list[int]]
+    unit: np.ndarray  # [token] int64: the word each token belongs to
+    pieces: np.ndarray  # [word] float64: how many tokens each word has
+
+    @property
+    def n(self) -> int:
+        return len(self.groups)
+
+
+def word_level(trace: Trace) -> WordLevel | None:
+    """The trace's words, or None when every word is a single token (the word level would equal the tokens)."""
+    groups = word_groups(trace)
+    if len(groups) == len(trace.tokens):
+        return None
+    unit = np.empty(len(trace.tokens), dtype=np.int64)
+    for u, pieces in enumerate(groups):
+        unit[pieces] = u
+    return WordLevel(groups, unit, np.array([len(g) for g in groups], dtype=np.float64))
+
+
 @dataclass
 class MapSet:
     """A trace's drawable maps, compact, and how to trace it again for exact numbers."""
@@ -59,6 +86,7 @@ class MapSet:
     key: CacheKey
     sources: dict[str, Source]
     answers: dict[tuple[str, ...], bytes] = field(default_factory=dict)  # POST /api/trace's, by mode and sources
+    words: WordLevel | None = None  # None: every word is one token
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +112,7 @@ def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
         codes = np.concatenate([c for c, _ in parts])  # [layer, head, query, key]
         scales = np.concatenate([s for _, s in parts])  # [layer, head]
         out[name] = Source(name, codes, scales, per_layer, per_head)
-    return MapSet(trace_id(key), key, out)
+    return MapSet(trace_id(key), key, out, words=word_level(trace))
 
 
 def _drawable(name: str, layer: int, m: np.ndarray) -> np.ndarray:
@@ -125,19 +153,20 @@ def lazy_sources(maps: MapSet, payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class MapQuery:
-    """What `GET /api/trace/ID/map` asks for: a source, a layer, one head or all (None), a precision."""
+    """What `GET /api/trace/ID/map` asks for: a source, a layer, one head or all (None), a precision, a level."""
 
     source: str
     layer: int | None
     head: int | None
     precision: str
+    level: str = "tokens"
 
 
 def parse_query(params: dict[str, str], maps: MapSet) -> MapQuery:
     """The query string, validated against this trace (AttnscopeError: the server answers 422)."""
-    unknown = sorted(set(params) - {"source", "layer", "head", "precision"})
+    unknown = sorted(set(params) - {"source", "layer", "head", "precision", "level"})
     if unknown:
-        raise AttnscopeError(f"unknown parameter {unknown[0]!r}: use source, layer, head and precision")
+        raise AttnscopeError(f"unknown parameter {unknown[0]!r}: use source, layer, head, precision and level")
     source = params.get("source", "weights")
     if source not in maps.sources:
         raise AttnscopeError(f"source {source!r} is not in this trace: it has {', '.join(maps.sources)}")
@@ -152,7 +181,17 @@ def parse_query(params: dict[str, str], maps: MapSet) -> MapQuery:
     head = _index(params, "head", s.codes.shape[1]) if s.per_head and "head" in params else None
     if s.per_layer and layer is None:
         raise AttnscopeError(f"parameter 'layer' is required for source {source!r} (0-indexed)")
-    return MapQuery(source, layer, head, precision)
+    return MapQuery(source, layer, head, precision, _level(params, maps))
+
+
+def _level(params: dict[str, str], maps: MapSet) -> str:
+    level = params.get("level", "tokens")
+    if level not in LEVELS:
+        raise AttnscopeError(f"level {level[:20]!r} is not known: use tokens or words")
+    if level == "words" and maps.words is None:
+        raise AttnscopeError("this trace has no word pieces (every word is one token): its words are its tokens; "
+                             "use level=tokens")
+    return level
 
 
 def _index(params: dict[str, str], name: str, count: int) -> int | None:
@@ -165,8 +204,9 @@ def _index(params: dict[str, str], name: str, count: int) -> int | None:
     return int(text)
 
 
-def _header(maps: MapSet, q: MapQuery, shape: tuple[int, ...]) -> dict[str, Any]:
-    return {"trace": maps.id, "source": q.source, "layer": q.layer, "head": q.head,
+def map_header(maps: MapSet, q: MapQuery, shape: tuple[int, ...]) -> dict[str, Any]:
+    """The binary body's header fields of one map request (n_query, n_key: words at level words)."""
+    return {"trace": maps.id, "source": q.source, "layer": q.layer, "head": q.head, "level": q.level,
             "n_query": int(shape[-2]), "n_key": int(shape[-1])}
 
 
@@ -179,18 +219,21 @@ def stored_body(maps: MapSet, q: MapQuery) -> bytes:
         at, scales = at[q.head or 0], scales[q.head or 0:(q.head or 0) + 1]
     axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
     spec = {"axes": list(axes), "shape": list(at.shape), "dtype": "uint8", "scales": [float(x) for x in scales]}
-    return binary.encode_packed(_header(maps, q, at.shape), {q.source: (at.data.cast("B"), spec)})
+    return binary.encode_packed(map_header(maps, q, at.shape), {q.source: (at.data.cast("B"), spec)})
 
 
 def exact_body(maps: MapSet, q: MapQuery, trace: Trace, array: np.ndarray) -> bytes:
-    """float32 (bit for bit) or float16 from the exact trace; the same slice as stored_body."""
+    """float32 (bit for bit) or float16 from the exact trace; the same slice as stored_body. Words: views.words'
+    merge of that slice (the numbers of views.words.word_trace)."""
     s = maps.sources[q.source]
     at = array if s.per_layer else array[None]
     at = at[q.layer or 0] if s.per_head else at[q.layer or 0][None]  # [head, query, key]
     if q.head is not None or not s.per_head:
         at = at[q.head or 0]
+    if q.level == "words" and maps.words is not None:
+        at = merge(at, maps.words.groups)  # [(head,) word, word] float32
     axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
-    body = _header(maps, q, at.shape) | {"check_ok": trace.check().ok}
+    body = map_header(maps, q, at.shape) | {"check_ok": trace.check().ok}
     return binary.encode(body, {q.source: (at, axes)}, q.precision)
 
 
@@ -261,7 +304,8 @@ def validate_size(maps: MapSet, q: MapQuery, limit: int) -> None:
     """Refuse (422) a response over the server's limit before building it: ask for one head."""
     codes = maps.sources[q.source].codes
     count = 1 if q.head is not None or not maps.sources[q.source].per_head else codes.shape[1]
-    size = count * codes.shape[-2] * codes.shape[-1] * _BYTES[q.precision]
+    n = maps.words.n if q.level == "words" and maps.words is not None else codes.shape[-1]  # [query, key] square
+    size = count * n * n * _BYTES[q.precision]
     if size > limit:
         raise AttnscopeError(f"the map would be {size / 2**20:.0f} MiB, over the server's limit of "
                              f"{limit / 2**20:.0f} MiB: ask for one head (head=) or precision uint8")

@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain import walkthrough
 from attnscope.models import Model, describe, load_model
 from attnscope.render import walkthrough_json
-from attnscope.serve import binary, maps
+from attnscope.serve import binary, maps, wordmaps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.pool import checkpoint
@@ -140,6 +140,7 @@ class Service:
             p["neuron"]["available"] = all(s in e.trace.arrays for s in NEURON_STAGES)
             p["sources"] = maps.lazy_sources(kept, p)
             p["maps"] = {"trace": kept.id, "url": f"/api/trace/{kept.id}/map", "stored": self.maps.put(kept)}
+            wordmaps.add_words(p, kept, e.trace)  # word_level, and the words' own lazy payload
             e.payloads[("lazy", *optional)] = to_json(p)
         return e.payloads[("lazy", *optional)]
 

@@ -55,10 +55,14 @@ def merge(maps: np.ndarray, groups: list[list[int]]) -> np.ndarray:
     return out.reshape(*lead, u, u).numpy()
 
 
+def word_tokens(trace: Trace, groups: list[list[int]]) -> list[Token]:
+    """One Token per word (its text the span of its pieces), indexed by word."""
+    return [_word_token(trace, u, pieces) for u, pieces in enumerate(groups)]
+
+
 def word_trace(trace: Trace) -> Trace:
     """The trace with words for tokens and every drawable [query, key] source merged (no neuron data)."""
     groups = word_groups(trace)
     arrays = {name: merge(trace.arrays[name], groups) for name in source_names(trace)
               if ARRAY_AXES[name][-2:] == ("query", "key")}
-    tokens = [_word_token(trace, u, pieces) for u, pieces in enumerate(groups)]
-    return dataclasses.replace(trace, tokens=tokens, arrays=arrays)
+    return dataclasses.replace(trace, tokens=word_tokens(trace, groups), arrays=arrays)
