@@ -137,3 +137,80 @@ def test_a_trace_without_word_pieces_has_no_word_level(http: httpx.Client) -> No
     assert p["word_level"]["available"] is False and "words" not in p and "one token" in p["word_level"]["reason"]
     r = http.get(p["maps"]["url"], params={"layer": "0", "level": "words"})
     assert r.status_code == 422 and "no word pieces" in r.json()["error"] and "level=tokens" in r.json()["error"]
+
+
+SHOWN = "document.getElementById('sv-views').attnscopeShown"
+# the page's own drawing, as the web app's serve.js does it: A.render(#sv-views, payload, {view, layer, head, ...})
+DRAW = """async ([view, keep]) => { const A = window.attnscope, root = document.getElementById('sv-views');
+  if (window.ctl) window.ctl.destroy();
+  window.ctl = await A.render(root, window.lazyPayload, Object.assign({ view: view }, keep)); }"""
+FIGURE = "() => window.attnscope.figureSVG(document.getElementById('sv-views'), 'head')"
+B64 = """(values) => { const b = new Uint8Array(values.buffer, values.byteOffset, values.byteLength); let s = "";
+  for (let i = 0; i < b.length; i += 8192) s += String.fromCharCode(...b.subarray(i, i + 8192)); return btoa(s); }"""
+
+
+@pytest.fixture(scope="module")
+def page(long_server: Server, lazy: dict[str, Any]) -> Iterator[Any]:
+    """The web app's page showing the lazy payload of TEXT (310 tokens: "auto" would send it inline)."""
+    from attnscope.views.browser import chromium
+
+    with chromium() as browser:
+        p = browser.new_page(viewport={"width": 1400, "height": 1000})
+        p.requests = []  # type: ignore[attr-defined]
+        p.errors = []  # type: ignore[attr-defined]
+        p.on("request", lambda r: p.requests.append(r.url))  # type: ignore[attr-defined]
+        p.on("pageerror", lambda e: p.errors.append(str(e)))  # type: ignore[attr-defined]
+        p.goto(long_server.url)
+        p.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default sentence, traced
+        status = p.evaluate("""async (text) => { const r = await fetch('/api/trace', { method: 'POST',
+          headers: { 'Content-Type': 'application/json' }, body: JSON.stringify(
+          { text: text, stages: [], payload: true, maps: 'lazy', sources: [] }) });
+          window.lazyPayload = (await r.json()).payload; return r.status; }""", TEXT)
+        assert status == 200
+        yield p
+        assert not p.errors, p.errors  # type: ignore[attr-defined]
+        p.close()
+
+
+def shown(page: Any, expression: str) -> Any:
+    return page.evaluate(f"() => {{ const s = {SHOWN}; return {expression}; }}")
+
+
+def word_requests(page: Any) -> list[str]:
+    return [u for u in page.requests if "/map?" in u and "level=words" in u]
+
+
+@pytest.mark.browser
+def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, lazy: dict[str, Any],
+                                                                    http: httpx.Client) -> None:
+    word_of = lazy["word_level"]["word_of"]
+    piece = next(i for i in range(1, len(word_of)) if word_of[i] == word_of[i - 1])  # a word's second piece
+    word, first = word_of[piece], word_of.index(word_of[piece])
+    page.evaluate(DRAW, ["head", {"layer": 2, "head": 3, "query": piece}])
+    assert shown(page, "[s.model.n, s.model.lazy, s.state().query]") == [310, True, piece]
+    page.click(".as-words")  # tokens -> words: the same layer, head and query (its word)
+    page.wait_for_function(f"() => {SHOWN}.model.n === 156 && document.querySelector('.as-panel .as-status')"
+                           ".dataset.pending === '0'", timeout=60_000)
+    assert shown(page, "[s.view(), s.state().layer, s.state().head, s.state().query]") == ["head", 2, 3, word]
+    assert page.get_attribute(".as-words", "aria-pressed") == "true"
+    assert any(u.endswith("level=words&layer=2&head=3") for u in word_requests(page))  # the head shown first
+    column = page.locator(".as-panel .as-tokens.as-q .as-tok")
+    assert column.count() == 156 and column.nth(word).text_content().strip() == lazy["words"]["tokens"][word]
+    codes = base64.b64decode(shown(page, f"({B64})(s.model.sources.get('weights').codes(2, 3))"))
+    assert codes == fetch(http, lazy["maps"]["url"], layer=2, head=3, level="words")[2].tobytes()  # byte for byte
+    text = lazy["words"]["tokens"][word]  # a whole word, e.g. "unforgettable" (pieces "un", "##forget", ...)
+    assert f">{word}: {text}</text>" in page.evaluate(FIGURE) and len(text) > len(lazy["tokens"][piece])  # the figure
+    for view in ("matrix", "model"):  # the page draws another view (serve.js's view menu): still words
+        page.evaluate(DRAW, [view, shown(page, "({layer: s.state().layer, head: s.state().head, "
+                                                 "query: s.state().query})")])
+        assert shown(page, "[s.view(), s.model.n, s.state().query]") == [view, 156, word]
+        if view == "matrix":
+            page.wait_for_function("() => document.querySelector('.as-panel').textContent.includes('of 156 × 156')")
+    assert page.locator(".as-panel .as-thumb").count() == 6 * 12  # from the word overviews
+    assert all("layer=2" in u for u in word_requests(page))  # no other layer fetched for the thumbnails
+    page.click(".as-words")  # words -> tokens: the word's first token
+    page.wait_for_function(f"() => {SHOWN}.model.n === 310")
+    assert shown(page, "[s.view(), s.state().layer, s.state().head, s.state().query]") == ["model", 2, 3, first]
+    assert page.get_attribute(".as-words", "aria-pressed") == "false"
+    page.evaluate(DRAW, ["head", {"layer": 2, "head": 3}])
+    assert f": {text}</text>" not in page.evaluate(FIGURE)  # tokens again: its pieces

@@ -29,9 +29,9 @@ from attnscope.views.words import word_tokens
 if TYPE_CHECKING:
     from attnscope.traces import Trace
 
-# the words payload is built with the lazy one up to this many stored codes (MiniLM at 512 tokens holds 2^24.2;
-# the merge costs ~10-30 ns a code); above it the map endpoint still serves word maps, the page offers no toggle
-WORDS_UP_FRONT = 2**26
+# the words payload is built with the lazy one up to this many stored codes (MiniLM at 512 tokens holds 2^24.2:
+# ~0.5 s); above it the map endpoint still serves word maps, and the page shows the words button disabled
+WORDS_UP_FRONT = 2**25
 
 
 def from_codes(codes: np.ndarray, scales: np.ndarray, words: WordLevel) -> np.ndarray:

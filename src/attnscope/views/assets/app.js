@@ -115,17 +115,48 @@
     return mounted;
   }
 
-  // Tokens or words (views/words.py merged the maps in Python): re-render with the other payload, same selection.
+  // Tokens or words (views/words.py merged the maps in Python; a long trace's word maps come from the server,
+  // serve/wordmaps.py): re-render with the other payload, same layer, heads, source and query (its word).
   function wordToggle(element, pairs, shown, store, options) {
     const on = shown === pairs.words;
     return el("button", { type: "button", class: "as-words", "aria-pressed": String(on),
                           title: "merge word pieces into words: to a word the sum over its pieces, from a word the mean",
                           text: on ? "words ✓" : "words", onclick: () => {
       const s = store.get();
+      element.attnscopeWords = on ? null : pairs.tokens; // drawn again by the page (another view): still words
       A.render(element, on ? pairs.tokens : pairs.words, Object.assign({}, options, {
-        pairs: pairs, layer: s.layer, head: s.head, heads: s.heads, source: s.source, theme: s.theme, query: null,
+        pairs: pairs, layer: s.layer, head: s.head, heads: s.heads, source: s.source, theme: s.theme,
+        query: otherLevel(pairs.words.word_of, s.query, on),
       }));
     } });
+  }
+
+  // A query token's word, or a word's first token (null without the words' token map word_of: [token] -> word).
+  function otherLevel(wordOf, query, toTokens) {
+    if (!wordOf || query === null || query === undefined) return null;
+    return toTokens ? wordOf.indexOf(query) : wordOf[query];
+  }
+
+  // On a words payload from the server a selection names words; the page around the views (the web app's
+  // step-by-step explanation) gets the word's first token as query and key, and the word itself as word, keyWord.
+  function wordSelections(element, payload) {
+    if (element.attnscopeWordSelect) element.removeEventListener("attnscope:select", element.attnscopeWordSelect, true);
+    element.attnscopeWordSelect = null;
+    if (payload.level !== "words" || !payload.word_of) return;
+    const first = (u) => (u === null || u === undefined ? u : payload.word_of.indexOf(u));
+    element.attnscopeWordSelect = (e) => {
+      if (!e.detail || e.detail.word !== undefined) return;
+      Object.assign(e.detail, { word: e.detail.query, keyWord: e.detail.key,
+                                query: first(e.detail.query), key: first(e.detail.key) });
+    };
+    element.addEventListener("attnscope:select", element.attnscopeWordSelect, true); // before the page's own
+  }
+
+  // A long trace with word pieces but too large for word overviews: say why there is no toggle.
+  function noWords(payload) {
+    const w = payload.word_level;
+    return w && w.available && !w.toggle ? el("button", { type: "button", class: "as-words", disabled: true,
+                                                          title: w.reason, text: "words" }) : null;
   }
 
   // A long trace's maps arrive on request (data.js, model.ensure): a change of layer or source is applied once
@@ -156,6 +187,10 @@
 
   A.render = async function (element, payload, options) {
     options = options || {};
+    if (!options.pairs && payload && payload.words && element.attnscopeWords === payload) { // words stay on
+      options = Object.assign({}, options, { pairs: { tokens: payload, words: payload.words } });
+      payload = payload.words;
+    }
     mark("attnscope:start");
     const model = await A.decode(payload);
     mark("attnscope:decoded");
@@ -172,19 +207,22 @@
     const base = A.context(element, model, store, { loadNeuron: options.loadNeuron });
     app.append(header(base, app));
     const mounted = mountViews(element, app, base, view);
-    element.attnscopeShown = { model: model, state: () => store.get(), view: () => mounted.panel.dataset.view };
+    element.attnscopeShown = { model: model, state: () => store.get(), view: () => mounted.panel.dataset.view,
+                               set: (patch) => store.set(patch) };
     if (A.exportButtons) app.querySelector(".as-meta").append(...A.exportButtons(element));
     const pairs = options.pairs || (payload.words ? { tokens: payload, words: payload.words } : null);
     if (pairs) app.querySelector(".as-meta").append(wordToggle(element, pairs, payload, store, options));
+    else if (noWords(payload)) app.querySelector(".as-meta").append(noWords(payload));
+    wordSelections(element, payload);
     await mounted.show(view === "all" ? "head" : view);
     element.dataset.attnscopeReady = "1";
     mark("attnscope:ready");
     A.emit(element, "attnscope:ready", { view: view });
     return {
-      get state() {
-        return store.get();
+      get state() { // what the element shows now (after the words button: the words' state, word indices)
+        return element.attnscopeShown ? element.attnscopeShown.state() : store.get();
       },
-      set: (patch) => store.set(patch),
+      set: (patch) => (element.attnscopeShown ? element.attnscopeShown.set(patch) : store.set(patch)),
       show: mounted.tabs ? mounted.show : null,
       destroy() {
         if (mounted.current) mounted.current.dispose();

@@ -125,6 +125,9 @@
   }
 
   const HELD_BYTES = 256 * 2 ** 20; // maps a page keeps fetched (the oldest layers leave first)
+  // the map endpoint's query for a source; a words payload's maps are word maps (level=words, serve/wordmaps.py)
+  const mapQuery = (payload, source) => new URLSearchParams(Object.assign({ source: source },
+    payload.maps.level ? { level: payload.maps.level } : {}));
 
   // A source whose maps stay on the server until shown: scales and overviews now, each layer on request.
   function makeLazySource(spec, overview, payload, held) {
@@ -159,7 +162,7 @@
     src.load = (layer, head) => {
       const key = keyOf(layer, head);
       if (held.get(key)) return held.get(key).ready;
-      const query = new URLSearchParams({ source: spec.name });
+      const query = mapQuery(payload, spec.name);
       if (src.perLayer) query.set("layer", String(layer));
       if (src.perHead) query.set("head", String(head));
       const entry = { codes: null, ready: null };
@@ -176,7 +179,7 @@
     src.loadLayer = (layer) => {
       const missing = src.heads.filter((h) => !held.get(keyOf(layer, h)));
       if (!src.perHead || !missing.length) return Promise.all(missing.map((h) => src.load(layer, h)));
-      const query = new URLSearchParams({ source: spec.name });
+      const query = mapQuery(payload, spec.name);
       if (src.perLayer) query.set("layer", String(layer));
       const all = getArrays(`${payload.maps.url}?${query}`);
       for (const h of missing) {
@@ -234,7 +237,8 @@
           return { n_query: src.nq, n_key: src.nk, values: src.codes(layer, head), scale: src.scale(layer, head) };
         }
         if (!payload.maps) throw new Error("exact maps come from the server: this page has uint8 maps only");
-        const query = new URLSearchParams({ source: src.name, precision: o.precision });
+        const query = mapQuery(payload, src.name);
+        query.set("precision", o.precision);
         if (src.perLayer) query.set("layer", String(layer));
         if (src.perHead) query.set("head", String(head));
         const { arrays } = await getArrays(`${payload.maps.url}?${query}`);
