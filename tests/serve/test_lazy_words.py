@@ -158,7 +158,9 @@ def page(long_server: Server, lazy: dict[str, Any]) -> Iterator[Any]:
         p = browser.new_page(viewport={"width": 1400, "height": 1000})
         p.requests = []  # type: ignore[attr-defined]
         p.errors = []  # type: ignore[attr-defined]
+        p.explained = []  # type: ignore[attr-defined]
         p.on("request", lambda r: p.requests.append(r.url))  # type: ignore[attr-defined]
+        p.on("request", lambda r: "/api/explain" in r.url and p.explained.append(r.post_data_json))  # type: ignore
         p.on("pageerror", lambda e: p.errors.append(str(e)))  # type: ignore[attr-defined]
         p.goto(long_server.url)
         p.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default sentence, traced
@@ -198,6 +200,9 @@ def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, l
     assert column.count() == 156 and column.nth(word).text_content().strip() == lazy["words"]["tokens"][word]
     codes = base64.b64decode(shown(page, f"({B64})(s.model.sources.get('weights').codes(2, 3))"))
     assert codes == fetch(http, lazy["maps"]["url"], layer=2, head=3, level="words")[2].tobytes()  # byte for byte
+    column.nth(word).click()  # the web app explains the word's first token (/api/explain names tokens)
+    page.wait_for_function("() => document.getElementById('sv-explain').textContent.includes('layer 2')")
+    assert page.explained[-1]["token"] == first and page.explained[-1]["layer"] == 2  # type: ignore[attr-defined]
     text = lazy["words"]["tokens"][word]  # a whole word, e.g. "unforgettable" (pieces "un", "##forget", ...)
     assert f">{word}: {text}</text>" in page.evaluate(FIGURE) and len(text) > len(lazy["tokens"][piece])  # the figure
     for view in ("matrix", "model"):  # the page draws another view (serve.js's view menu): still words
