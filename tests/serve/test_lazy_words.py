@@ -219,3 +219,24 @@ def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, l
     assert page.get_attribute(".as-words", "aria-pressed") == "false"
     page.evaluate(DRAW, ["head", {"layer": 2, "head": 3}])
     assert f": {text}</text>" not in page.evaluate(FIGURE)  # tokens again: its pieces
+
+
+def test_words_payload_is_bounded_and_says_why_when_over(local: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over WORDS_UP_FRONT map values the payload carries no words payload (its merge would cost seconds) and
+    says why; under it, the words payload's scales are the word maps' own (here in process, no server)."""
+    from attnscope.serve import wordmaps
+    from attnscope.serve.maps import compact
+
+    kept = compact(local, ["weights"], ("all-MiniLM-L6-v2", TEXT, None, 512, True))
+    base = {"sources": [{"name": "weights", "shape": [6, 12, 310, 310]}], "maps": {"url": "u"}, "initial": {}}
+    p = dict(base)
+    wordmaps.add_words(p, kept, local)
+    bound = (words_of(local).pieces.max() * kept.sources["weights"].scales[5, 11] + 1) / 510  # s_w <= 1
+    assert p["word_level"]["toggle"] and p["words"]["sources"][0]["scales"][12 * 5 + 11] == pytest.approx(
+        word_trace(local).arrays["weights"][5, 11].max(), abs=bound)
+    monkeypatch.setattr(wordmaps, "WORDS_UP_FRONT", 6 * 12 * 310 * 310 - 1)
+    p = dict(base)
+    wordmaps.add_words(p, kept, local)
+    assert "words" not in p and p["word_level"]["available"] and not p["word_level"]["toggle"]
+    assert p["word_level"]["reason"].startswith(f"the trace holds {6 * 12 * 310 * 310} map values, over the")
+    assert len(p["word_level"]["words"]) == 156  # the word list is there all the same

@@ -55,8 +55,7 @@ def stored_body(maps: MapSet, q: MapQuery) -> bytes:
     s, words = maps.sources[q.source], maps.words
     assert words is not None  # parse_query refuses level=words without word pieces
     heads = [q.head or 0] if q.head is not None or not s.per_head else list(range(s.codes.shape[1]))
-    layer = q.layer or 0
-    codes, scales = binary.quantize_maps(from_codes(s.codes[layer, heads], s.scales[layer, heads], words))
+    codes, scales = _quantized(s.codes[q.layer or 0], s.scales[q.layer or 0], words, heads)
     at = codes[0] if len(heads) == 1 and (q.head is not None or not s.per_head) else codes
     axes = ("query", "key") if at.ndim == 2 else ("head", "query", "key")
     kept = scales[:1] if at.ndim == 2 else scales
@@ -64,11 +63,20 @@ def stored_body(maps: MapSet, q: MapQuery) -> bytes:
     return binary.encode_packed(map_header(maps, q, at.shape), {q.source: (at.data.cast("B"), spec)})
 
 
+def _quantized(codes: np.ndarray, scales: np.ndarray, words: WordLevel,
+               heads: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """One layer's [head, query, key] codes -> the heads' word maps as uint8 [head, word, word] and scales [head],
+    one map at a time (a float64 scratch of one word map, not of the layer)."""
+    parts = [binary.quantize_maps(from_codes(codes[h:h + 1], scales[h:h + 1], words)) for h in heads]
+    return np.concatenate([c for c, _ in parts]), np.concatenate([sc for _, sc in parts])
+
+
 def summary(maps: MapSet, words: WordLevel) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Per source: each word map's scale [layer, head] and its max-pooled overview [layer, head, s_q, s_k]."""
     out = {}
     for name, s in maps.sources.items():
-        parts = [binary.quantize_maps(from_codes(s.codes[i], s.scales[i], words)) for i in range(len(s.codes))]
+        heads = list(range(s.codes.shape[1]))
+        parts = [_quantized(s.codes[i], s.scales[i], words, heads) for i in range(len(s.codes))]
         out[name] = (np.stack([sc for _, sc in parts]), np.stack([overview(c) for c, _ in parts]))
     return out
 
