@@ -195,6 +195,7 @@ def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, l
                            ".dataset.pending === '0'", timeout=60_000)
     assert shown(page, "[s.view(), s.state().layer, s.state().head, s.state().query]") == ["head", 2, 3, word]
     assert page.get_attribute(".as-words", "aria-pressed") == "true"
+    assert "12 heads · 156 words ·" in page.text_content(".as-meta")
     assert any(u.endswith("level=words&layer=2&head=3") for u in word_requests(page))  # the head shown first
     column = page.locator(".as-panel .as-tokens.as-q .as-tok")
     assert column.count() == 156 and column.nth(word).text_content().strip() == lazy["words"]["tokens"][word]
@@ -217,6 +218,7 @@ def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, l
     page.wait_for_function(f"() => {SHOWN}.model.n === 310")
     assert shown(page, "[s.view(), s.state().layer, s.state().head, s.state().query]") == ["model", 2, 3, first]
     assert page.get_attribute(".as-words", "aria-pressed") == "false"
+    assert "12 heads · 310 tokens ·" in page.text_content(".as-meta")
     page.evaluate(DRAW, ["head", {"layer": 2, "head": 3}])
     assert f": {text}</text>" not in page.evaluate(FIGURE)  # tokens again: its pieces
 

@@ -33,7 +33,8 @@
     const text = p.pair ? `${p.text}  ‖  ${p.pair}` : p.text;
     const arch = m.architecture && m.architecture !== m.name ? ` (${m.architecture})` : "";
     const meta = `${m.name || "model"}${arch} · ${p.model.layers ?? "?"} layers × ` +
-      `${p.model.heads ?? "?"} heads · ${ctx.model.n} tokens${m.causal ? " · causal" : ""} · all 0-indexed`;
+      `${p.model.heads ?? "?"} heads · ${ctx.model.n} ${p.level === "words" ? "words" : "tokens"}` +
+      `${m.causal ? " · causal" : ""} · all 0-indexed`;
     const toggle = el("button", { type: "button", class: "as-theme", "aria-label": "switch light or dark theme",
                                   text: "◐ theme" });
     toggle.addEventListener("click", () => {

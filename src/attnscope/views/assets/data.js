@@ -13,7 +13,8 @@
        in the background (one request for the layer; one per head when the layer is over the server's limit); model.holds(state) says whether that is there; model.onMap(fn) calls fn
        as each map arrives (returns a function that stops it); for a map not held yet src.codes() answers from
        src.overview(layer, head) -> {rows, cols, codes} (at most 64 x 64, each the max of its block, same scale),
-       scaled up to n_query x n_key (a stand-in: src.loaded(layer, head) is false).
+       scaled up to n_query x n_key (a stand-in: src.loaded(layer, head) is false). A words payload (payload.level
+       "words", serve/wordmaps.py) is lazy the same way: its maps are word maps (level=words), n = its words.
    Layers, heads and tokens are 0-indexed. */
 (function () {
   "use strict";
