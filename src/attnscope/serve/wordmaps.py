@@ -42,7 +42,7 @@ def from_codes(codes: np.ndarray, scales: np.ndarray, words: WordLevel) -> np.nd
     out = np.empty((codes.shape[0], words.n, words.n), dtype=np.float64)
     for h in range(codes.shape[0]):  # one map at a time: float32 scratch of one map
         c = codes[h].astype(np.float32) if contiguous else codes[h][order][:, order].astype(np.float32)
-        # sums of integer codes over a word's pieces: exact in float32 (at most 255 x pieces x pieces)
+        # sums of integer codes over pieces: exact in float32 while 255 x pieces_q x pieces_k < 2^24
         rows = np.add.reduceat(c, starts, axis=0)  # [word, key]
         out[h] = np.add.reduceat(rows, starts, axis=1)  # [word, word]
     out *= (scales / 255.0)[:, None, None]  # code sums -> value sums (to a word: the sum over its key pieces)
