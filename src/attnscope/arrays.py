@@ -21,10 +21,12 @@ from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
 
 class Pending:
-    """A stage not laid out yet: load() returns its array."""
+    """A stage not laid out yet: load() returns its array; parts(), when given, its items along the
+    first axis as views into the batch, without laying it out."""
 
-    def __init__(self, load: Callable[[], np.ndarray]) -> None:
+    def __init__(self, load: Callable[[], np.ndarray], parts: Callable[[], list[np.ndarray]] | None = None) -> None:
         self.load = load
+        self.parts = parts
 
 
 class TraceArrays(MutableMapping[str, np.ndarray]):
@@ -61,6 +63,14 @@ class TraceArrays(MutableMapping[str, np.ndarray]):
     def __contains__(self, stage: object) -> bool:
         return stage in self._items
 
+    def layer_parts(self, stage: str) -> list[np.ndarray]:
+        """stage's array as its items along the first axis (the layers): views into the batch while the
+        stage is not laid out (nothing is copied), else views of its array. Read them, never write."""
+        item = self._items[stage]
+        if isinstance(item, Pending) and item.parts is not None:
+            return item.parts()
+        return list(self[stage])
+
     def pending(self) -> list[str]:
         """Stages not laid out yet."""
         return [k for k, v in self._items.items() if isinstance(v, Pending)]
@@ -75,7 +85,8 @@ class TraceArrays(MutableMapping[str, np.ndarray]):
 def row_arrays(layers: dict[str, list[torch.Tensor]], row: int, n_tokens: int) -> TraceArrays:
     """One text of a padded batch. layers maps stage -> per-layer [batch, ...] tensors; scores, when
     absent, are q k^T of the text's own q and k."""
-    arrays = TraceArrays({stage: Pending(_cut(ts, stage, row, n_tokens)) for stage, ts in layers.items()})
+    arrays = TraceArrays({stage: Pending(_cut(ts, stage, row, n_tokens), _parts(ts, stage, row, n_tokens))
+                          for stage, ts in layers.items()})
     if "scores" not in layers and "q" in layers and "k" in layers:
         arrays._items["scores"] = Pending(partial(_scores, arrays))
     return arrays
@@ -91,9 +102,20 @@ def _scores(arrays: TraceArrays) -> np.ndarray:
     return out
 
 
+def _index(stage: str, row: int, n_tokens: int) -> tuple[int | slice, ...]:
+    """One text's part of a layer's [batch, ...] tensor: its row, its first n_tokens on every token axis."""
+    return (row, *(slice(0, n_tokens) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage][1:]))
+
+
+def _parts(layers: list[torch.Tensor], stage: str, row: int, n_tokens: int) -> Callable[[], list[np.ndarray]]:
+    """Views of one stage of one text, one per layer (nothing copied)."""
+    index = _index(stage, row, n_tokens)
+    return lambda: [t[index].numpy() for t in layers]
+
+
 def _cut(layers: list[torch.Tensor], stage: str, row: int, n_tokens: int) -> Callable[[], np.ndarray]:
     """A loader of one stage of one text: [layer, ...] with its first n_tokens on every token axis."""
-    index = (row, *(slice(0, n_tokens) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage][1:]))
+    index = _index(stage, row, n_tokens)
 
     def load() -> np.ndarray:
         first = layers[0][index]

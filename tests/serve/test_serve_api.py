@@ -140,6 +140,27 @@ def test_models_health_and_schema(http: httpx.Client, minilm: attnscope.Model) -
     assert text["properties"]["max_length"]["maximum"] == MAX_TOKENS
 
 
+def test_a_one_off_trace_is_kept_from_the_second_time_and_the_pages_at_once(http: httpx.Client) -> None:
+    def cache() -> dict[str, int]:
+        c: dict[str, int] = http.get("/healthz").json()["cache"]
+        return c
+
+    before = cache()
+    assert post(http, "/api/trace", {"text": "Asked for once, by an API client."}).status_code == 200
+    once = cache()
+    assert (once["declined"] - before["declined"], once["misses"] - before["misses"]) == (1, 1)
+    assert post(http, "/api/trace", {"text": "Asked for once, by an API client."}).status_code == 200
+    twice = cache()  # traced again, and kept this time
+    assert (twice["declined"], twice["misses"] - once["misses"], twice["hits"]) == (once["declined"], 1, once["hits"])
+    assert post(http, "/api/trace", {"text": "Asked for once, by an API client."}).status_code == 200
+    assert cache()["hits"] == twice["hits"] + 1
+    page = {"text": "Shown on the page.", "stages": [], "payload": True}
+    assert post(http, "/api/trace", page).status_code == 200  # the page asks again: kept at once
+    assert post(http, "/api/explain", {"text": "Shown on the page.", "layer": 0, "head": 1}).status_code == 200
+    after = cache()
+    assert (after["declined"], after["hits"] - twice["hits"]) == (twice["declined"], 2)
+
+
 def test_the_cache_serves_repeated_texts(http: httpx.Client) -> None:
     text = "Switching heads should not trace again."
     before = http.get("/healthz").json()["cache"]

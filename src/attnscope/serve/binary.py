@@ -24,7 +24,9 @@ Clients that do not ask for the binary form get JSON (float32), as before.
 from __future__ import annotations
 
 import json
+import math
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,48 +70,76 @@ def _float16(name: str, a: np.ndarray) -> np.ndarray:
     return half
 
 
-def quantize_maps(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Parts:
+    """An array given as its items along the first axis, e.g. a trace's [layer, ...] stage as one view per
+    layer into the forward pass's batch (attnscope.arrays): uint8 quantizes the maps where they are, the
+    other precisions join them first."""
+
+    items: list[np.ndarray]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.items), *self.items[0].shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def joined(self) -> np.ndarray:
+        return np.stack(self.items)
+
+
+def quantize_maps(a: np.ndarray | Parts, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[..., query, key] floats >= 0 -> uint8 codes and one scale per map, the same bytes as
     views.payload.quantize (float64 code = rint(value / scale * 255)), one map at a time in a reused
-    buffer: no array-sized float64 temporaries (4.5x faster at 72 maps of 256 x 256)."""
-    maps = np.asarray(a, dtype="<f4").reshape(-1, *a.shape[-2:])  # [map, query, key]
-    scales = maps.max(axis=(1, 2)).astype(np.float64) if maps.size else np.zeros(len(maps))  # [map]
-    codes = np.empty(maps.shape, dtype=np.uint8)
-    scratch = np.empty(maps.shape[1:], dtype=np.float64)  # [query, key]
-    for i, m in enumerate(maps):
-        np.divide(m, scales[i] if scales[i] > 0 else 1.0, out=scratch)
-        np.multiply(scratch, 255.0, out=scratch)
-        np.rint(scratch, out=scratch)
-        codes[i] = scratch  # exact integers 0..255: the cast is exact
-    return codes.reshape(a.shape), scales.reshape(a.shape[:-2])
+    buffer: no array-sized float64 temporaries (4.5x faster at 72 maps of 256 x 256), and Parts are read
+    where they are (no copy). With a name, a map with NaN, an infinity or a value below 0 is refused."""
+    shape = a.shape
+    codes = np.empty(shape, dtype=np.uint8)
+    out = codes.reshape(-1, *shape[-2:])  # [map, query, key]
+    scales = np.zeros(len(out))  # [map]
+    scratch = np.empty(shape[-2:], dtype=np.float64)  # [query, key]
+    i = 0
+    for block in a.items if isinstance(a, Parts) else [a]:
+        for m in np.asarray(block, dtype="<f4").reshape(-1, *shape[-2:]):
+            if m.size:
+                scales[i] = m.max()
+                if name is not None:
+                    _require_drawable(name, float(m.min()), scales[i])
+                np.divide(m, scales[i] if scales[i] > 0 else 1.0, out=scratch)
+                np.multiply(scratch, 255.0, out=scratch)
+                np.rint(scratch, out=scratch)
+                out[i] = scratch  # exact integers 0..255: the cast is exact
+            i += 1
+    return codes, scales.reshape(shape[:-2])
 
 
-def _uint8(name: str, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """[..., query, key] -> uint8 codes and one scale per map (shape a.shape[:-2])."""
-    if not (np.isfinite(a).all() and (a >= 0).all()):
+def _require_drawable(name: str, low: float, high: float) -> None:
+    """NaN fails both comparisons; an infinity or a negative value fails one."""
+    if not (low >= 0 and high < np.inf):
         raise AttnscopeError(f"precision 'uint8' needs finite maps >= 0 and '{name}' has NaN, infinite or "
                              "negative values: ask for precision 'float32'", parameter="precision")
-    return quantize_maps(a)
 
 
-def pack(name: str, a: np.ndarray, axes: tuple[str, ...], precision: str) -> tuple[Buffer, dict[str, Any]]:
+def pack(name: str, a: np.ndarray | Parts, axes: tuple[str, ...], precision: str) -> tuple[Buffer, dict[str, Any]]:
     """One array at a precision -> its bytes and its header entry (without offset)."""
     spec: dict[str, Any] = {"axes": list(axes), "shape": list(a.shape)}
     if precision == "uint8" and name in SOURCES and tuple(axes[-2:]) == ("query", "key"):
-        codes, scales = _uint8(name, a)
+        codes, scales = quantize_maps(a, name)
         spec |= {"dtype": "uint8", "scales": [float(s) for s in scales.ravel()]}
         out = codes
     elif precision in ("float16", "uint8"):
         spec["dtype"] = "float16"
-        out = _float16(name, a)
+        out = _float16(name, a.joined() if isinstance(a, Parts) else a)
     else:
         spec["dtype"] = "float32"
-        out = np.ascontiguousarray(a, dtype="<f4")
+        out = np.ascontiguousarray(a.joined() if isinstance(a, Parts) else a, dtype="<f4")
     data = out.data.cast("B") if out.flags.c_contiguous else out.tobytes()  # a view: copied once, in the join
     return data, spec | {"encoding": "binary", "nbytes": len(data)}
 
 
-def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray, tuple[str, ...]]],
+def encode(body: dict[str, Any], arrays: dict[str, tuple[np.ndarray | Parts, tuple[str, ...]]],
            precision: str = "float32") -> bytes:
     """`body` (without "arrays") and named (array, axes) pairs -> one binary body at `precision`."""
     if precision not in PRECISIONS:

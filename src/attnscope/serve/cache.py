@@ -2,6 +2,12 @@
 
 An entry grows after it is cached (rollout, flow and norms are computed on request, payloads
 are built on first use), so the owner calls `fit()` after each growth and the cap holds then.
+
+A trace no follow-up is expected for (an API request for arrays only) is kept from the second
+time its text is asked for: keeping every one-off trace costs a client that sends new texts
+~15% of its throughput (each kept trace pins tens of MB among the next forward pass's
+temporaries; the heap grows and every page of it faults in) and fills the cache with texts
+nobody asks about again.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class TraceCache:
         self.hits = 0
         self.misses = 0
         self.evicted = 0
+        self.declined = 0  # one-off traces not kept (asked for the first time, no follow-up expected)
+        self._seen: OrderedDict[CacheKey, None] = OrderedDict()  # keys of recent one-off traces
 
     def get(self, key: CacheKey) -> Entry | None:
         with self._lock:
@@ -78,15 +86,29 @@ class TraceCache:
             self.hits += 1
             return entry
 
-    def put(self, key: CacheKey, entry: Entry) -> None:
-        """Keep it, evicting the oldest; an entry over the byte cap alone is not kept (and evicts nothing)."""
+    def put(self, key: CacheKey, entry: Entry, follow_up: bool = True) -> None:
+        """Keep it, evicting the oldest; an entry over the byte cap alone is not kept (and evicts nothing).
+        follow_up=False (no request about it is expected): kept only if its key was put before."""
         with self._lock:
+            if not follow_up and self._first_time(key):
+                self.declined += 1
+                return
             if entry.nbytes > self.max_bytes:
                 self._items.pop(key, None)
                 return
             self._items[key] = entry
             self._items.move_to_end(key)
             self._fit()
+
+    def _first_time(self, key: CacheKey) -> bool:
+        """Is this the first one-off put of key (among the last few hundred)? Remembers it if so."""
+        if key in self._seen:
+            del self._seen[key]
+            return False
+        self._seen[key] = None
+        while len(self._seen) > max(256, 4 * self.max_entries):
+            self._seen.popitem(last=False)
+        return True
 
     def fit(self) -> None:
         """Evict until the caps hold again (after an entry grew)."""
@@ -110,4 +132,5 @@ class TraceCache:
         with self._lock:
             return {"entries": len(self._items), "bytes": sum(e.nbytes for e in self._items.values()),
                     "max_entries": self.max_entries, "max_bytes": self.max_bytes, "hits": self.hits,
-                    "misses": self.misses, "evicted": self.evicted}
+                    "misses": self.misses, "evicted": self.evicted,
+                    "declined": self.declined}

@@ -16,9 +16,11 @@ import resource
 import sys
 
 log = logging.getLogger(__name__)
-_M_MMAP_THRESHOLD = -3  # mallopt parameters, from glibc's malloc.h
+_M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+_M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
 _MMAP_THRESHOLD = 4 * 2**20
+_TRIM_THRESHOLD = 256 * 2**20
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -46,14 +48,18 @@ def rss_bytes() -> int:
 
 
 def tune() -> None:
-    """Large arrays straight from mmap (returned on free), and two arenas for all the worker threads.
+    """Large arrays straight from mmap (returned on free), a heap kept between requests, and two arenas
+    for all the worker threads.
 
     The threshold is 4 MiB: a trace's stacked arrays (19 MB of weights at 256 tokens) come from mmap
     and go back on free, while a forward pass's per-layer temporaries (3 MB of scores) reuse the heap.
     At 256 KiB every one of those was a fresh mmap whose pages fault in: the forward pass ran ~1.7x slower.
+    Setting the threshold also fixes glibc's trim threshold at 128 KiB, so the heap's free top went back to
+    the system after every request and faulted in again on the next: it is 256 MiB (release() still trims).
     """
     if _LIBC is not None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+        _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
         _LIBC.mallopt(_M_ARENA_MAX, 2)
 
 
