@@ -14,6 +14,7 @@ from serve_support import Server
 
 import attnscope
 from attnscope.serve import binary
+from attnscope.views.payload import quantize
 
 TEXT = "The cat <b>sat</b> on the mat."
 STAGES = ["weights", "q", "scores", "context"]
@@ -108,6 +109,31 @@ def test_precision_refusals() -> None:
     for bad, precision in ((np.full((1, 2, 2), np.nan), "uint8"), (np.full((2, 2), 7e4), "float16")):
         with pytest.raises(attnscope.AttnscopeError, match=f"precision '{precision}' .* ask for precision 'float32'"):
             binary.encode({}, {"weights": (bad, ("head", "query", "key")[-bad.ndim:])}, precision)
+    for bad_value in (np.nan, np.inf, -1e-9):  # in one map of one part: refused, never clipped
+        parts = [np.full((2, 3, 3), 0.5, np.float32) for _ in range(3)]
+        parts[2][1, 0, 2] = bad_value
+        with pytest.raises(attnscope.AttnscopeError, match="'weights' has NaN, infinite or negative values"):
+            binary.encode({}, {"weights": (binary.Parts(parts), AXES)}, "uint8")
+
+
+AXES = ("layer", "head", "query", "key")
+
+
+def test_uint8_of_parts_is_uint8_of_the_stacked_array_and_the_views_codes(minilm: attnscope.Model) -> None:
+    """The server quantizes a fresh trace's maps where they lie in the batch, one view per layer."""
+    tr = attnscope.trace(TEXT, model=minilm)
+    parts = binary.Parts(tr.arrays.layer_parts("weights"))  # type: ignore[attr-defined]
+    assert "weights" in tr.arrays.pending()  # type: ignore[attr-defined]  # nothing was laid out
+    from_parts = binary.encode({}, {"weights": (parts, AXES)}, "uint8")
+    stacked = tr.arrays["weights"]  # [layer, head, query, key], laid out now
+    assert from_parts == binary.encode({}, {"weights": (stacked, AXES)}, "uint8")
+    header, _ = binary.decode(from_parts)
+    codes, scales = quantize(stacked)  # the views' payload codes
+    start = len(from_parts) - header["arrays"]["weights"]["nbytes"]
+    assert from_parts[start:] == codes.tobytes() and header["arrays"]["weights"]["scales"] == scales.ravel().tolist()
+    for precision in ("float32", "float16"):  # the other precisions join the parts first
+        assert binary.encode({}, {"weights": (parts, AXES)}, precision) == \
+            binary.encode({}, {"weights": (stacked, AXES)}, precision)
 
 
 def test_precision_is_for_binary_only_and_validated(http: httpx.Client) -> None:
