@@ -217,3 +217,22 @@ def test_softmax_exp_of_masked_keys_equals_torch_exp_bit_for_bit() -> None:
     assert torch.equal(got, x.exp()) and bool((got[(x > -103.0) & (x < -88.0)] > 0).all())
     with_inf = torch.cat([x, torch.tensor([float("-inf")])])
     assert torch.equal(maths._exp_(with_inf.clone()), with_inf.exp())
+
+
+def test_softmax_through_the_visible_keys_equals_the_plain_softmax() -> None:
+    """The masked keys' exp formed as exp(t x 0) x 0 gives the plain softmax's numbers bit for bit: keys far below
+    their row's max (denormal exps kept), a NaN row, and a row that sees no key (the general path: uniform)."""
+    lowest = torch.finfo(torch.float32).min
+    pad = maths.padding_mask(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))[:, None]  # [batch, 1, 1, key]
+    mask = maths.combine_masks(pad, maths.causal_mask(5))  # [batch, 1, query, key]
+    scores = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 40.0  # [batch, head, query, key]
+    scores[0, 0, 4, 1] = 0.0 - 95.0 + scores[0, 0, 4, 0]  # an exp in the denormal range
+    with_nan = scores.clone()
+    with_nan[1, 2, 3, 0] = float("nan")
+    blind = mask.clone()
+    blind[0, 0, 2, :] = lowest  # query 2 of row 0 sees no key
+    for s, m in ((scores, mask), (with_nan, mask), (scores, blind)):
+        want = maths.softmax(s + m)
+        got = maths.softmax(s + m, in_place=True, visible=(m != lowest).float())
+        torch.testing.assert_close(got, want, rtol=0.0, atol=0.0, equal_nan=True)
+    assert bool(want[0, :, 2].sub(0.2).abs().max() < 1e-6)  # the blind row: exp(0) everywhere, uniform

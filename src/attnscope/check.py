@@ -54,10 +54,14 @@ class ErrorTable:
             self.add_rows(stage, source, layer, rows, captured[rows], other[rows])
 
     def add_rows(self, stage: str, source: str, layer: int, rows: slice, captured: torch.Tensor,
-                 other: torch.Tensor) -> None:
-        """captured, other: some rows of one layer of the batch, [rows, ...]."""
-        a, b = captured.float(), other.float()
-        diff = torch.sub(a, b, out=self.scratch("diff", a.shape)).abs_()
+                 other: torch.Tensor, disposable: bool = False) -> None:
+        """captured, other: some rows of one layer of the batch, [rows, ...]. disposable: other is float32 and
+        nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place."""
+        a = captured.float()
+        if disposable and other.dtype == torch.float32:
+            diff = other.sub_(a).abs_()  # |b - a| = |a - b|, in a buffer already in the cache
+        else:
+            diff = torch.sub(a, other.float(), out=self.scratch("diff", a.shape)).abs_()
         self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
         if source == "recompute":
             self._compared.add((stage, layer, rows.start, rows.stop))
@@ -159,7 +163,7 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
         w_o_norms: dict[int, torch.Tensor] = {}  # [d_model]: |W_O[:, j]|, once per layer
         for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
             if layer not in w_o_norms:
-                w_o_norms[layer] = params[layer].w_o.norm(dim=0)
+                w_o_norms[layer] = params[layer].w_o.T.norm(dim=1)  # |W_O[:, j]| along the stored rows: faster
             done |= _compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
     for stage, ref in reference.items():
         for layer in range(n_layers):
@@ -184,7 +188,7 @@ def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_n
         if stage == "output":
             table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms, ours[rows], rec[stage])
         else:
-            table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage])
+            table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage], disposable=True)
         if stage in reference and reference[stage][layer] is ours:
             table.add_same_rows(stage, "model", layer, rows, ours[rows])
             done.add((stage, layer))

@@ -163,11 +163,13 @@ def rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
     t: [..., head, token, d_head]; cos, sin: [token, d_rot] -> [..., head, token, d_head]
     """
-    d_rot = cos.shape[-1]
-    if d_rot == t.shape[-1]:
-        return t * cos + rotate_half(t) * sin
-    turned, kept = t[..., :d_rot], t[..., d_rot:]  # partial rotary: the rest pass unchanged
-    return torch.cat((turned * cos + rotate_half(turned) * sin, kept), dim=-1)
+    d_rot, half = cos.shape[-1], cos.shape[-1] // 2
+    # partial rotary: the dims past d_rot pass unchanged
+    out = t * cos if d_rot == t.shape[-1] else torch.cat((t[..., :d_rot] * cos, t[..., d_rot:]), dim=-1)
+    # rotate_half(t) sin, half by half and without its cat: (-b) s = -(b s), so the same sums bit for bit
+    out[..., :half] -= t[..., half:d_rot] * sin[..., :half]
+    out[..., half:d_rot] += t[..., :half] * sin[..., half:]
+    return out
 
 
 def expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -257,16 +259,30 @@ def apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return scaled if mask is None else scaled + mask
 
 
-def softmax(masked: torch.Tensor, in_place: bool = False,
-            scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+def softmax(masked: torch.Tensor, in_place: bool = False, scratch: dict[str, torch.Tensor] | None = None,
+            visible: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1.
 
     in_place=True overwrites `masked` (for a caller that owns it and needs it no longer); same numbers.
     scratch: where the exp keeps a buffer from call to call (see multi_head_attention).
+    visible: 1 where the mask let a key through and 0 where it added the dtype's minimum, broadcastable to
+    masked; same numbers (see _exp_visible_).
     """
     row_max = masked.amax(dim=-1, keepdim=True)
-    e = _exp_(masked.sub_(row_max) if in_place else masked - row_max, scratch)
+    t = masked.sub_(row_max) if in_place else masked - row_max
+    e = _exp_(t, scratch) if visible is None else _exp_visible_(t, row_max, visible, scratch)
     return e.div_(e.sum(dim=-1, keepdim=True))
+
+
+def _exp_visible_(t: torch.Tensor, row_max: torch.Tensor, visible: torch.Tensor,
+                  scratch: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    """exp in place of t = masked - row_max, where the keys hidden by the mask (visible 0) hold the dtype's
+    minimum minus the row's max: while every row's max is far above that minimum, their exp is exactly 0, so
+    t x visible (0 there: exp(0) is fast), exp, x visible again gives torch's numbers in three passes."""
+    lowest = float(row_max.amin()) if row_max.numel() else 0.0
+    if not lowest > torch.finfo(t.dtype).min / 2:  # a row sees no key (or NaN): the general path
+        return _exp_(t, scratch)
+    return _exp_(t.mul_(visible), scratch).mul_(visible)  # a key the mask let through: t x 1 = t, exactly
 
 
 _NORMAL_EXP = -87.0  # exp(x) of float32 is a normal number above this; below it, denormal or 0
@@ -333,6 +349,7 @@ def multi_head_attention(
     x: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None = None,
     positions: torch.Tensor | None = None, keep: Collection[str] | None = None, in_place: bool = False,
     memory: torch.Tensor | None = None, scratch: dict[str, torch.Tensor] | None = None,
+    projected: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Every stage of one multi-head attention layer, by name: self-attention, or cross-attention with memory.
 
@@ -350,14 +367,25 @@ def multi_head_attention(
     live only until the next such call.
     memory: cross-attention (encoder-decoder models): q from x (the decoder's), k and v from memory (the
     encoder's output) [..., key, d_model]. params.relative_bias (T5) adds position_bias [head, query, key].
+    projected: project_qkv's stages of these rows when already formed (the check projects a layer's rows at
+    once, one product per projection, and attends a few rows at a time).
     """
     st: dict[str, torch.Tensor] = {"x": x} if memory is None else {"x": x, "memory": memory}
-    _project_qkv(st, x, params, positions, memory)
+    st.update(project_qkv(x, params, positions, memory) if projected is None else projected)
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
     shape = (*st["q"].shape[:-1], int(k.shape[-2]))  # [..., head, query, key]
     reuse = scratch if in_place else None
     st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "scores", shape, st["q"].dtype))
-    logits = scale(st["scores"], params.scaling, out=_buffer(reuse, "logits", shape, st["q"].dtype))
+    logits = _buffer(reuse, "logits", shape, st["q"].dtype)
+    # [..., query, key]: 1 where the mask lets a key through, 0 where it adds the minimum (in place only)
+    visible = None if not in_place or mask is None else (mask != torch.finfo(mask.dtype).min).to(mask.dtype)
+    if in_place and mask is not None and params.softcap is None and params.relative_bias is None:
+        # mask + scaling scores in one pass: the same numbers as scaling then adding, for a mask of 0 and the
+        # dtype's minimum (a product rounded once either way, then + 0 or absorbed by the minimum)
+        st["scaled"] = logits = torch.add(mask, st["scores"], alpha=params.scaling, out=logits)
+        mask = None
+    else:
+        logits = scale(st["scores"], params.scaling, out=logits)
     if params.softcap is not None:
         st["scaled"], logits = logits, soft_cap(logits, params.softcap)
         st["capped"] = logits
@@ -375,7 +403,7 @@ def multi_head_attention(
     if params.sinks is not None:
         st["weights"] = softmax_with_sink(logits, params.sinks)  # [..., head, query, key], rows sum below 1
     else:
-        st["weights"] = softmax(logits, in_place=in_place, scratch=reuse)
+        st["weights"] = softmax(logits, in_place=in_place, scratch=reuse, visible=visible)
     st["context"] = attend(st["weights"], v)  # [..., head, query, d_head]
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
@@ -393,9 +421,13 @@ def _buffer(scratch: dict[str, torch.Tensor] | None, name: str, shape: tuple[int
     return scratch[key]
 
 
-def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,
-                 positions: torch.Tensor | None, memory: torch.Tensor | None = None) -> None:
-    """q, k, v of one layer into st: projection, QK-norm, split into heads, rotation (k, v from memory if given)."""
+def project_qkv(x: torch.Tensor, p: AttentionParams, positions: torch.Tensor | None = None,
+                memory: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """q, k, v of one layer: projection, QK-norm, split into heads, rotation (k, v from memory if given).
+
+    Returns q, k, v and, when the family rotates, q_pre, k_pre, position_ids, cos, sin (see multi_head_attention).
+    """
+    st: dict[str, torch.Tensor] = {}
     kv_in = x if memory is None else memory  # cross-attention: keys and values from the encoder's output
     q, k = project(x, p.w_q, p.b_q), project(kv_in, p.w_k, p.b_k)  # [..., token, head|kv_head * d_head]
     if p.q_norm is not None and not p.q_norm.per_head:
@@ -410,8 +442,15 @@ def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParam
     st["v"] = split_heads(project(kv_in, p.w_v, p.b_v), p.kv_heads)  # [..., kv_head, token, d_head]
     if p.rope is None:
         st["q"], st["k"] = q, k
-        return
+        return st
     n = int(x.shape[-2])
     pos = torch.arange(n) if positions is None else positions  # [token]
     cos, sin = rope_tables(pos, p.rope)  # [token, d_rot]
     st.update(q_pre=q, k_pre=k, position_ids=pos, cos=cos, sin=sin, q=rotate(q, cos, sin), k=rotate(k, cos, sin))
+    return st
+
+
+def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,
+                 positions: torch.Tensor | None, memory: torch.Tensor | None = None) -> None:
+    """project_qkv into st (generate_check's call, until it calls project_qkv)."""
+    st.update(project_qkv(x, p, positions, memory))

@@ -54,10 +54,13 @@ def recompute_layers(
         if p.window not in masks:
             masks[p.window] = layer_mask(n_tokens, p.window, keep)  # [batch, 1, query, key], [query, key] or None
         mask = masks[p.window]
+        # q, k, v of every row at once (one product per projection); only [query, key] work goes in chunks
+        projected = maths.project_qkv(x[layer], p)  # [batch, head|kv_head, token, d_head]
         for rows in chunks:
             rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
             yield layer, rows, maths.multi_head_attention(
-                x[layer][rows], p, rows_mask, keep=RECOMPUTED_STAGES, in_place=True, scratch=scratch)
+                x[layer][rows], p, rows_mask, keep=RECOMPUTED_STAGES, in_place=True, scratch=scratch,
+                projected={name: projected[name][rows] for name in ("q", "k", "v")})
 
 
 def row_chunks(row_items: int, n_rows: int, chunk_bytes: int | None = CHUNK_BYTES) -> list[slice]:
