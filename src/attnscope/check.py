@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from attnscope.maths import AttentionParams, expand_kv
-from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, recompute_layers, row_chunks
+from attnscope.recompute import CHUNK_BYTES, PROJECTED_STAGES, RECOMPUTED_STAGES, recompute_layers, row_chunks
 from attnscope.report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
@@ -31,7 +31,7 @@ class ErrorTable:
         self.n_layers, self.n_heads = n_layers, n_heads
         self.errors: dict[tuple[str, str], np.ndarray] = {}  # [row, layer, head|1]
         self._scratch: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
-        self._compared: set[tuple[str, int, int | None, int | None]] = set()  # (stage, layer, rows) vs the recompute
+        self._compared: set[tuple[str, int, int]] = set()  # (stage, layer, row) compared with the recompute
 
     def _valid(self, stage: str) -> torch.Tensor:
         """Where a [batch, ...] array of this stage holds real (unpadded) positions: keep on each token axis."""
@@ -64,7 +64,7 @@ class ErrorTable:
             diff = torch.sub(a, other.float(), out=self.scratch("diff", a.shape)).abs_()
         self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
         if source == "recompute":
-            self._compared.add((stage, layer, rows.start, rows.stop))
+            self._compared.update((stage, layer, row) for row in range(*rows.indices(self.keep.shape[0])))
 
     def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
         """The trace's scores, q k^T of the captured q and k [rows, head|kv_head, token, d_head], against the
@@ -87,7 +87,7 @@ class ErrorTable:
     def _equal_so_far(self, stage: str, layer: int, rows: slice) -> bool:
         """Whether these rows of this stage were compared with the recompute and found equal everywhere."""
         done = self.errors.get((stage, "recompute"))
-        compared = (stage, layer, rows.start, rows.stop) in self._compared
+        compared = all((stage, layer, row) in self._compared for row in range(*rows.indices(self.keep.shape[0])))
         return compared and done is not None and bool(np.all(done[rows, layer] == 0.0))
 
     def add_output(self, layer: int, rows: slice, context: torch.Tensor, w_o_norms: torch.Tensor,
@@ -107,7 +107,9 @@ class ErrorTable:
         """Max of |difference| per row and head ([rows, head] or [rows, 1]), over real positions only."""
         if self.padded:  # a fill rather than a product: padding drops out, a NaN in real positions stays
             diff.masked_fill_(~self._valid(stage)[rows], 0.0)
-        reduced = diff.flatten(2).amax(2) if stage in PER_HEAD else diff.flatten(1).amax(1, keepdim=True)
+        # over the axes after [rows, head] without flattening (a copy where the capture's layout is permuted)
+        reduced = diff.amax(dim=tuple(range(2, diff.dim()))) if stage in PER_HEAD else \
+            diff.flatten(1).amax(1, keepdim=True)
         return self._per_query_head(stage, reduced.numpy())
 
     def _per_query_head(self, stage: str, errors: np.ndarray) -> np.ndarray:
@@ -180,7 +182,7 @@ def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_n
     """Every recomputed stage of some rows of one layer against the capture; where the model returned the very
     tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with the model."""
     done = set()
-    for stage in RECOMPUTED_STAGES:
+    for stage in (s for s in RECOMPUTED_STAGES if s in rec):
         if stage == "scores":  # the trace's scores are q k^T of its q and k
             table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
             continue
@@ -188,7 +190,8 @@ def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_n
         if stage == "output":
             table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms, ours[rows], rec[stage])
         else:
-            table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage], disposable=True)
+            own = stage not in PROJECTED_STAGES  # q, k, v are every row's, read again by the attention
+            table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage], disposable=own)
         if stage in reference and reference[stage][layer] is ours:
             table.add_same_rows(stage, "model", layer, rows, ours[rows])
             done.add((stage, layer))

@@ -13,7 +13,9 @@ from torch import nn
 
 from attnscope import families, maths
 
-RECOMPUTED_STAGES = ("q", "k", "v", "scores", "weights", "context", "output")
+PROJECTED_STAGES = ("q", "k", "v")  # formed for every row of a layer at once
+ATTENDED_STAGES = ("scores", "weights", "context", "output")  # formed a few rows at a time
+RECOMPUTED_STAGES = PROJECTED_STAGES + ATTENDED_STAGES
 CHUNK_BYTES = 4 * 2**20  # a chunk of a few MiB of attention maps stays in the CPU's cache
 
 
@@ -38,7 +40,9 @@ def recompute_layers(
     x: torch.Tensor | Sequence[torch.Tensor], params: list[maths.AttentionParams],
     keep: torch.Tensor | None = None, chunk_bytes: int | None = None,
 ) -> Iterator[tuple[int, slice, dict[str, torch.Tensor]]]:
-    """The compared stages of each layer from its captured input: yields (layer, rows, stages).
+    """The compared stages of each layer from its captured input: yields (layer, rows, stages), for each layer
+    first q, k and v of every row (the attention reads them next: compare them without writing into them), then
+    scores, weights, context and output of each chunk of rows.
 
     x: [batch, token, d_model] per layer; keep: [batch, token], 1 for real tokens and 0 for padding.
     chunk_bytes: recompute that many bytes of [rows, head, query, key] at a time (default: all rows
@@ -56,11 +60,12 @@ def recompute_layers(
         mask = masks[p.window]
         # q, k, v of every row at once (one product per projection); only [query, key] work goes in chunks
         projected = maths.project_qkv(x[layer], p)  # [batch, head|kv_head, token, d_head]
+        yield layer, slice(0, n_rows), {name: projected[name] for name in PROJECTED_STAGES}
         for rows in chunks:
             rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
             yield layer, rows, maths.multi_head_attention(
-                x[layer][rows], p, rows_mask, keep=RECOMPUTED_STAGES, in_place=True, scratch=scratch,
-                projected={name: projected[name][rows] for name in ("q", "k", "v")})
+                x[layer][rows], p, rows_mask, keep=ATTENDED_STAGES, in_place=True, scratch=scratch,
+                projected={name: projected[name][rows] for name in PROJECTED_STAGES})
 
 
 def row_chunks(row_items: int, n_rows: int, chunk_bytes: int | None = CHUNK_BYTES) -> list[slice]:
