@@ -125,3 +125,37 @@ def test_user_text_stays_text_and_nothing_leaves_the_server(visit: Visit) -> Non
     assert visit.errors == []
     assert visit.requests and all(r.startswith(visit.origin) for r in visit.requests), visit.requests
     assert {r.removeprefix(visit.origin) for r in visit.requests} <= {"", "api/trace", "api/explain", "api/neuron"}
+
+
+def test_the_words_button_on_a_traced_text(visit: Visit, minilm: attnscope.Model) -> None:
+    """A short trace travels inline with its word level (views.words): the header's words button merges the
+    pieces in the head view and back, as `attnscope view --word-level` does."""
+    from attnscope.views.words import word_trace
+
+    text = "An unforgettable phosphorescence."
+    local = attnscope.trace(text, model=minilm, max_length=MAX_TOKENS)
+    words = word_trace(local)
+    assert words.n_tokens < local.n_tokens  # pieces to merge
+    page = visit.page
+    page.fill("#sv-text", text)
+    page.fill("#sv-pair", "")
+    page.select_option("#sv-view", "head")
+    page.click("#sv-go")
+    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
+                           arg=text, timeout=60_000)
+    column = "#sv-views .as-tokens.as-q .as-tok"
+    page.wait_for_selector(column)
+    assert page.locator(column).all_inner_texts() == local.token_strings
+    page.click("#sv-views .as-words")
+    page.wait_for_selector("#sv-views .as-words[aria-pressed=true]")
+    assert page.locator(column).all_inner_texts() == words.token_strings  # "unforgettable" whole
+    assert f"{words.n_tokens} words" in page.text_content("#sv-views .as-meta")
+    unforgettable = words.token_strings.index("unforgettable")
+    page.locator(column).nth(unforgettable).click()  # the web app explains the word's first token
+    first = next(t.index for t in local.tokens if t.word == words.tokens[unforgettable].word)
+    page.wait_for_function("(want) => document.querySelector('#sv-explain h2')?.textContent.includes(want)",
+                           arg=f"query token {first} ", timeout=60_000)
+    page.click("#sv-views .as-words")
+    page.wait_for_selector("#sv-views .as-words[aria-pressed=false]")
+    assert page.locator(column).all_inner_texts() == local.token_strings
+    assert visit.errors == []

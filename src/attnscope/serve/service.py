@@ -30,6 +30,7 @@ from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
 from attnscope.views.payload import source_names as payload_sources
+from attnscope.views.words import word_groups, word_trace
 
 _BASE64_BYTES = 16 / 3  # JSON bytes per float32 value: 4 bytes, base64
 _LIST_BYTES = 16  # at most, as a JSON number in a list: "-1.2345678e-05," (float32 repr)
@@ -237,7 +238,8 @@ def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[st
 
 
 def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
-    """The views' payload (attnscope.views.payload) as JSON: raw weights plus the `optional` sources.
+    """The views' payload (attnscope.views.payload) as JSON: raw weights plus the `optional` sources, and
+    their word-level payload when some word has several pieces (views.words).
 
     Built once per entry and choice, so switching views, layers and heads costs no recompute;
     kept as bytes, so the cache counts exactly what it holds.
@@ -246,8 +248,18 @@ def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
         tr = e.trace
         for name in optional:
             stage_array(tr, name)
-        keep = {k: v for k, v in tr.arrays.items() if k not in DERIVED or k in optional}
-        e.payloads[optional] = to_json(payload(dataclasses.replace(tr, arrays=keep)))
+        kept = {k: v for k, v in tr.arrays.items() if k not in DERIVED or k in optional}
+        shown = dataclasses.replace(tr, arrays=kept)
+        data = payload(shown)
+        groups = word_groups(shown)
+        if any(len(g) > 1 for g in groups):  # the page's words button, as `attnscope view --word-level`
+            word_of = [0] * len(shown.tokens)  # [token] -> word
+            for u, pieces in enumerate(groups):
+                for t in pieces:
+                    word_of[t] = u
+            # level and word_of: the page keeps the selection across the button and explains a word's first token
+            data["words"] = payload(word_trace(shown), neuron="none") | {"level": "words", "word_of": word_of}
+        e.payloads[optional] = to_json(data)
     return e.payloads[optional]
 
 
