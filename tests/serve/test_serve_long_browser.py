@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -133,3 +134,25 @@ def test_model_view_draws_every_map_from_summaries(page: Any) -> None:
     sides = page.eval_on_selector_all(".as-panel .as-thumb[data-layer='5'] canvas", "cs => cs.map((c) => c.width)")
     assert len(sides) == 12 and max(sides) <= 64  # pooled from the 64 x 64 overview, never a 512 x 512 stand-in
     assert shown(page, "s.model.sources.get('weights').loaded(5, 0)") is False
+
+
+def test_a_figure_waits_for_the_maps_it_draws(page: Any) -> None:
+    """Exported before the layer's heads have arrived, the head view's figure still draws every head from its
+    map, never from its overview: the download waits for them (layer 4's fetches are held back 1.5 s here)."""
+    page.evaluate("""() => { const A = window.attnscope, get = A.getBinary;
+      A.getBinary = (url) => new Promise((r) => setTimeout(r, url.includes("layer=4") ? 1500 : 0)).then(() => get(url));
+    }""")
+    page.select_option("#sv-view", "head")
+    page.wait_for_selector(".as-panel[data-view=head]", timeout=60_000)
+    page.select_option(".as-panel select[aria-label='layer (0-indexed)']", "4")
+    page.wait_for_function("() => !document.getElementById('sv-views').dataset.attnscopeLoading", timeout=60_000)
+    heads = shown(page, "s.state().heads")
+    loaded = "(hs) => hs.map((h) => document.getElementById('sv-views').attnscopeShown.model.sources.get('weights')" \
+             ".loaded(4, h))"
+    assert len(heads) > 1 and not all(page.evaluate(loaded, heads))  # the other heads are still on their way
+    with page.expect_download() as got:
+        page.click("#sv-views .as-export[data-format=svg]")
+    figure = Path(got.value.path()).read_text(encoding="utf-8")
+    assert all(page.evaluate(loaded, heads))
+    assert figure == page.evaluate("() => window.attnscope.figureSVG(document.getElementById('sv-views'))")
+    assert "layer 4" in figure and f"heads {', '.join(map(str, heads))}" in figure

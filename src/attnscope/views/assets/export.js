@@ -296,6 +296,20 @@
     return FIGURES[name](shown.model, shown.state(), name === "matrix" ? root.attnscopeMatrix : null);
   };
 
+  // figureReady(root, view?) -> Promise: on a lazily sent trace (the web app on a long text), the maps the head or
+  // matrix figure draws are fetched first (the layer's shown heads; the matrix's head, or its heads for their
+  // mean), so that no head is drawn from its overview. The model figure draws max-pooled thumbnails either way.
+  A.figureReady = async function (root, view) {
+    const shown = root.attnscopeShown;
+    if (!shown || !shown.model.lazy) return;
+    const [name, state, model] = [view || shown.view(), shown.state(), shown.model];
+    const src = model.sources.get(state.source || "weights") || model.sources.values().next().value;
+    if (!src || !src.lazy || (name !== "head" && name !== "matrix")) return;
+    const picked = (state.heads || []).filter((h) => src.heads.includes(h));
+    const heads = !src.perHead ? [null] : name === "head" || (state.meanHeads && picked.length) ? picked : [state.head];
+    await Promise.all(heads.map((h) => src.load(src.perLayer ? state.layer : null, h)));
+  };
+
   // figurePNG(root, scale, view?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.
   A.figurePNG = async function (root, scale, view) {
     return A.svgToPNG(A.figureSVG(root, view), scale);
@@ -357,34 +371,35 @@
     a.remove();
   }
 
-  // A download button for any figure: `make()` returns the SVG text, saved as `name`.
+  // A download button for any figure: `make()` returns the SVG text (or a Promise of it), saved as `name`.
   A.svgButton = function (make, name) {
     return A.el("button", { type: "button", class: "as-export", "data-format": "svg", text: "⤓ SVG",
-                            title: "download as an SVG figure", onclick: () => {
-      const url = URL.createObjectURL(new Blob([make()], { type: "image/svg+xml" }));
+                            title: "download as an SVG figure", onclick: async () => {
+      const url = URL.createObjectURL(new Blob([await make()], { type: "image/svg+xml" }));
       save(url, typeof name === "function" ? name() : name);
       setTimeout(() => URL.revokeObjectURL(url), 1000);
     } });
   };
 
-  // A PNG download button for any figure: `make()` returns the SVG text, drawn at twice its size.
+  // A PNG download button for any figure: `make()` returns the SVG text (or a Promise of it), drawn at twice its size.
   A.pngButton = function (make, name) {
     return A.el("button", { type: "button", class: "as-export", "data-format": "png", text: "⤓ PNG",
                             title: "download as a PNG figure (2x)", onclick: async () =>
-      save(await A.svgToPNG(make(), 2), typeof name === "function" ? name() : name) });
+      save(await A.svgToPNG(await make(), 2), typeof name === "function" ? name() : name) });
   };
 
-  // The download buttons of the header: the view shown, as SVG, or as PNG at twice the screen size.
+  // The download buttons of the header: the view shown (its maps fetched first on a lazy trace), as SVG, or as
+  // PNG at twice the screen size.
   A.exportButtons = function (root) {
     const name = (ext) => {
       const s = root.attnscopeShown;
       const st = s.state();
       return `attnscope-${s.view()}-layer${st.layer}-head${st.head}.${ext}`;
     };
-    const svgButton = A.svgButton(() => A.figureSVG(root), () => name("svg"));
-    const pngButton = A.el("button", { type: "button", class: "as-export", "data-format": "png",
-                                       title: "download this view as a PNG figure (2x)", text: "⤓ PNG",
-                                       onclick: async () => save(await A.figurePNG(root, 2), name("png")) });
-    return [svgButton, pngButton];
+    const make = async () => {
+      await A.figureReady(root);
+      return A.figureSVG(root);
+    };
+    return [A.svgButton(make, () => name("svg")), A.pngButton(make, () => name("png"))];
   };
 })();
