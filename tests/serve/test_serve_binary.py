@@ -119,6 +119,18 @@ def test_precision_refusals() -> None:
 AXES = ("layer", "head", "query", "key")
 
 
+def test_float16_is_numpys_rounding_at_the_edges() -> None:
+    edges = np.array([0.0, -0.0, 1e-8, 2.98e-8, 3e-8, 5.96e-8, 6e-8, 6.1e-5, 1 / 3, 2049.0, 2051.0, 65504.0, 65519.0,
+                      -65519.0, np.nan, np.inf, -np.inf], dtype=np.float32)  # subnormals, ties, the largest finite
+    rng = np.random.default_rng(7)
+    for a in (edges, (rng.standard_normal(3 * 5 * 7) * 1000).astype(np.float32)):
+        half = binary.decode(binary.encode({}, {"q": (a, ("token",))}, "float16"))[1]["q"]
+        assert half.view(np.uint16).tobytes() == a.astype(np.float16).view(np.uint16).tobytes()
+    for big in (65520.0, -1e6):  # finite in float32, infinite in float16: refused, never clipped
+        with pytest.raises(attnscope.AttnscopeError, match="cannot hold 'q'"):
+            binary.encode({}, {"q": (np.array([1.0, big], np.float32), ("token",))}, "float16")
+
+
 def test_uint8_of_parts_is_uint8_of_the_stacked_array_and_the_views_codes(minilm: attnscope.Model) -> None:
     """The server quantizes a fresh trace's maps where they lie in the batch, one view per layer."""
     tr = attnscope.trace(TEXT, model=minilm)
