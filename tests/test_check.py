@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from attnscope.check import ErrorTable
@@ -90,3 +91,21 @@ def test_the_models_own_weights_compared_after_the_recompute_equal_the_plain_com
         fast.add_same_rows("weights", "model", 0, rows, w[rows])
     np.testing.assert_array_equal(fast.errors[("weights", "model")], plain.errors[("weights", "model")])
     assert np.isnan(plain.errors[("weights", "model")][:, 0]).tolist() == [[False, True, False], [False, False, True]]
+
+
+def test_the_recompute_needs_no_scores_once_q_and_k_of_every_row_are_equal() -> None:
+    q, k, _ = _qk(scale=3.0)
+    table = ErrorTable(torch.ones(ROWS, TOKENS), n_layers=1, n_heads=HEADS)
+    every = slice(0, ROWS)
+    assert table.needs_scores(0)  # nothing compared yet
+    table.add_rows("q", "recompute", 0, every, q, q.clone())
+    table.add_rows("k", "recompute", 0, every, k, k.clone())
+    assert not table.needs_scores(0)
+    table.add_scores(0, slice(1, 2), q[1:2], k[1:2], None)  # a chunk without recomputed scores: 0 by equality
+    assert table.errors[("scores", "recompute")][1, 0].max() == 0.0
+    off = k.clone()
+    off[0, 0, 0, 0] += 1.0
+    table.add_rows("k", "recompute", 0, every, k, off)
+    assert table.needs_scores(0)
+    with pytest.raises(RuntimeError):
+        table.add_scores(0, slice(0, 1), q[:1], k[:1], None)

@@ -236,3 +236,18 @@ def test_softmax_through_the_visible_keys_equals_the_plain_softmax() -> None:
         got = maths.softmax(s + m, in_place=True, visible=(m != lowest).float())
         torch.testing.assert_close(got, want, rtol=0.0, atol=0.0, equal_nan=True)
     assert bool(want[0, :, 2].sub(0.2).abs().max() < 1e-6)  # the blind row: exp(0) everywhere, uniform
+
+
+def test_scores_not_asked_for_are_formed_in_the_logits_buffer_with_the_same_numbers() -> None:
+    p = _rope_params()
+    mask = maths.combine_masks(maths.padding_mask(torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))[:, None],
+                               maths.causal_mask(5))
+    scratch: dict[str, torch.Tensor] = {}
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(4))
+    full = maths.multi_head_attention(x, p, mask)
+    for m in (mask, None):  # scaling and mask in one pass over that buffer, or the scaling alone
+        lean = maths.multi_head_attention(x, p, m, keep=("weights", "context"), in_place=True, scratch=scratch)
+        want = full if m is not None else maths.multi_head_attention(x, p)
+        for name, t in lean.items():
+            assert torch.equal(t, want[name]), name
+    assert not any(key.startswith("scores") for key in scratch)

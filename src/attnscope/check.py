@@ -61,28 +61,37 @@ class ErrorTable:
         if disposable and other.dtype == torch.float32:
             diff = other.sub_(a).abs_()  # |b - a| = |a - b|, in a buffer already in the cache
         else:
-            diff = torch.sub(a, other.float(), out=self.scratch("diff", a.shape)).abs_()
+            diff = torch.sub(a, other.float(), out=self.scratch("diff", a.shape, like=a)).abs_()
         self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
         if source == "recompute":
             self._compared.update((stage, layer, row) for row in range(*rows.indices(self.keep.shape[0])))
 
-    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor, recomputed: torch.Tensor) -> None:
+    def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor,
+                   recomputed: torch.Tensor | None) -> None:
         """The trace's scores, q k^T of the captured q and k [rows, head|kv_head, token, d_head], against the
         recomputed [rows, head, query, key], relative to max(1, |q_i| |k_j|).
 
         Where the recomputed q and k were found equal to the captured ones at every real position (their
         errors, already in the table, are exactly 0, which NaN and infinity never give), the two scores
-        there are one product of the same numbers: the difference is 0 without forming q k^T again.
+        there are one product of the same numbers: the difference is 0 without forming q k^T again (and the
+        recompute, asked needs_scores, formed none: recomputed is None).
         """
         table = self._table("scores", "recompute")
         if self._equal_so_far("q", layer, rows) and self._equal_so_far("k", layer, rows):
             table[rows, layer] = 0.0
             return
+        if recomputed is None:
+            raise RuntimeError(f"layer {layer}: the recompute formed no scores, but q or k differ from the capture")
         shape = recomputed.shape
         k = expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # [rows, head, key, d_head]
         diff = torch.matmul(q, k.transpose(-1, -2), out=self.scratch("diff", shape)).sub_(recomputed).abs_()
         bound = torch.mul(q.norm(dim=-1)[..., :, None], k.norm(dim=-1)[..., None, :], out=self.scratch("bound", shape))
         table[rows, layer] = self._reduce("scores", diff.div_(bound.clamp_(min=1.0)), rows)
+
+    def needs_scores(self, layer: int) -> bool:
+        """Whether the recomputed scores of this layer are needed: unless q and k of every row were found equal."""
+        every = slice(0, int(self.keep.shape[0]))
+        return not (self._equal_so_far("q", layer, every) and self._equal_so_far("k", layer, every))
 
     def _equal_so_far(self, stage: str, layer: int, rows: slice) -> bool:
         """Whether these rows of this stage were compared with the recompute and found equal everywhere."""
@@ -136,12 +145,15 @@ class ErrorTable:
         ends = flat.amin(2).isfinite() & flat.amax(2).isfinite()
         return self._per_query_head(stage, np.where(ends.numpy(), 0.0, np.nan))
 
-    def scratch(self, name: str, shape: torch.Size) -> torch.Tensor:
+    def scratch(self, name: str, shape: torch.Size, like: torch.Tensor | None = None) -> torch.Tensor:
         """A float32 buffer reused from chunk to chunk and layer to layer (a fresh big tensor costs a page
-        fault every 4 KiB)."""
-        key = (name, tuple(shape))
+        fault every 4 KiB), laid out in memory as `like` when given (a permuted capture: q of Llama is
+        [batch, token, head, d_head] in memory), so that writing into it goes in order."""
+        strides = tuple(like.stride()) if like is not None else ()
+        key = (name, (*shape, *strides))
         if key not in self._scratch:
-            self._scratch[key] = torch.empty(shape, dtype=torch.float32)
+            empty = torch.empty(shape, dtype=torch.float32)
+            self._scratch[key] = empty if like is None else torch.empty_like(like, dtype=torch.float32)
         return self._scratch[key]
 
     def comparisons(self, row: int) -> list[Comparison]:
@@ -163,7 +175,7 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     if params is not None and "x" in captured:
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
         w_o_norms: dict[int, torch.Tensor] = {}  # [d_model]: |W_O[:, j]|, once per layer
-        for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES):
+        for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES, table.needs_scores):
             if layer not in w_o_norms:
                 w_o_norms[layer] = params[layer].w_o.T.norm(dim=1)  # |W_O[:, j]| along the stored rows: faster
             done |= _compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
@@ -182,9 +194,10 @@ def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_n
     """Every recomputed stage of some rows of one layer against the capture; where the model returned the very
     tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with the model."""
     done = set()
-    for stage in (s for s in RECOMPUTED_STAGES if s in rec):
+    attended = "weights" in rec  # a chunk's attention, not the layer's projections
+    for stage in (s for s in RECOMPUTED_STAGES if s in rec or (s == "scores" and attended)):
         if stage == "scores":  # the trace's scores are q k^T of its q and k
-            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec[stage])
+            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec.get(stage))
             continue
         ours = captured[stage][layer]
         if stage == "output":

@@ -375,7 +375,9 @@ def multi_head_attention(
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
     shape = (*st["q"].shape[:-1], int(k.shape[-2]))  # [..., head, query, key]
     reuse = scratch if in_place else None
-    st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "scores", shape, st["q"].dtype))
+    # in place and not asked for, the scores are formed in the buffer that their scaling then overwrites
+    unkept = in_place and keep is not None and "scores" not in keep
+    st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "logits" if unkept else "scores", shape, st["q"].dtype))
     logits = _buffer(reuse, "logits", shape, st["q"].dtype)
     # [..., query, key]: 1 where the mask lets a key through, 0 where it adds the minimum (in place only)
     visible = None if not in_place or mask is None else (mask != torch.finfo(mask.dtype).min).to(mask.dtype)

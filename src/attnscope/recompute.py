@@ -6,7 +6,7 @@ only the compared stages and to work in place.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -38,7 +38,7 @@ def layer_mask(n_tokens: int, window: maths.Window, keep: torch.Tensor | None = 
 @torch.no_grad()
 def recompute_layers(
     x: torch.Tensor | Sequence[torch.Tensor], params: list[maths.AttentionParams],
-    keep: torch.Tensor | None = None, chunk_bytes: int | None = None,
+    keep: torch.Tensor | None = None, chunk_bytes: int | None = None, scores: Callable[[int], bool] | None = None,
 ) -> Iterator[tuple[int, slice, dict[str, torch.Tensor]]]:
     """The compared stages of each layer from its captured input: yields (layer, rows, stages), for each layer
     first q, k and v of every row (the attention reads them next: compare them without writing into them), then
@@ -48,6 +48,8 @@ def recompute_layers(
     chunk_bytes: recompute that many bytes of [rows, head, query, key] at a time (default: all rows
     at once). Only one chunk's intermediates are alive at a time: the scores and weights of a chunk are
     written into the same buffers as the previous chunk's, so compare them before asking for the next.
+    scores(layer), asked once that layer's q, k and v were yielded: whether its chunks form the scores (default:
+    always). A check that found q and k equal to the capture needs none: they are q k^T of the same numbers.
     """
     n_rows, n_tokens = int(x[0].shape[0]), int(x[0].shape[1])
     masks: dict[maths.Window, torch.Tensor | None] = {}  # one mask per distinct window
@@ -61,10 +63,11 @@ def recompute_layers(
         # q, k, v of every row at once (one product per projection); only [query, key] work goes in chunks
         projected = maths.project_qkv(x[layer], p)  # [batch, head|kv_head, token, d_head]
         yield layer, slice(0, n_rows), {name: projected[name] for name in PROJECTED_STAGES}
+        attended = ATTENDED_STAGES if scores is None or scores(layer) else ATTENDED_STAGES[1:]
         for rows in chunks:
             rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
             yield layer, rows, maths.multi_head_attention(
-                x[layer][rows], p, rows_mask, keep=ATTENDED_STAGES, in_place=True, scratch=scratch,
+                x[layer][rows], p, rows_mask, keep=attended, in_place=True, scratch=scratch,
                 projected={name: projected[name][rows] for name in PROJECTED_STAGES})
 
 
