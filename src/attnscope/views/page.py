@@ -15,8 +15,8 @@ from importlib import resources
 from typing import Any
 
 # Concatenated in this order: data decoding first, the app shell (which uses every view) last.
-SCRIPTS = ("data.js", "controls.js", "head.js", "tiles.js", "matrix.js", "model.js", "neuron.js", "selection.js",
-           "export.js", "app.js")
+SCRIPTS = ("data.js", "lazy.js", "controls.js", "head.js", "tiles.js", "matrix.js", "model.js", "neuron.js",
+           "selection.js", "export.js", "app.js")
 STYLES = ("attnscope.css",)
 BOOT = "\nwindow.attnscope.boot();\n"
 
