@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -82,3 +83,16 @@ def console() -> Console:
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False, allow_nan=True) + "\n")
+
+
+def rich_steps_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Any:
+    """A rich table of generation steps (this and `attnscope generate` of encoder-decoder models): numbers right."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="right" if c in ("step", "pos", "p") else "left")
+    for row in rows:
+        t.add_row(*(escape(c) for c in row))
+    return t

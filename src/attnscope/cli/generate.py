@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.cli.common import add_format, console, print_json, read_text
+from attnscope.cli.common import add_format, console, print_json, read_text, rich_steps_table
 
 if TYPE_CHECKING:
     from attnscope.generation import GeneratedToken, GenerationTrace
@@ -164,16 +164,9 @@ _COLUMNS = ("step", "pos", "token", "p", "top alternatives", "most attended")
 
 
 def steps_table(g: GenerationTrace, layer: int, head: int | None) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=f"each step (0-indexed): the token, its probability, the alternatives, and the earlier "
-              f"tokens its query attends to most ({_who(g, layer, head)})", title_justify="left")
-    for c in _COLUMNS:
-        t.add_column(c, justify="right" if c in ("step", "pos", "p") else "left")
-    for s in g.steps:
-        t.add_row(*(escape(c) for c in _step_cells(g, s, layer, head)))
-    return t
+    return rich_steps_table(f"each step (0-indexed): the token, its probability, the alternatives, and the earlier "
+                            f"tokens its query attends to most ({_who(g, layer, head)})", _COLUMNS,
+                            [_step_cells(g, s, layer, head) for s in g.steps])
 
 
 MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "

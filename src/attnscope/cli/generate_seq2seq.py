@@ -93,16 +93,11 @@ def _p(p: float) -> str:
 
 
 def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None) -> Any:
-    from rich.markup import escape
-    from rich.table import Table
+    from attnscope.cli.common import rich_steps_table
 
-    t = Table(title=f"each step (0-indexed): the new target token, its probability, the alternatives, and the "
-              f"source tokens its query reads most (the alignment; {_who(layer, head)})", title_justify="left")
-    for c in COLUMNS:
-        t.add_column(c, justify="right" if c in ("step", "pos", "p") else "left")
-    for s in g.steps:
-        t.add_row(*(escape(c) for c in step_cells(g, s, layer, head)))
-    return t
+    return rich_steps_table(f"each step (0-indexed): the new target token, its probability, the alternatives, and "
+                            f"the source tokens its query reads most (the alignment; {_who(layer, head)})", COLUMNS,
+                            [step_cells(g, s, layer, head) for s in g.steps])
 
 
 def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None) -> str:
