@@ -156,5 +156,10 @@ def test_translation_view_shades_the_source_by_each_steps_alignment(
         assert target == [s.text for s in g.steps[:2]]
         assert page.inner_text(".as-tr-badge").startswith("check: PASS")
         assert page.eval_on_selector_all(".as-tr-grid tr", "rs => rs.length") == g.n_steps + 1
+        page.click(".as-tr-controls button")  # play on from step 1 (data.js's stepPlayer), to the last step
+        page.wait_for_function("(last) => document.querySelector('input[aria-label=\"step (0-indexed)\"]').value"
+                               " === last", arg=str(g.n_steps - 1), timeout=10_000)
+        page.wait_for_function("() => document.querySelector('.as-tr-controls button').textContent === '▶ play'",
+                               timeout=10_000)  # and it stops there
     assert not errors, errors
     assert all(u.startswith("file:") for u in requests), requests

@@ -121,6 +121,30 @@
 
   A.mapSource = makeSource; // lazy.js builds its sources on it
 
+  // The play button and step slider of the generation and translation views: setStep(i) shows step i, start()
+  // plays from the step shown (from the first at the end) one step per 700 ms, stop() pauses, and moving the
+  // slider pauses. `steps` may grow while it plays (a generation streamed step by step).
+  A.stepPlayer = function (state, steps, slider, play, draw) {
+    const setStep = (i) => {
+      state.step = Math.max(0, Math.min(i, steps.length - 1));
+      slider.value = String(state.step);
+      draw();
+    };
+    const stop = () => {
+      clearInterval(state.timer);
+      state.timer = null;
+      play.textContent = "▶ play";
+    };
+    const start = () => {
+      if (state.step >= steps.length - 1) setStep(0);
+      play.textContent = "⏸ pause";
+      state.timer = setInterval(() => (state.step >= steps.length - 1 ? stop() : setStep(state.step + 1)), 700);
+    };
+    play.addEventListener("click", () => (state.timer ? stop() : start()));
+    slider.addEventListener("input", () => { stop(); setStep(Number(slider.value)); });
+    return { setStep, stop, start };
+  };
+
   A.decode = async function (payload) {
     if (!payload || payload.format !== "attnscope.views/1") {
       throw new Error("not an attnscope views payload (format attnscope.views/1)");

@@ -157,26 +157,7 @@
       if (s.w) drawHeads(s);
     }
 
-    function setStep(i) {
-      state.step = Math.max(0, Math.min(i, steps.length - 1));
-      slider.value = String(state.step);
-      draw();
-    }
-
-    function stop() {
-      clearInterval(state.timer);
-      state.timer = null;
-      play.textContent = "▶ play";
-    }
-
-    function start() {
-      if (state.step >= steps.length - 1) setStep(0);
-      play.textContent = "⏸ pause";
-      state.timer = setInterval(() => (state.step >= steps.length - 1 ? stop() : setStep(state.step + 1)), 700);
-    }
-
-    play.addEventListener("click", () => (state.timer ? stop() : start()));
-    slider.addEventListener("input", () => { stop(); setStep(Number(slider.value)); });
+    const { setStep, stop, start } = A.stepPlayer(state, steps, slider, play, draw);
     layerSel.addEventListener("change", () => { state.layer = Number(layerSel.value); draw(); });
     headSel.addEventListener("change", () => { state.head = headSel.value; draw(); });
     sourceSel.addEventListener("change", () => { state.source = sourceSel.value; draw(); });

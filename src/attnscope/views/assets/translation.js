@@ -88,25 +88,7 @@
       grid.replaceChildren(el("table", { class: "as-tr-grid" }, [head, ...body]));
     }
 
-    function setStep(i) {
-      state.step = Math.max(0, Math.min(i, steps.length - 1));
-      slider.value = String(state.step);
-      draw();
-    }
-
-    function stop() {
-      clearInterval(state.timer);
-      state.timer = null;
-      play.textContent = "▶ play";
-    }
-
-    play.addEventListener("click", () => {
-      if (state.timer) { stop(); return; }
-      if (state.step >= steps.length - 1) setStep(0);
-      play.textContent = "⏸ pause";
-      state.timer = setInterval(() => (state.step >= steps.length - 1 ? stop() : setStep(state.step + 1)), 700);
-    });
-    slider.addEventListener("input", () => { stop(); setStep(Number(slider.value)); });
+    const { setStep } = A.stepPlayer(state, steps, slider, play, draw);
     layerSel.addEventListener("change", () => { state.layer = Number(layerSel.value); draw(); });
     headSel.addEventListener("change", () => { state.head = headSel.value; draw(); });
     setStep(state.step);
