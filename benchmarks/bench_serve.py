@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=24, help="requests per measurement (default 24)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
     ap.add_argument("--workers", type=int, default=1, help="--part binary: the server's workers (default 1)")
-    ap.add_argument("--repeats", type=int, default=3, help="--part long: page loads and switches (default 3)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="--part long: page loads and switches; --part binary: rounds (default 3)")
     ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary", "long"), default="all")
     ap.add_argument("--long-tokens", type=int, default=2048, help="--part long: tokens (default 2048)")
     ap.add_argument("--long-model", default="smollm2", help="--part long: the model (default smollm2)")
@@ -179,40 +180,45 @@ def throughput(args: argparse.Namespace) -> None:
 def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
     """--part binary (issue 16): /api/trace's weights at 256 tokens as base64 JSON and as binary
     (Accept: application/x-attnscope-arrays) at each "precision": response bytes, and new-text requests/s
-    vs in-process traces (trace + check, one thread, measured right before each form)."""
+    vs in-process traces (trace + check, one thread). The machine's load drifts: each round measures the
+    in-process baseline right before the server, and the ratio is the median over --repeats rounds."""
     from attnscope.serve.binary import MEDIA_TYPE, PRECISIONS
 
     torch.set_num_threads(1)
     logging.getLogger("attnscope").setLevel(logging.ERROR)
     model = attnscope.load_model()
     proc, url = start_server("--workers", str(args.workers))
+    forms = [("json", "application/json", "float32")] + [(p, MEDIA_TYPE, p) for p in PRECISIONS]
+    sizes: dict[str, int] = {}
+    rounds: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in forms}  # (server, in-process)
     try:
-        rates, sizes, bases = {}, {}, {}
-        forms = [("json", "application/json", "float32")] + [(p, MEDIA_TYPE, p) for p in PRECISIONS]
-        for i, (name, accept, precision) in enumerate(forms):
-            # the baseline right before each form (the machine's load drifts): in-process traces of new texts
-            bases[name] = in_process(texts_of(max(4, args.requests // 3), tokens, model.tokenizer, 8000 + 100 * i),
-                                     tokens, model)
-            bodies = [{"text": t, "max_length": tokens, "precision": precision}
-                      for t in texts_of(args.requests, tokens, model.tokenizer, 3000 + 1000 * i)]
-            with httpx.Client(base_url=url, timeout=300, headers={"accept": accept},
-                              limits=httpx.Limits(max_connections=args.clients)) as client:
-                sizes[name] = len(client.post("/api/trace", json=bodies[0]).content)
-                started = time.perf_counter()
-                with ThreadPoolExecutor(args.clients) as pool:
-                    list(pool.map(lambda b: client.post("/api/trace", json=b).raise_for_status(), bodies[1:]))
-                rates[name] = (len(bodies) - 1) / (time.perf_counter() - started)
+        for r in range(args.repeats):
+            for i, (name, accept, precision) in enumerate(forms):
+                offset = 37 * (len(forms) * r + i)
+                base = in_process(texts_of(max(4, args.requests // 3), tokens, model.tokenizer, offset), tokens, model)
+                # new texts every time (the corpus's sentences come round again: each text is numbered), so the
+                # server traces each one and keeps none (one-off API traces: attnscope.serve.cache)
+                bodies = [{"text": f"({r}.{i}.{j}) {t}", "max_length": tokens, "precision": precision}
+                          for j, t in enumerate(texts_of(args.requests, tokens, model.tokenizer, 250 + offset))]
+                with httpx.Client(base_url=url, timeout=300, headers={"accept": accept},
+                                  limits=httpx.Limits(max_connections=args.clients)) as client:
+                    sizes[name] = len(client.post("/api/trace", json=bodies[0]).content)
+                    started = time.perf_counter()
+                    with ThreadPoolExecutor(args.clients) as pool:
+                        list(pool.map(lambda b: client.post("/api/trace", json=b).raise_for_status(), bodies[1:]))
+                    rounds[name].append(((len(bodies) - 1) / (time.perf_counter() - started), base))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     print(f"/api/trace weights at {tokens} tokens, {args.clients} clients, {args.requests - 1} new texts each, "
-          f"{args.workers} server worker(s) (one forward pass at a time; a second worker encodes meanwhile); "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'form':<8} {'bytes':>12} {'vs json':>8} {'req/s':>8} {'in-proc/s':>10} {'vs in-process':>14}")
-    for name in rates:
-        print(f"{name:<8} {sizes[name]:>12,} {sizes[name] / sizes['json']:>7.2f}x {rates[name]:>8.2f} "
-              f"{bases[name]:>10.2f} {rates[name] / bases[name]:>13.2f}x")
-
+          f"{args.workers} server worker(s), median of {args.repeats} rounds; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'form':<8} {'bytes':>12} {'vs json':>8} {'req/s':>8} {'in-proc/s':>10} {'vs in-process':>14}   rounds")
+    for name, got in rounds.items():
+        ratios = [server / base for server, base in got]
+        mid = statistics.median(ratios)
+        server, base = got[ratios.index(sorted(ratios)[len(ratios) // 2])]
+        print(f"{name:<8} {sizes[name]:>12,} {sizes[name] / sizes['json']:>7.2f}x {server:>8.2f} {base:>10.2f} "
+              f"{mid:>13.2f}x   {', '.join(f'{x:.2f}' for x in ratios)}")
 
 
 NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
