@@ -4,7 +4,8 @@ On one chunk of a causal attention map like SmolLM2's ([2, 9, 256, 256] float32,
 variant timed interleaved with the one attnscope uses, median of --repeats, printed as a ratio to it:
   max |a - b| per head: subtract, abs, amax (used) | subtract, amax, amin | subtract, aminmax |
       subtract, vector_norm(ord=inf) | torch.dist(p=inf) per head
-  the softmax's exp of masked scores: maths._exp_ (add, clamp, mul, exp, mul: used) | plain exp (slow path) |
+  the softmax's exp of masked scores: maths._exp_visible_ (x visible, exp, x visible: used where the mask is
+      known) | maths._exp_ (add, clamp, mul, exp, mul: used without a mask) | plain exp (slow path) |
       a boolean mask instead of the factor | threshold to +inf, exp, nan_to_num
 Every variant that replaces the used one is checked bit for bit against it first.
 
@@ -81,10 +82,18 @@ def main() -> None:
         big = torch.nn.functional.threshold_(t.copy_(t0), maths._ZERO_EXP, torch.inf)
         return torch.nan_to_num_(big.exp_(), nan=torch.nan, posinf=0.0)
 
+    visible = (causal == 0).float()  # [query, key]: 1 where the mask lets the key through
+    row_max = torch.zeros(*a.shape[:-1], 1)  # t0's rows already had their max subtracted
+
+    def seen() -> torch.Tensor:
+        return maths._exp_visible_(t.copy_(t0), row_max, visible, scratch)
+
     exact = maths._exp_(t0.clone(), scratch).view(torch.int32)
     assert torch.equal(flagged().view(torch.int32), exact) and torch.equal(thresholded().view(torch.int32), exact)
+    assert torch.equal(seen().view(torch.int32), exact)
     report("exp of causal-masked scores minus their row max, [2, 9, 256, 256] (each includes a copy)", race({
-        "maths._exp_ (used)": lambda: maths._exp_(t.copy_(t0), scratch),
+        "maths._exp_visible_ (used with a mask)": seen,
+        "maths._exp_ (used without)": lambda: maths._exp_(t.copy_(t0), scratch),
         "plain exp_": lambda: t.copy_(t0).exp_(),
         "boolean mask (gt, mul, exp, mul)": flagged,
         "threshold +inf, exp, nan_to_num": thresholded,
