@@ -373,35 +373,10 @@ def multi_head_attention(
     st: dict[str, torch.Tensor] = {"x": x} if memory is None else {"x": x, "memory": memory}
     st.update(project_qkv(x, params, positions, memory) if projected is None else projected)
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
-    shape = (*st["q"].shape[:-1], int(k.shape[-2]))  # [..., head, query, key]
     reuse = scratch if in_place else None
-    # in place and not asked for, the scores are formed in the buffer that their scaling then overwrites
-    unkept = in_place and keep is not None and "scores" not in keep
-    st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "logits" if unkept else "scores", shape, st["q"].dtype))
-    logits = _buffer(reuse, "logits", shape, st["q"].dtype)
     # [..., query, key]: 1 where the mask lets a key through, 0 where it adds the minimum (in place only)
     visible = None if not in_place or mask is None else (mask != torch.finfo(mask.dtype).min).to(mask.dtype)
-    if in_place and mask is not None and params.softcap is None and params.relative_bias is None:
-        # mask + scaling scores in one pass: the same numbers as scaling then adding, for a mask of 0 and the
-        # dtype's minimum (a product rounded once either way, then + 0 or absorbed by the minimum)
-        st["scaled"] = logits = torch.add(mask, st["scores"], alpha=params.scaling, out=logits)
-        mask = None
-    else:
-        logits = scale(st["scores"], params.scaling, out=logits)
-    if params.softcap is not None:
-        st["scaled"], logits = logits, soft_cap(logits, params.softcap)
-        st["capped"] = logits
-    else:
-        st["scaled"] = logits
-    if params.relative_bias is not None:  # T5: a learned bias per head and query-key distance
-        n_query, n_key = int(logits.shape[-2]), int(logits.shape[-1])
-        st["position_bias"] = relative_position_bias(n_query, n_key, params.relative_bias)  # [head, query, key]
-        logits = logits.add_(st["position_bias"]) if in_place else logits + st["position_bias"]
-    if in_place:
-        logits = logits if mask is None else logits.add_(mask)  # the same sum as apply_mask, in place
-        st.pop("scaled"), st.pop("capped", None)
-    else:
-        logits = st["masked"] = apply_mask(logits, mask)
+    logits = _logits(st, k, params, mask, in_place, reuse, keep)  # [..., head, query, key]
     if params.sinks is not None:
         st["weights"] = softmax_with_sink(logits, params.sinks)  # [..., head, query, key], rows sum below 1
     else:
@@ -410,6 +385,35 @@ def multi_head_attention(
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
     return {name: st[name] for name in STAGES if name in st and (keep is None or name in keep)}
+
+
+def _logits(st: dict[str, torch.Tensor], k: torch.Tensor, params: AttentionParams, mask: torch.Tensor | None,
+            in_place: bool, reuse: dict[str, torch.Tensor] | None, keep: Collection[str] | None) -> torch.Tensor:
+    """scores (q k^T with k [..., head, key, d_head]), scaled, capped, biased and masked into st; returns the
+    softmax's input. in_place: one buffer rewritten step by step (scaled, capped, masked not kept)."""
+    shape = (*st["q"].shape[:-1], int(k.shape[-2]))  # [..., head, query, key]
+    # in place and not asked for, the scores are formed in the buffer that their scaling then overwrites
+    unkept = in_place and keep is not None and "scores" not in keep
+    st["scores"] = dot_scores(st["q"], k, out=_buffer(reuse, "logits" if unkept else "scores", shape, st["q"].dtype))
+    logits = _buffer(reuse, "logits", shape, st["q"].dtype)
+    if in_place and mask is not None and params.softcap is None and params.relative_bias is None:
+        # mask + scaling scores in one pass: the same numbers as scaling then adding, for a mask of 0 and the
+        # dtype's minimum (a product rounded once either way, then + 0 or absorbed by the minimum)
+        logits, mask = torch.add(mask, st["scores"], alpha=params.scaling, out=logits), None
+    else:
+        logits = scale(st["scores"], params.scaling, out=logits)
+    st["scaled"] = logits
+    if params.softcap is not None:
+        logits = st["capped"] = soft_cap(logits, params.softcap)
+    if params.relative_bias is not None:  # T5: a learned bias per head and query-key distance
+        n_query, n_key = int(logits.shape[-2]), int(logits.shape[-1])
+        st["position_bias"] = relative_position_bias(n_query, n_key, params.relative_bias)  # [head, query, key]
+        logits = logits.add_(st["position_bias"]) if in_place else logits + st["position_bias"]
+    if not in_place:
+        st["masked"] = apply_mask(logits, mask)
+        return st["masked"]
+    st.pop("scaled"), st.pop("capped", None)
+    return logits if mask is None else logits.add_(mask)  # the same sum as apply_mask, in place
 
 
 def _buffer(scratch: dict[str, torch.Tensor] | None, name: str, shape: tuple[int, ...],
