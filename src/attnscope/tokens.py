@@ -63,8 +63,6 @@ def encode(
     validate_max_length(tokenizer, max_length, pair=any(p is not None for p in pairs))
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
-    lengths = _untruncated_lengths(tokenizer, texts, pairs, "text_target" if as_target else "text")
-    truncated = [_too_long(n, max_length, truncate) for n in lengths]
     batch = tokenizer(
         **{"text_target" if as_target else "text": list(texts)},
         **({"text_pair": list(pairs)} if any(p is not None for p in pairs) else {}),
@@ -75,10 +73,16 @@ def encode(
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
     )
-    longest = int(batch["attention_mask"].sum(dim=1).max())
-    if longest > max_length:  # the tokenizer could not truncate this far: never trace more than asked
-        raise AttnscopeError(f"the tokenizer kept {longest} tokens, over max_length {max_length}: "
+    kept = batch["attention_mask"].sum(dim=1).tolist()  # [text]: tokens kept
+    if max(kept) > max_length:  # the tokenizer could not truncate this far: never trace more than asked
+        raise AttnscopeError(f"the tokenizer kept {max(kept)} tokens, over max_length {max_length}: "
                              "raise max_length or shorten the text", parameter="max_length")
+    # a text shorter than max_length was kept whole; only those at the limit are counted untruncated
+    full = [i for i, n in enumerate(kept) if n >= max_length]
+    counted = _untruncated_lengths(tokenizer, [texts[i] for i in full], [pairs[i] for i in full],
+                                   "text_target" if as_target else "text")
+    lengths = dict(zip(full, counted, strict=True))
+    truncated = [_too_long(lengths.get(i, n), max_length, truncate) for i, n in enumerate(kept)]
     tokens = [_tokens_of(batch, tokenizer, row) for row in range(len(texts))]
     keep = ("input_ids", "attention_mask", "token_type_ids")
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
@@ -146,6 +150,8 @@ def _tokens_of(batch: Any, tok: PreTrainedTokenizerBase, row: int) -> list[Token
     seq_ids = batch.sequence_ids(row)
     word_ids = batch.word_ids(row)
     strings = tok.convert_ids_to_tokens(ids)
+    # one list per row, not a tensor index per token (two of those were two thirds of encoding 8 x 256 tokens)
+    segments = batch["token_type_ids"][row].tolist() if "token_type_ids" in batch else [s or 0 for s in seq_ids]
     words: dict[tuple[int, int], int] = {}
     out: list[Token] = []
     for i in range(n):
@@ -154,6 +160,5 @@ def _tokens_of(batch: Any, tok: PreTrainedTokenizerBase, row: int) -> list[Token
         if not is_special and word_ids[i] is not None:
             word = words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
         start, end = (None, None) if is_special else (int(offsets[i][0]), int(offsets[i][1]))
-        segment = int(batch["token_type_ids"][row][i]) if "token_type_ids" in batch else int(seq_ids[i] or 0)
-        out.append(Token(i, strings[i], int(ids[i]), start, end, is_special, word, segment))
+        out.append(Token(i, strings[i], int(ids[i]), start, end, is_special, word, int(segments[i])))
     return out
