@@ -35,9 +35,8 @@ def step_stages(x: torch.Tensor, p: maths.AttentionParams, k_cache: torch.Tensor
     Returns q, k, v of the new rows [head, new, d_head]; weights [head, new, key]; context; output.
     """
     start, new = int(k_cache.shape[1]), int(x.shape[0])
-    st: dict[str, torch.Tensor] = {}
     # projection, QK-norm, heads and rotation at the rows' own positions: the taught path's first steps
-    maths._project_qkv(st, x, p, torch.arange(start, start + new))  # ask core: a public project_qkv
+    st = maths.project_qkv(x, p, torch.arange(start, start + new))
     k_new, v_new = maths.expand_kv(st["k"], p.groups), maths.expand_kv(st["v"], p.groups)  # [head, new, d_head]
     keys = torch.cat([k_cache, k_new], dim=1)  # [head, key, d_head]: the cache, then the new rows
     values = torch.cat([v_cache, v_new], dim=1)

@@ -392,9 +392,3 @@ def project_qkv(x: torch.Tensor, p: AttentionParams, positions: torch.Tensor | N
     cos, sin = rope_tables(pos, p.rope)  # [token, d_rot]
     st.update(q_pre=q, k_pre=k, position_ids=pos, cos=cos, sin=sin, q=rotate(q, cos, sin), k=rotate(k, cos, sin))
     return st
-
-
-def _project_qkv(st: dict[str, torch.Tensor], x: torch.Tensor, p: AttentionParams,
-                 positions: torch.Tensor | None, memory: torch.Tensor | None = None) -> None:
-    """project_qkv into st (generate_check's call, until it calls project_qkv)."""
-    st.update(project_qkv(x, p, positions, memory))
