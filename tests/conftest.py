@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +15,12 @@ import pytest
 import torch
 
 import attnscope
+
+# A suite started in the background (`make test &`, nohup) inherits an ignored SIGINT, and so would every
+# `attnscope` process a test starts: the tests that press Ctrl-C on one would see it run to the end. Ignored
+# signals survive exec; a handler does not, so the children start with the default (Python's KeyboardInterrupt).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The first 500 sentences of UD English EWT dev, kept in the repo with its license (tests/data/ud-english-ewt).
 UD_DEV = Path(__file__).resolve().parent / "data" / "ud-english-ewt" / "en_ewt-ud-dev-500.conllu"
