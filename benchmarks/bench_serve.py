@@ -128,7 +128,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=24, help="requests per measurement (default 24)")
     ap.add_argument("--clients", type=int, default=4, help="concurrent clients (default 4)")
-    ap.add_argument("--workers", type=int, default=1, help="--part binary: the server's workers (default 1)")
+    ap.add_argument("--workers", type=int, default=2, help="--part binary: server workers (default 2, serve's)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="--part long: page loads and switches; --part binary: rounds (default 3)")
     ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary", "long"), default="all")

@@ -130,7 +130,7 @@ def test_models_health_and_schema(http: httpx.Client, minilm: attnscope.Model) -
         [(minilm.name, minilm.n_layers, minilm.n_heads, True)]
     assert models[0]["max_length"] == MAX_TOKENS
     health = http.get("/healthz").json()
-    assert health["status"] == "ok" and health["pool"]["capacity"] == 65
+    assert health["status"] == "ok" and health["pool"]["capacity"] == 66  # 2 workers + 64
     doc = http.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.0")
     assert set(doc["paths"]) == {"/api/trace", "/api/trace/{id}/map", "/api/explain", "/api/neuron", "/api/models",

@@ -25,7 +25,9 @@ def register(sub: Any) -> None:
                    help="characters per text (default 10000)")
     p.add_argument("--max-body", type=int, default=256 * 1024, metavar="BYTES",
                    help="request body limit; larger bodies get 413 (default 262144)")
-    p.add_argument("--workers", type=int, default=1, help="inference workers (default 1)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="inference workers: one forward pass per model at a time, while another worker encodes "
+                        "an answer or serves a cached trace (default 2)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the whole server (default 1: fastest where the CPU is shared; "
                         "0 keeps torch's default)")

@@ -22,7 +22,7 @@ class Settings:
     max_chars: int = 10_000  # per text, in characters (Unicode code points)
     max_tokens: int = 256  # per trace, special tokens included; longer text is truncated or refused
     max_body_bytes: int = 256 * 1024  # a larger request body gets 413
-    workers: int = 1  # inference threads; one model runs one forward pass at a time
+    workers: int = 2  # inference threads: one forward pass per model at a time; another encodes meanwhile
     threads: int | None = 1  # torch threads per process (None: torch's default); 1 avoids spinning on shared CPUs
     queue: int = 32  # requests that may wait for a worker; beyond this, 503
     timeout: float = 30.0  # seconds a request may take, waiting included; beyond this, 504
