@@ -172,7 +172,8 @@ def throughput(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    print(f"attnscope serve, bundled all-MiniLM-L6-v2, 1 worker, {args.clients} clients, {args.requests} requests each")
+    print(f"attnscope serve, bundled all-MiniLM-L6-v2, 2 workers (the default), {args.clients} clients, "
+          f"{args.requests} requests each")
     print(f"{'request':<8} {'tokens':>6} {'req/s':>8} {'p50 ms':>8} {'p95 ms':>8}   vs in-process traces/s")
     print("\n".join(lines))
 
