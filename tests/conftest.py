@@ -87,6 +87,22 @@ def _tiny(name: str) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
+def seq2seq(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
+    """Tiny random-weight encoder-decoder models by family (tests/seq2seq_support.py: T5, BART, mBART, Marian,
+    eager attention in every stack), built once each."""
+    from seq2seq_support import tiny_seq2seq
+
+    cache: dict[str, attnscope.Model] = {}
+
+    def get(family: str) -> attnscope.Model:
+        if family not in cache:
+            cache[family] = tiny_seq2seq(family, minilm)
+        return cache[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
     """A tiny random-weight T5 (tests/seq2seq_support.py) saved with the bundled tokenizer, for the CLI and the
     web app, which load models by path. Read-only."""

@@ -11,12 +11,7 @@ import pytest
 
 import attnscope
 from attnscope.cli.main import main
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from cli_support import run
 
 
 def test_explain_text(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:

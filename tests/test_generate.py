@@ -28,6 +28,7 @@ from attnscope.generating import (
 )
 from attnscope.generation import GeneratedToken, GenerationTrace, load_generation
 from attnscope.report import TOLERANCE
+from cli_support import saved
 
 PROMPT = "time flies like an arrow"
 
@@ -253,11 +254,7 @@ def test_public_api() -> None:
 @pytest.fixture(scope="session")
 def gpt2_dir(decoder: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The random-weight GPT-2 LM saved as a local checkpoint, for --model."""
-    m = decoder("gpt2")
-    path = tmp_path_factory.mktemp("gpt2-lm")
-    m.model.save_pretrained(path)
-    m.tokenizer.save_pretrained(path)
-    return str(path)
+    return saved(decoder("gpt2"), tmp_path_factory, "gpt2-lm")
 
 
 def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

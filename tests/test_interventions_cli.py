@@ -10,8 +10,9 @@ import pytest
 
 import attnscope
 import test_interventions_models
-from attnscope.cli.main import main
 from attnscope.interventions import ablate
+from cli_support import run as _run
+from cli_support import saved
 
 lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
 
@@ -19,17 +20,9 @@ lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the inte
 @pytest.fixture(scope="module")
 def gpt2_dir(lm_heads: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random-weight GPT-2 with its LM head, saved as a checkpoint directory for --model."""
-    m = lm_heads("gpt2")
-    where = tmp_path_factory.mktemp("gpt2")
-    m.model.save_pretrained(where)
-    m.tokenizer.save_pretrained(where)
-    return str(where)
+    return saved(lm_heads("gpt2"), tmp_path_factory, "gpt2")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_ablate_json_on_minilm(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:

@@ -13,31 +13,15 @@ import attnscope
 import test_interventions_models
 from attnscope import families, maths
 from attnscope.capture import capturing, intervening
-from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
 from attnscope.interventions.seq2seq import kind_edit, kind_gates, kind_means, layout, seq2seq_inputs, seq2seq_measures
+from cli_support import run as _run
+from cli_support import saved
 
 FAMILIES = test_interventions_models.EVERY_ENCODER_DECODER
 SOURCE, TARGET = "the cat sat on the mat", "a dog ran"
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def seq2seq(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
-    from seq2seq_support import tiny_seq2seq
-
-    cache: dict[str, attnscope.Model] = {}
-
-    def get(family: str) -> attnscope.Model:
-        if family not in cache:
-            cache[family] = tiny_seq2seq(family, minilm)
-            # eager in every stack: T5's stacks hold copies of the config, whose _attn_implementation the
-            # builder's assignment on the top config leaves at sdpa (set_attn_implementation sets them all)
-            cache[family].model.set_attn_implementation("eager")
-        return cache[family]
-
-    return get
 
 
 def _forward(m: attnscope.Model, inputs: dict[str, torch.Tensor],
@@ -157,17 +141,9 @@ def test_one_kind_models_take_plain_heads(tiny_model: Callable[[str], attnscope.
 
 @pytest.fixture(scope="module")
 def marian_dir(seq2seq: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
-    m = seq2seq("marian")
-    path = tmp_path_factory.mktemp("marian")
-    m.model.save_pretrained(path)
-    m.tokenizer.save_pretrained(path)
-    return str(path)
+    return saved(seq2seq("marian"), tmp_path_factory, "marian")
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_cli_ablate_by_kind(capsys: pytest.CaptureFixture[str], seq2seq: Callable[[str], attnscope.Model],

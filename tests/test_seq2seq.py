@@ -15,23 +15,11 @@ import torch
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.report import tolerance_for
-from seq2seq_support import FAMILIES, tiny_seq2seq
+from seq2seq_support import FAMILIES
 
 SOURCES = ["the cat sat on the mat near the door", "hello"]
 TARGETS = ["die katze sass", "guten tag lieber freund wie geht es dir"]
 RECOMPUTED = {"q", "k", "v", "scores", "weights", "context", "output"}
-
-
-@pytest.fixture(scope="session")
-def seq2seq(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
-    cache: dict[str, attnscope.Model] = {}
-
-    def get(family: str) -> attnscope.Model:
-        if family not in cache:
-            cache[family] = tiny_seq2seq(family, minilm)
-        return cache[family]
-
-    return get
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 
 import attnscope
-from attnscope.cli.main import main
+from cli_support import run
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_check_prints_a_table_per_kind_and_passes(t5_dir: str, capsys: pytest.CaptureFixture[str]) -> None:

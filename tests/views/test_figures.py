@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import attnscope
-from attnscope.cli.main import main
 from attnscope.tracing import Trace, trace
 from attnscope.views import to_html
+from cli_support import run
 
 pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
@@ -113,10 +113,6 @@ def test_the_download_button_saves_the_view_shown(open_page: Callable[..., objec
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and width == 2 * int(root.get("width", "0"))  # 2x the SVG
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_writes_svg_png_and_pdf(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model,

@@ -11,20 +11,16 @@ import pytest
 from seq2seq_data import bart_trace
 
 import attnscope
-from attnscope.cli.main import main
 from attnscope.stages import ATTENTION_LABELS
 from attnscope.traces import EncoderDecoderTrace
 from attnscope.views import to_html
 from attnscope.views.size import SCRIPT_BYTES, PageTooLarge, family_page_size, page_size
+from cli_support import run
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"  # 8 source tokens, 7 decoder tokens
 NS = "{http://www.w3.org/2000/svg}"
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_view_writes_the_three_kinds(t5_dir: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

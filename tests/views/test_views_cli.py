@@ -10,14 +10,8 @@ import pytest
 from views_support import decode_source, page_payload
 
 import attnscope
-from attnscope.cli.main import main
 from attnscope.tracing import trace
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from cli_support import run
 
 
 def test_view_writes_one_self_contained_page(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model,
