@@ -82,14 +82,22 @@ def test_zeroed_head_equals_projection_of_the_other_heads(any_family: Callable[[
     rows = {k: v.expand(2, -1) for k, v in inputs.items()}
     with torch.no_grad(), edited_capture(m, HeadEdit(m.n_layers, scale)) as cap:
         m.model(**rows)
-    p = layer_params(m.model)[layer]  # type: ignore[index]
     # row 0's context is row 1's before the gate (the layers below are the same); the capture sees it gated
-    context = cap.calls[layer].context[0:1].clone()  # [1, head, query, d_head]
-    assert bool((cap.calls[layer].context[1, head] == 0).all())
-    context[:, head] = 0.0
-    expected = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [1, query, d_model]
-    assert (cap.output[layer][1:2] - expected).abs().max() <= TOL
-    assert (cap.output[layer][0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
+    assert_zeroed_head_is_the_others_projected(cap.calls[layer].context, cap.output[layer],
+                                               layer_params(m.model)[layer], head)  # type: ignore[index]
+
+
+def assert_zeroed_head_is_the_others_projected(context: torch.Tensor, output: torch.Tensor,
+                                               p: maths.AttentionParams, head: int) -> None:
+    """Two rows through one attention layer, row 1 with `head` gated to 0: its output is the output projection
+    of row 0's context with that head zeroed (the rows' inputs are the same). context: [2, head, query, d_head]
+    as captured; output: [2, query, d_model]."""
+    zeroed = context[0:1].clone()  # [1, head, query, d_head]
+    assert bool((context[1, head] == 0).all())
+    zeroed[:, head] = 0.0
+    expected = maths.project(maths.merge_heads(zeroed), p.w_o, p.b_o)  # [1, query, d_model]
+    assert (output[1:2] - expected).abs().max() <= TOL
+    assert (output[0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
 
 
 @pytest.mark.parametrize("family", ("gpt2", "llama"))

@@ -11,13 +11,14 @@ import torch
 
 import attnscope
 import test_interventions_models
-from attnscope import families, maths
+from attnscope import families
 from attnscope.capture import capturing, intervening
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
 from attnscope.interventions.seq2seq import kind_edit, kind_gates, kind_means, layout, seq2seq_inputs, seq2seq_measures
 from cli_support import run as _run
 from cli_support import saved
+from test_interventions import assert_zeroed_head_is_the_others_projected
 
 FAMILIES = test_interventions_models.EVERY_ENCODER_DECODER
 SOURCE, TARGET = "the cat sat on the mat", "a dog ran"
@@ -62,14 +63,9 @@ def test_zeroed_cross_head_equals_projection_of_the_other_heads(seq2seq: Callabl
         m.model(**rows)
     cross = families.seq2seq_modules(m.model)["cross"][layer]
     at = next(i for i, c in enumerate(cap.calls) if c.module is cross)
-    p = families.seq2seq_params(m.model)["cross"][layer]
     # row 0's context is row 1's before the gate (the encoder and the layers below are the same)
-    context = cap.calls[at].context[0:1].clone()  # [1, head, query, d_head]
-    assert bool((cap.calls[at].context[1, head] == 0).all())
-    context[:, head] = 0.0
-    expected = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [1, query, d_model]
-    assert (cap.output[at][1:2] - expected).abs().max() <= TOL
-    assert (cap.output[at][0:1] - expected).abs().max() > 1e-4  # row 0 kept the head
+    assert_zeroed_head_is_the_others_projected(cap.calls[at].context, cap.output[at],
+                                               families.seq2seq_params(m.model)["cross"][layer], head)
 
 
 def test_mean_ablation_lets_in_each_kinds_mean(seq2seq: Callable[[str], attnscope.Model]) -> None:
