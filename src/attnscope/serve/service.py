@@ -30,7 +30,7 @@ from attnscope.tracing import Trace, trace
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
 from attnscope.views.payload import source_names as payload_sources
-from attnscope.views.words import word_groups, word_trace
+from attnscope.views.words import word_trace
 
 _BASE64_BYTES = 16 / 3  # JSON bytes per float32 value: 4 bytes, base64
 _LIST_BYTES = 16  # at most, as a JSON number in a list: "-1.2345678e-05," (float32 repr)
@@ -251,14 +251,11 @@ def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
         kept = {k: v for k, v in tr.arrays.items() if k not in DERIVED or k in optional}
         shown = dataclasses.replace(tr, arrays=kept)
         data = payload(shown)
-        groups = word_groups(shown)
-        if any(len(g) > 1 for g in groups):  # the page's words button, as `attnscope view --word-level`
-            word_of = [0] * len(shown.tokens)  # [token] -> word
-            for u, pieces in enumerate(groups):
-                for t in pieces:
-                    word_of[t] = u
+        words = maps.word_level(shown)  # None when every word is one token
+        if words is not None:  # the page's words button, as `attnscope view --word-level`
             # level and word_of: the page keeps the selection across the button and explains a word's first token
-            data["words"] = payload(word_trace(shown), neuron="none") | {"level": "words", "word_of": word_of}
+            data["words"] = payload(word_trace(shown), neuron="none") | {"level": "words",
+                                                                          "word_of": words.unit.tolist()}
         e.payloads[optional] = to_json(data)
     return e.payloads[optional]
 
