@@ -185,7 +185,7 @@ def test_scratch_buffers_give_the_same_numbers_and_are_reused() -> None:
         lean = maths.multi_head_attention(x, p, mask, keep=("scores", "weights"), in_place=True, scratch=scratch)
         for name, t in lean.items():
             assert torch.equal(t, full[name]), name
-    # scores, the logits the softmax overwrites into weights, and the exp's factor (the causal mask underflows)
+    # scores, the logits (scaled and masked in place) and the weights the softmax writes
     assert len(scratch) == 3 and {t.data_ptr() for t in lean.values()} < {t.data_ptr() for t in scratch.values()}
 
 
@@ -198,44 +198,31 @@ def test_a_sink_takes_its_share_of_each_row() -> None:
     assert (w - want).abs().max() <= TOL and bool((w.sum(-1) < 1.0).all())
 
 
-def test_softmax_exp_equals_torch_exp_bit_for_bit_across_underflow() -> None:
-    """The fast path for underflowing inputs (masked keys) gives torch.exp's numbers, denormals and NaN kept."""
-    x = torch.cat([torch.linspace(-120.0, 0.0, 200_001), torch.tensor([torch.finfo(torch.float32).min,
-                                                                       float("-inf"), float("nan")])])
-    got = maths._exp_(x.clone())
-    assert torch.equal(got[:-1], x[:-1].exp()) and bool(got[-1].isnan())
-    assert bool((got[(x > -103.0) & (x < -88.0)] > 0).all())  # denormal results are kept, not flushed
-
-
-def test_softmax_exp_of_masked_keys_equals_torch_exp_bit_for_bit() -> None:
-    """Without NaN (whose min sends everything to the plain exp), masked keys and scores far below the row's
-    max take the factor path, and with -inf the boolean one: both give torch.exp's numbers, denormals kept."""
-    lowest = torch.finfo(torch.float32).min
-    x = torch.cat([torch.linspace(-300.0, 0.0, 300_001), torch.tensor([lowest, float("inf"), 88.0, 89.0, -104.0,
-                                                                       -104.0 + 2.0**-17, -87.0])])
-    got = maths._exp_(x.clone())
-    assert torch.equal(got, x.exp()) and bool((got[(x > -103.0) & (x < -88.0)] > 0).all())
-    with_inf = torch.cat([x, torch.tensor([float("-inf")])])
-    assert torch.equal(maths._exp_(with_inf.clone()), with_inf.exp())
-
-
-def test_softmax_through_the_visible_keys_equals_the_plain_softmax() -> None:
-    """The masked keys' exp formed as exp(t x 0) x 0 gives the plain softmax's numbers bit for bit: keys far below
-    their row's max (denormal exps kept), a NaN row, and a row that sees no key (the general path: uniform)."""
+def test_softmax_is_the_four_steps_written_out() -> None:
+    """maths.softmax (torch's kernel, as the models' eager attention uses) against its definition, step by step in
+    float64: the row's max, exp(s - max), their sum, the division. Masked keys (the dtype's minimum, on top of
+    scores far below their row's max, whose exps are denormal), a row that sees no key (uniform) and a NaN."""
     lowest = torch.finfo(torch.float32).min
     pad = maths.padding_mask(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))[:, None]  # [batch, 1, 1, key]
     mask = maths.combine_masks(pad, maths.causal_mask(5))  # [batch, 1, query, key]
     scores = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(0)) * 40.0  # [batch, head, query, key]
-    scores[0, 0, 4, 1] = 0.0 - 95.0 + scores[0, 0, 4, 0]  # an exp in the denormal range
-    with_nan = scores.clone()
-    with_nan[1, 2, 3, 0] = float("nan")
-    blind = mask.clone()
-    blind[0, 0, 2, :] = lowest  # query 2 of row 0 sees no key
-    for s, m in ((scores, mask), (with_nan, mask), (scores, blind)):
-        want = maths.softmax(s + m)
-        got = maths.softmax(s + m, in_place=True, visible=(m != lowest).float())
-        torch.testing.assert_close(got, want, rtol=0.0, atol=0.0, equal_nan=True)
-    assert bool(want[0, :, 2].sub(0.2).abs().max() < 1e-6)  # the blind row: exp(0) everywhere, uniform
+    scores[0, 0, 4, 1] = scores[0, 0, 4, 0] - 95.0  # an exp in the denormal range
+    mask[0, 0, 2, :] = lowest  # query 2 of row 0 sees no key
+    masked = scores + mask
+    s = masked.double()
+    e = (s - s.amax(-1, keepdim=True)).exp()
+    want = e / e.sum(-1, keepdim=True)
+    got = maths.softmax(masked)
+    hidden = (mask == lowest).expand_as(got).clone()
+    hidden[0, :, 2] = False  # the blind row
+    assert (got.double() - want).abs().max() <= 1e-7 and bool((got[hidden] == 0).all())
+    assert bool(got[0, :, 2].sub(0.2).abs().max() < 1e-6)  # the blind row: exp(0) everywhere, uniform
+    masked[1, 2, 3, 0] = float("nan")
+    with_nan = maths.softmax(masked)
+    assert bool(with_nan[1, 2, 3].isnan().all()) and torch.equal(with_nan[1, 2, :3], got[1, 2, :3])
+    buffer = torch.empty_like(masked)
+    assert maths.softmax(masked, out=buffer) is buffer
+    torch.testing.assert_close(buffer, with_nan, rtol=0.0, atol=0.0, equal_nan=True)
 
 
 def test_scores_not_asked_for_are_formed_in_the_logits_buffer_with_the_same_numbers() -> None:

@@ -58,13 +58,18 @@ class ErrorTable:
         """captured, other: some rows of one layer of the batch, [rows, ...]. disposable: other is float32 and
         nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place."""
         a = captured.float()
-        if disposable and other.dtype == torch.float32:
-            diff = other.sub_(a).abs_()  # |b - a| = |a - b|, in a buffer already in the cache
+        if _equal_and_finite(a, other):  # the same numbers at every position, none NaN or infinite: |a - b| is 0
+            self._table(stage, source)[rows, layer] = 0.0
         else:
-            diff = torch.sub(a, other.float(), out=self.scratch("diff", a.shape)).abs_()
-        self._table(stage, source)[rows, layer] = self._reduce(stage, diff, rows)
+            self._table(stage, source)[rows, layer] = self._reduce(stage, self._diff(a, other, disposable), rows)
         if source == "recompute":
             self._compared.update((stage, layer, row) for row in range(*rows.indices(self.keep.shape[0])))
+
+    def _diff(self, a: torch.Tensor, other: torch.Tensor, disposable: bool) -> torch.Tensor:
+        """|a - other|, in other itself when disposable (see add_rows), else in a scratch buffer."""
+        if disposable and other.dtype == torch.float32:
+            return other.sub_(a).abs_()  # |b - a| = |a - b|, in a buffer already in the cache
+        return torch.sub(a, other.float(), out=self.scratch("diff", a.shape)).abs_()
 
     def add_scores(self, layer: int, rows: slice, q: torch.Tensor, k: torch.Tensor,
                    recomputed: torch.Tensor | None) -> None:
@@ -103,6 +108,9 @@ class ErrorTable:
                    captured: torch.Tensor, recomputed: torch.Tensor) -> None:
         """The captured output [rows, token, d_model] against the recomputed one, relative to
         max(1, |merged_i| |W_O[:, j]|), merged: the captured context [rows, head, token, d_head], heads side by side."""
+        if _equal_and_finite(captured.float(), recomputed):  # |a - b| is 0 everywhere, and so is its ratio
+            self._table("output", "recompute")[rows, layer] = 0.0
+            return
         merged_norm = context.float().pow(2).sum(dim=(1, 3)).sqrt_()  # [rows, token]
         diff = torch.sub(captured.float(), recomputed, out=self.scratch("diff", captured.shape)).abs_()
         bound = torch.mul(merged_norm[..., None], w_o_norms, out=self.scratch("bound", captured.shape))
@@ -158,6 +166,17 @@ class ErrorTable:
         order = [*PER_LAYER[:1], *PER_HEAD, *PER_LAYER[1:]]
         keys = sorted(self.errors, key=lambda k: (k[1] != "recompute", order.index(k[0])))
         return [Comparison(st, src, self.errors[(st, src)][row], st in RELATIVE) for st, src in keys]
+
+
+def _equal_and_finite(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether |a - b| is exactly 0 at every position, without forming it: the sum of b is finite, which a NaN or
+    an infinity anywhere in b would prevent (|inf - inf| is NaN), and a == b everywhere (numpy's comparison reads
+    each once, where a subtraction, absolute value and max read the difference three times). b first: the
+    recompute's b was just written and is still in the cache. Either failing, the caller forms |a - b|:
+    differences, NaN and padding are then found and reported as before."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    return bool(torch.isfinite(b.sum())) and bool(np.array_equal(a.numpy(), b.numpy()))
 
 
 def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],

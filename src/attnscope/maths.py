@@ -197,62 +197,16 @@ def apply_mask(scaled: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return scaled if mask is None else scaled + mask
 
 
-def softmax(masked: torch.Tensor, in_place: bool = False, scratch: dict[str, torch.Tensor] | None = None,
-            visible: torch.Tensor | None = None) -> torch.Tensor:
+def softmax(masked: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax over keys: exp(s - max) / sum exp(s - max), each row sums to 1.
 
-    in_place=True overwrites `masked` (for a caller that owns it and needs it no longer); same numbers.
-    scratch: where the exp keeps a buffer from call to call (see multi_head_attention).
-    visible: 1 where the mask let a key through and 0 where it added the dtype's minimum, broadcastable to
-    masked; same numbers (see _exp_visible_).
+    torch's softmax kernel computes exactly this formula (the row's max, the exp of each score minus it, their
+    sum, the division) in one pass over each row, as the models' own eager attention does; a key the mask hid
+    (the dtype's minimum) gets exp(minimum - max) = 0, a NaN stays NaN, and a row that sees no key is uniform.
+    tests/test_maths.py checks it against those four steps written out. out: where to write it (a buffer that
+    multi_head_attention's in-place mode reuses from call to call).
     """
-    row_max = masked.amax(dim=-1, keepdim=True)
-    t = masked.sub_(row_max) if in_place else masked - row_max
-    e = _exp_(t, scratch) if visible is None else _exp_visible_(t, row_max, visible, scratch)
-    return e.div_(e.sum(dim=-1, keepdim=True))
-
-
-def _exp_visible_(t: torch.Tensor, row_max: torch.Tensor, visible: torch.Tensor,
-                  scratch: dict[str, torch.Tensor] | None) -> torch.Tensor:
-    """exp in place of t = masked - row_max, where the keys hidden by the mask (visible 0) hold the dtype's
-    minimum minus the row's max: while every row's max is far above that minimum, their exp is exactly 0, so
-    t x visible (0 there: exp(0) is fast), exp, x visible again gives torch's numbers in three passes."""
-    lowest = float(row_max.amin()) if row_max.numel() else 0.0
-    if not lowest > torch.finfo(t.dtype).min / 2:  # a row sees no key (or NaN): the general path
-        return _exp_(t, scratch)
-    return _exp_(t.mul_(visible), scratch).mul_(visible)  # a key the mask let through: t x 1 = t, exactly
-
-
-_NORMAL_EXP = -87.0  # exp(x) of float32 is a normal number above this; below it, denormal or 0
-_ZERO_EXP = -104.0  # below this exp(x) rounds to exactly 0 in float32 (the smallest denormal is exp(-103.28))
-_ZERO_SHIFT = torch.tensor(-_ZERO_EXP * 2.0**17)  # 104 * 2^17, exact in float32
-
-
-def _exp_(t: torch.Tensor, scratch: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-    """exp in place, bit for bit torch's, without its ~15x slower path for inputs that underflow: an input at
-    most -104 (a masked key) becomes exactly 0 directly; the rare inputs in (-104, -87) keep torch's exp."""
-    lowest = float(t.amin()) if t.dtype == torch.float32 and t.numel() else 0.0
-    if not lowest < _NORMAL_EXP:  # NaN min: plain exp too
-        return t.exp_()  # nothing underflows: the plain exp is fast
-    if lowest == -math.inf:  # -inf times the factor 0 below would be NaN
-        return _exp_denormal_(t)
-    # factor: (t + 104) 2^17 clamped to [0, 1] is exactly 0 at or below -104 and 1 above (inputs near -104 are
-    # multiples of 2^-17); exp(t * factor) * factor is then exp(t), or exp(0) * 0 = 0 without the slow path
-    out = _buffer(scratch, "exp factor", tuple(t.shape), t.dtype)
-    factor = torch.add(_ZERO_SHIFT, t, alpha=2.0**17, out=out).clamp_(0.0, 1.0)
-    return t.mul_(factor).exp_().mul_(factor)
-
-
-def _exp_denormal_(t: torch.Tensor) -> torch.Tensor:
-    """exp in place through boolean masks: inputs below -87 become 0 directly, and those in (-104, -87) go
-    through torch's exp one by one."""
-    low = t < _NORMAL_EXP  # masked keys, and scores far below the row's max
-    denormal = low & (t > _ZERO_EXP)
-    exact = t[denormal].exp() if bool(denormal.any()) else None
-    e = t.masked_fill_(low, 0.0).exp_().masked_fill_(low, 0.0)  # NaN is not low: it stays NaN
-    if exact is not None:
-        e[denormal] = exact
-    return e
+    return torch.softmax(masked, dim=-1) if out is None else torch.softmax(masked, dim=-1, out=out)
 
 
 def softmax_with_sink(masked: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -262,7 +216,7 @@ def softmax_with_sink(masked: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor
     masked: [..., head, query, key]; sinks: [head] -> [..., head, query, key]
     """
     sink = sinks.to(masked.dtype).view(-1, 1, 1).expand(*masked.shape[:-1], 1)  # [..., head, query, 1]
-    return softmax(torch.cat((masked, sink), dim=-1), in_place=True)[..., :-1]
+    return softmax(torch.cat((masked, sink), dim=-1))[..., :-1]
 
 
 def attend(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -299,10 +253,10 @@ def multi_head_attention(
     [..., head, query, key]; context [..., head, token, d_head]; merged [..., token, head * d_head];
     output [..., token, d_model].
     keep: the stage names to return (default all). in_place=True forms scaled, capped and masked in one
-    fresh tensor that the softmax then overwrites (same numbers, less memory): they are not returned.
-    scratch (with in_place): a dict in which the scores and that tensor are kept and reused from call to
-    call with the same shapes (a fresh big tensor costs page faults); the scores and weights returned then
-    live only until the next such call.
+    fresh tensor, step after step, that the softmax then reads (same numbers, less memory): they are not returned.
+    scratch (with in_place): a dict in which the scores, that tensor and the weights are kept and reused from
+    call to call with the same shapes (a fresh big tensor costs page faults); the scores and weights returned
+    then live only until the next such call.
     memory: cross-attention (encoder-decoder models): q from x (the decoder's), k and v from memory (the
     encoder's output) [..., key, d_model]. params.relative_bias (T5) adds position_bias [head, query, key].
     projected: project_qkv's stages of these rows when already formed (the check projects a layer's rows at
@@ -312,13 +266,11 @@ def multi_head_attention(
     st.update(project_qkv(x, params, positions, memory) if projected is None else projected)
     k, v = expand_kv(st["k"], params.groups), expand_kv(st["v"], params.groups)  # [..., head, key, d_head]
     reuse = scratch if in_place else None
-    # [..., query, key]: 1 where the mask lets a key through, 0 where it adds the minimum (in place only)
-    visible = None if not in_place or mask is None else (mask != torch.finfo(mask.dtype).min).to(mask.dtype)
     logits = _logits(st, k, params, mask, in_place, reuse, keep)  # [..., head, query, key]
     if params.sinks is not None:
         st["weights"] = softmax_with_sink(logits, params.sinks)  # [..., head, query, key], rows sum below 1
     else:
-        st["weights"] = softmax(logits, in_place=in_place, scratch=reuse, visible=visible)
+        st["weights"] = softmax(logits, out=_buffer(reuse, "weights", tuple(logits.shape), logits.dtype))
     st["context"] = attend(st["weights"], v)  # [..., head, query, d_head]
     st["merged"] = merge_heads(st["context"])  # [..., query, head * d_head]
     st["output"] = project(st["merged"], params.w_o, params.b_o)  # [..., query, d_model]
