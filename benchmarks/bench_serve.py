@@ -181,7 +181,8 @@ def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
     """--part binary (issue 16): /api/trace's weights at 256 tokens as base64 JSON and as binary
     (Accept: application/x-attnscope-arrays) at each "precision": response bytes, and new-text requests/s
     vs in-process traces (trace + check, one thread). The machine's load drifts: each round measures the
-    in-process baseline right before the server, and the ratio is the median over --repeats rounds."""
+    in-process baseline on as many texts right before and right after the server (their mean rate is the
+    round's baseline), and the ratio is the median over --repeats rounds."""
     from attnscope.serve.binary import MEDIA_TYPE, PRECISIONS
 
     torch.set_num_threads(1)
@@ -194,19 +195,22 @@ def binary_transport(args: argparse.Namespace, tokens: int = 256) -> None:
     try:
         for r in range(args.repeats):
             for i, (name, accept, precision) in enumerate(forms):
-                offset = 37 * (len(forms) * r + i)
-                base = in_process(texts_of(max(4, args.requests // 3), tokens, model.tokenizer, offset), tokens, model)
+                offset = 97 * (len(forms) * r + i)
+                here = texts_of(2 * args.requests, tokens, model.tokenizer, offset)  # before and after the server
+                before = in_process(here[:args.requests], tokens, model)
                 # new texts every time (the corpus's sentences come round again: each text is numbered), so the
                 # server traces each one and keeps none (one-off API traces: attnscope.serve.cache)
                 bodies = [{"text": f"({r}.{i}.{j}) {t}", "max_length": tokens, "precision": precision}
-                          for j, t in enumerate(texts_of(args.requests, tokens, model.tokenizer, 250 + offset))]
+                          for j, t in enumerate(texts_of(args.requests, tokens, model.tokenizer, 5000 + offset))]
                 with httpx.Client(base_url=url, timeout=300, headers={"accept": accept},
                                   limits=httpx.Limits(max_connections=args.clients)) as client:
                     sizes[name] = len(client.post("/api/trace", json=bodies[0]).content)
                     started = time.perf_counter()
                     with ThreadPoolExecutor(args.clients) as pool:
                         list(pool.map(lambda b: client.post("/api/trace", json=b).raise_for_status(), bodies[1:]))
-                    rounds[name].append(((len(bodies) - 1) / (time.perf_counter() - started), base))
+                    served = (len(bodies) - 1) / (time.perf_counter() - started)
+                after = in_process(here[args.requests:], tokens, model)
+                rounds[name].append((served, (before + after) / 2))
     finally:
         proc.terminate()
         proc.wait(timeout=30)

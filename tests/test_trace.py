@@ -183,3 +183,22 @@ def test_nan_fails_the_check_rather_than_disappearing(tiny_model: Callable[[str]
     report = tr.check()
     assert not report.ok
     assert np.isnan(report.worst("v") or 0.0)
+
+
+def test_a_forward_pass_is_checked_while_the_next_one_runs(minilm: attnscope.Model) -> None:
+    """trace = forward_pass(...).finish(); finish reads only what its forward pass left, so the server checks one
+    text in a thread while the model runs the next (attnscope.serve.service): the same errors and arrays."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from attnscope.tracing import forward_pass
+
+    texts = [SENTENCE, "The capital of France is Paris, and it is big."]
+    alone = [attnscope.trace(t, model=minilm) for t in texts]
+    first = forward_pass(texts[0], model=minilm)
+    with ThreadPoolExecutor(1) as pool:
+        checked = pool.submit(first.finish)
+        second = forward_pass(texts[1], model=minilm)  # the model runs while the first text is checked
+        together = [checked.result()[0], second.finish()[0]]
+    for a, b in zip(alone, together, strict=True):
+        assert a.check().to_dict() == b.check().to_dict() and b.check().ok
+        assert all(np.array_equal(a.arrays[s], b.arrays[s]) for s in a.arrays)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import torch
@@ -17,7 +18,7 @@ from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
 from attnscope.placement import on_host
 from attnscope.recompute import layer_params
-from attnscope.tokens import encode, validate_max_length
+from attnscope.tokens import Encoded, encode, validate_max_length
 from attnscope.traces import Trace
 
 
@@ -54,12 +55,61 @@ def trace(
     captured (no independent recompute, no norm-based attention). device and dtype place the
     model (see load_model); the trace's arrays and the check are float32 on the CPU either way.
     """
-    single = isinstance(text, str)
+    pending = forward_pass(text, text_pair, model, max_length, truncate, tokenizer, recompute, device, dtype)
+    traces = pending.finish()
+    return traces[0] if isinstance(text, str) else traces
+
+
+@dataclass
+class Pending:
+    """A forward pass done, its check not yet: what `forward` captured, on the host, with everything read from
+    the model (its layers' weights, its own outputs, its description). `finish` needs the model no more, so a
+    server can run the next forward pass while this one is checked (attnscope.serve.service)."""
+
+    texts: list[str]
+    pairs: list[str | None] | None
+    enc: Encoded
+    layers: dict[str, list[torch.Tensor]]  # stage -> [batch, ...] per layer
+    params: list[AttentionParams] | None
+    reference: dict[str, list[torch.Tensor]] | None  # the model's own outputs (None: no recompute)
+    info: dict[str, Any]
+    scaling: list[float]
+    unsupported: str | None
+
+    def finish(self) -> list[Trace]:
+        """Recompute and check every layer (when asked for), then one Trace per text."""
+        table = None
+        if self.reference is not None:
+            table = checking.verify_batch(self.layers, self.reference, self.params, self.enc.inputs["attention_mask"])
+        w_o = [p.w_o.numpy() for p in self.params] if self.params is not None else None
+        lengths = [len(t) for t in self.enc.tokens]
+        pairs = self.pairs or [None] * len(self.texts)
+        return [
+            Trace(self.info, t, p, self.enc.tokens[row], row_arrays(self.layers, row, lengths[row]), self.scaling,
+                  self.enc.truncated[row], comparisons=table.comparisons(row) if table else [],
+                  unsupported=self.unsupported, output_projection=w_o)
+            for row, (t, p) in enumerate(zip(self.texts, pairs, strict=True))
+        ]
+
+
+def forward_pass(
+    text: str | Sequence[str],
+    text_pair: str | Sequence[str | None] | None = None,
+    model: ModelLike = None,
+    max_length: int = 256,
+    truncate: bool = True,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    recompute: bool = True,
+    device: DeviceLike = None,
+    dtype: DtypeLike = None,
+) -> Pending:
+    """The part of `trace` that runs the model (same arguments): tokenize, capture in one forward pass, read
+    the layers' weights and the model's own outputs. `trace` is forward_pass(...).finish()."""
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise AttnscopeError("no text given: pass a sentence or a non-empty list of sentences")
     pairs: list[str | None] | None
-    if single:
+    if isinstance(text, str):
         pairs = [text_pair] if isinstance(text_pair, str) or text_pair is None else list(text_pair)
     else:
         pairs = list(text_pair) if text_pair is not None and not isinstance(text_pair, str) else None
@@ -75,21 +125,10 @@ def trace(
         out = m.base(**inputs, output_attentions=recompute, output_hidden_states=recompute)
     _require_calls(m, cap)
     layers = on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
-    lengths = [len(t) for t in enc.tokens]
     params = on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
-    table = None
-    if recompute:
-        reference = on_host(_model_outputs(m, out, len(cap.calls)))
-        table = checking.verify_batch(layers, reference, params, enc.inputs["attention_mask"])
-    info, scaling = _model_info(m, cap, params), [c.scaling for c in cap.calls]
-    w_o = [p.w_o.numpy() for p in params] if params is not None else None
-    unsupported = _why_unverified(m, recompute, params, layers)
-    traces = [
-        Trace(info, t, p, enc.tokens[row], row_arrays(layers, row, lengths[row]), scaling, enc.truncated[row],
-              comparisons=table.comparisons(row) if table else [], unsupported=unsupported, output_projection=w_o)
-        for row, (t, p) in enumerate(zip(texts, pairs or [None] * len(texts), strict=True))
-    ]
-    return traces[0] if single else traces
+    reference = on_host(_model_outputs(m, out, len(cap.calls))) if recompute else None
+    return Pending(texts, pairs, enc, layers, params, reference, _model_info(m, cap, params),
+                   [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
 
 
 def _usable_max_length(m: Model, max_length: int) -> int:
@@ -168,4 +207,4 @@ def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | Non
     return info
 
 
-__all__ = ["Trace", "trace"]
+__all__ = ["Pending", "Trace", "forward_pass", "trace"]

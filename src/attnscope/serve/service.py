@@ -26,7 +26,7 @@ from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED, SOURCES
-from attnscope.tracing import Trace, trace
+from attnscope.tracing import Trace, forward_pass
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
 from attnscope.views.payload import source_names as payload_sources
@@ -81,9 +81,12 @@ class Service:
         hit = self.cache.get(key)
         if hit is not None:
             return m, hit
-        with self._locks[id(m)]:
+        with self._locks[id(m)]:  # the forward pass has the model to itself
             checkpoint(stop)  # its client may have left while it waited for the model
-            tr = trace(req.text, req.pair, model=m, max_length=key[3], truncate=req.truncate)
+            pending = forward_pass(req.text, req.pair, model=m, max_length=key[3], truncate=req.truncate)
+        checkpoint(stop)
+        # the recompute and check read only what the forward pass left: the next text's forward pass runs meanwhile
+        tr = pending.finish()[0]
         e = Entry(tr, tr.check().to_dict())  # a trace keeps only its errors, so the check is cheap to keep
         self.cache.put(key, e, follow_up)
         return m, e
