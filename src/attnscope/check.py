@@ -4,6 +4,8 @@ The results (Comparison, CheckReport) live in the torch-free `attnscope.report`.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -176,7 +178,7 @@ def _equal_and_finite(a: torch.Tensor, b: torch.Tensor) -> bool:
     differences, NaN and padding are then found and reported as before."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return bool(torch.isfinite(b.sum())) and bool(np.array_equal(a.numpy(), b.numpy()))
+    return math.isfinite(float(b.sum())) and bool(np.array_equal(a.numpy(), b.numpy()))
 
 
 def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
