@@ -206,7 +206,7 @@ def softmax(masked: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     tests/test_maths.py checks it against those four steps written out. out: where to write it (a buffer that
     multi_head_attention's in-place mode reuses from call to call).
     """
-    return torch.softmax(masked, dim=-1) if out is None else torch.softmax(masked, dim=-1, out=out)
+    return torch.softmax(masked, dim=-1, out=out)
 
 
 def softmax_with_sink(masked: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:

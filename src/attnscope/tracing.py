@@ -61,8 +61,8 @@ def trace(
 
 
 @dataclass
-class Pending:
-    """A forward pass done, its check not yet: what `forward` captured, on the host, with everything read from
+class ForwardPass:
+    """A forward pass done, its check not yet: what `forward_pass` captured, on the host, with everything read from
     the model (its layers' weights, its own outputs, its description). `finish` needs the model no more, so a
     server can run the next forward pass while this one is checked (attnscope.serve.service)."""
 
@@ -102,7 +102,7 @@ def forward_pass(
     recompute: bool = True,
     device: DeviceLike = None,
     dtype: DtypeLike = None,
-) -> Pending:
+) -> ForwardPass:
     """The part of `trace` that runs the model (same arguments): tokenize, capture in one forward pass, read
     the layers' weights and the model's own outputs. `trace` is forward_pass(...).finish()."""
     texts = [text] if isinstance(text, str) else list(text)
@@ -127,7 +127,7 @@ def forward_pass(
     layers = on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
     params = on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
     reference = on_host(_model_outputs(m, out, len(cap.calls))) if recompute else None
-    return Pending(texts, pairs, enc, layers, params, reference, _model_info(m, cap, params),
+    return ForwardPass(texts, pairs, enc, layers, params, reference, _model_info(m, cap, params),
                    [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
 
 
@@ -207,4 +207,4 @@ def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | Non
     return info
 
 
-__all__ = ["Pending", "Trace", "forward_pass", "trace"]
+__all__ = ["ForwardPass", "Trace", "forward_pass", "trace"]
