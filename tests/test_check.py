@@ -112,24 +112,30 @@ def test_the_recompute_needs_no_scores_once_q_and_k_of_every_row_are_equal() -> 
 
 
 def test_equal_numbers_are_found_without_the_subtraction_and_anything_else_is_measured() -> None:
-    """add_rows' shortcut (|a - b| is 0 when b's sum is finite and a == b everywhere) gives the plain path's table:
-    0 for equal numbers, NaN for an infinity both hold (|inf - inf|) or a NaN, and one float32 step apart the
-    step itself, in the head where it is."""
+    """add_rows' shortcut (|a - b| is 0 when b's sum is finite and a == b everywhere; for weights, a softmax's
+    output in [0, 1] or NaN, a == b alone) gives the plain path's table: 0 for equal numbers, NaN for an infinity
+    both hold (|inf - inf|) or a NaN, and one float32 step apart the step itself, in the head where it is."""
     w = torch.rand(ROWS, HEADS, TOKENS, TOKENS)  # [batch, head, query, key]
     keep = torch.ones(ROWS, TOKENS)
 
-    def errors(captured: torch.Tensor, recomputed: torch.Tensor) -> np.ndarray:
+    def errors(captured: torch.Tensor, recomputed: torch.Tensor, stage: str = "weights") -> np.ndarray:
         table = ErrorTable(keep, n_layers=1, n_heads=HEADS)
-        table.add_rows("weights", "recompute", 0, slice(0, ROWS), captured, recomputed.clone())
-        return table.errors[("weights", "recompute")][:, 0]
+        table.add_rows(stage, "recompute", 0, slice(0, ROWS), captured, recomputed.clone())
+        return table.errors[(stage, "recompute")][:, 0]
 
-    assert errors(w, w.clone()).max() == 0.0
-    step = w.clone()
-    step[1, 3, 2, 4] = torch.nextafter(step[1, 3, 2, 4], torch.tensor(2.0))
-    got = errors(w, step)
-    assert got[1, 3] == float(step[1, 3, 2, 4] - w[1, 3, 2, 4]) > 0.0 and got[0].max() == got[1, :3].max() == 0.0
-    for bad in (float("inf"), float("nan")):
+    for stage in ("weights", "q"):
+        assert errors(w, w.clone(), stage).max() == 0.0
+        step = w.clone()
+        step[1, 3, 2, 4] = torch.nextafter(step[1, 3, 2, 4], torch.tensor(2.0))
+        got = errors(w, step, stage)
+        assert got[1, 3] == float(step[1, 3, 2, 4] - w[1, 3, 2, 4]) > 0.0 and got[0].max() == got[1, :3].max() == 0.0
+    # the same bits on both sides: NaN in any stage; an infinity only where it is not a softmax's output
+    for stage, bad in (("weights", float("nan")), ("q", float("nan")), ("q", float("inf"))):
         odd = w.clone()
         odd[0, 2, 1, 1] = bad
-        got = errors(odd, odd.clone())  # the same bits on both sides
-        assert np.isnan(got[0, 2]) and np.isnan(got).sum() == 1
+        got = errors(odd, odd.clone(), stage)
+        assert np.isnan(got[0, 2]) and np.isnan(got).sum() == 1, (stage, bad)
+    odd = w.clone()
+    odd[0, 2, 1, 1] = float("inf")  # captured weights no softmax gives: the recomputed ones differ there
+    got = errors(odd, w, "weights")
+    assert got[0, 2] == float("inf") and np.isfinite(got).sum() == got.size - 1

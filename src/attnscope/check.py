@@ -60,7 +60,9 @@ class ErrorTable:
         """captured, other: some rows of one layer of the batch, [rows, ...]. disposable: other is float32 and
         nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place."""
         a = captured.float()
-        if _equal_and_finite(a, other):  # the same numbers at every position, none NaN or infinite: |a - b| is 0
+        # the same numbers at every position, none NaN or infinite: |a - b| is 0. Weights come out of a softmax,
+        # each in [0, 1] or NaN, which no comparison finds equal: equal weights are finite without their sum
+        if _equal_and_finite(a, other, probabilities=stage == "weights"):
             self._table(stage, source)[rows, layer] = 0.0
         else:
             self._table(stage, source)[rows, layer] = self._reduce(stage, self._diff(a, other, disposable), rows)
@@ -170,15 +172,16 @@ class ErrorTable:
         return [Comparison(st, src, self.errors[(st, src)][row], st in RELATIVE) for st, src in keys]
 
 
-def _equal_and_finite(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _equal_and_finite(a: torch.Tensor, b: torch.Tensor, probabilities: bool = False) -> bool:
     """Whether |a - b| is exactly 0 at every position, without forming it: the sum of b is finite, which a NaN or
     an infinity anywhere in b would prevent (|inf - inf| is NaN), and a == b everywhere (numpy's comparison reads
     each once, where a subtraction, absolute value and max read the difference three times). b first: the
     recompute's b was just written and is still in the cache. Either failing, the caller forms |a - b|:
-    differences, NaN and padding are then found and reported as before."""
+    differences, NaN and padding are then found and reported as before. probabilities: b is a softmax's output,
+    whose numbers are each in [0, 1] or NaN (never infinite), so a == b everywhere proves them finite alone."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    return math.isfinite(float(b.sum())) and bool(np.array_equal(a.numpy(), b.numpy()))
+    return (probabilities or math.isfinite(float(b.sum()))) and bool(np.array_equal(a.numpy(), b.numpy()))
 
 
 def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, list[torch.Tensor]],
