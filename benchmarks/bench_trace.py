@@ -14,7 +14,7 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
        code, with no comparison at all, would cost this much
 Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
-    .venv/bin/python benchmarks/bench_trace.py [--repeats 5] [--models minilm,smollm2] [--texts 8]
+    .venv/bin/python benchmarks/bench_trace.py [--repeats 9] [--models minilm,smollm2] [--texts 8]
         [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu]
 
 --clock cpu times the process's CPU seconds instead of the wall clock: on a shared machine whose load
@@ -172,17 +172,21 @@ def print_times(rounds: dict[str, list[float]]) -> None:
         print(f"  {name:34s} {t * 1000:8.1f} ms   x{t / a:5.2f} of (a)   x{t / b:5.2f} of (b)   "
               f"{low[name] * 1000:8.1f} ms   x{low[name] / low[B]:5.2f} of (b)")
     for label, limit, case in (("(c)/(b)", 1.1, "(c) trace, capture only"), ("(d)/(b)", 1.6, D)):
-        ratios = (med[case] / b, statistics.median(x / y for x, y in zip(rounds[case], rounds[B], strict=True)),
-                  low[case] / low[B])
+        per_round = [x / y for x, y in zip(rounds[case], rounds[B], strict=True)]
+        ratios = (med[case] / b, statistics.median(per_round), low[case] / low[B])
         verdicts = ", ".join(f"{r:.2f} {'met' if r <= limit else 'MISSED'}" for r in ratios)
         print(f"  target {label} <= {limit}: {verdicts} (of the medians, median of the rounds' ratios, of the fastest)")
+        if len(per_round) >= 4:  # how far one round's ratio strays: the spread a single round would show
+            q1, _, q3 = statistics.quantiles(per_round, n=4)
+            print(f"    rounds' ratios: quartiles {q1:.2f}-{q3:.2f}, {sum(r <= limit for r in per_round)} of "
+                  f"{len(per_round)} rounds <= {limit}")
     e = "(e) (b) + its attention sublayers"
     print(f"  floor (e)/(b): {med[e] / b:.2f}, {low[e] / low[B]:.2f}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--models", default="minilm,smollm2", help="comma-separated: minilm, smollm2")
     ap.add_argument("--texts", type=int, default=8, help="MiniLM texts (default 8)")
     ap.add_argument("--smollm2-texts", type=int, default=4, help="SmolLM2 texts (default 4)")
