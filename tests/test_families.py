@@ -3,6 +3,7 @@ random-weight models built from their configs: every stage recomputed and verifi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -286,10 +287,16 @@ def test_check_table_of_a_deep_model_has_a_row_per_layer(modern: Callable[[str],
 
     report = attnscope.trace(LONG, model=modern("qwen2")).check()
     wide = to_text([check_table(report, 2, width=200)], width=200)
-    narrow = to_text([check_table(report, 2, width=30)], width=200)  # the layers would not fit 30 columns
-    assert "L0" in wide and "L1" in wide and "L1" not in narrow
-    rows = [line.split() for line in narrow.splitlines() if line.strip()[:1].isdigit()]
-    assert [r[0] for r in rows] == ["0", "1"] and all(len(r) == 1 + len(report.comparisons) for r in rows)
+    assert "L0" in wide and "L1" in wide
+    n = len(report.comparisons)
+    for width in (40, 30, 20):  # two layers would not fit: a row per layer, the comparisons in as many tables
+        narrow = to_text([check_table(report, 2, width=width)], width=width)
+        rows = [line.split() for line in narrow.splitlines() if line.strip()[:1].isdigit()]
+        assert "L1" not in narrow and {r[0] for r in rows} == {"0", "1"}, narrow
+        # every comparison of every layer once, each number whole (never folded over two lines nor cropped)
+        assert sum(len(r) - 1 for r in rows) == 2 * n, narrow
+        assert all(re.fullmatch(r"\d\.\de[+-]\d\d", cell) for r in rows for cell in r[1:]), narrow
+        assert max(map(len, narrow.splitlines())) <= width
 
 
 def test_attention_sinks_take_their_share(modern: Callable[[str], attnscope.Model]) -> None:

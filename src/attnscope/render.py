@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from attnscope.numbers import error, value
-from attnscope.report import CheckReport
+from attnscope.report import CheckReport, Comparison
 from attnscope.stages import ATTENTION_LABELS
 from attnscope.steps import Step, Walkthrough
 
@@ -276,34 +276,56 @@ def compared(report: CheckReport) -> str:
     return f"{len(report.comparisons)} stage comparisons x {layers} layers x {heads} heads"
 
 
-def check_table(report: CheckReport, n_layers: int, width: int | None = None) -> Table:
+ERROR_WIDTH = len("0.0e+00")  # an error as printed: a cell never folds it over two lines nor crops it
+CHECK_TITLE = "max error per layer (0-indexed, max over heads)"
+
+
+def check_table(report: CheckReport, n_layers: int, width: int | None = None) -> RenderableType:
     """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads.
-    When the layers do not fit the width (deep models), rows are the layers and columns the comparisons."""
-    if width is not None and 16 + 9 * n_layers > width:
-        return _check_table_by_layer(report, n_layers)
-    t = Table(title="max error per layer (0-indexed, max over heads): captured vs the independent recompute "
-              "and vs the model's own outputs", title_justify="left", caption=REL_NOTE, caption_justify="left",
+    When the layers do not fit the width (deep models), rows are the layers and columns the comparisons, in as
+    many tables, one under the other, as the width needs: every number whole, none cropped."""
+    names = [f"{c.stage} (rel)" if c.relative else c.stage for c in report.comparisons]
+    stage_width = max([len("stage"), *map(len, names)])
+    # a column is its widest cell, 1 space of padding and 1 of separator (none after the last)
+    by_stage = stage_width + len("recompute") + 2 + (ERROR_WIDTH + 2) * n_layers
+    if width is None or by_stage <= width:
+        return _check_table_by_stage(report, n_layers, names)
+    per_table = max(1, (width - len("layer") - 1) // (ERROR_WIDTH + 2))  # comparisons beside the layer column
+    n_tables = -(-len(report.comparisons) // per_table)
+    size = -(-len(report.comparisons) // n_tables)  # balanced: 9 columns in 2 tables are 5 and 4
+    parts = [report.comparisons[i:i + size] for i in range(0, len(report.comparisons), size)]
+    tables = [_check_table_by_layer(part, report.tolerance, n_layers, first=i == 0, last=i == len(parts) - 1)
+              for i, part in enumerate(parts)]
+    return tables[0] if len(tables) == 1 else Group(*tables)
+
+
+def _check_table_by_stage(report: CheckReport, n_layers: int, names: list[str]) -> Table:
+    t = Table(title=f"{CHECK_TITLE}: captured vs the independent recompute and vs the model's own outputs",
+              title_justify="left", caption=REL_NOTE, caption_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    t.add_column("stage", overflow="fold")
-    t.add_column("vs", overflow="fold")
+    t.add_column("stage", no_wrap=True)
+    t.add_column("vs", no_wrap=True)
     for layer in range(n_layers):
-        t.add_column(f"L{layer}", justify="right", overflow="fold")
-    for c in report.comparisons:
-        name = f"{c.stage} (rel)" if c.relative else c.stage
+        t.add_column(f"L{layer}", justify="right", no_wrap=True, min_width=ERROR_WIDTH)
+    for name, c in zip(names, report.comparisons, strict=True):
         t.add_row(name, c.source, *(_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers)))
     return t
 
 
-def _check_table_by_layer(report: CheckReport, n_layers: int) -> Table:
-    t = Table(title="max error per layer (0-indexed, max over heads) of each stage: captured vs the independent "
-              "recompute (rec) and vs the model's own outputs (model)", title_justify="left", caption=REL_NOTE,
-              caption_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
-    t.add_column("layer", justify="right")
-    for c in report.comparisons:
+def _check_table_by_layer(comparisons: list[Comparison], tolerance: float, n_layers: int, first: bool = True,
+                          last: bool = True) -> Table:
+    """Rows: layers; columns: these comparisons. first carries the title, last the note on (rel)."""
+    title = (f"{CHECK_TITLE} of each stage: captured vs the independent recompute (rec) and vs the model's own "
+             "outputs (model)") if first else None
+    t = Table(title=title, title_justify="left", caption=REL_NOTE if last else None, caption_justify="left",
+              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t.add_column("layer", justify="right", no_wrap=True)
+    for c in comparisons:
+        # the header folds over lines, a number never does
         t.add_column(f"{c.stage}{' (rel)' if c.relative else ''} {'rec' if c.source == 'recompute' else c.source}",
-                     justify="right", overflow="fold")
+                     justify="right", overflow="fold", min_width=ERROR_WIDTH)
     for layer in range(n_layers):
-        t.add_row(str(layer), *(_err(float(c.errors[layer].max()), report.tolerance) for c in report.comparisons))
+        t.add_row(str(layer), *(_err(float(c.errors[layer].max()), tolerance) for c in comparisons))
     return t
 
 
