@@ -284,12 +284,11 @@ def check_table(report: CheckReport, n_layers: int, width: int | None = None) ->
     """Rows: each stage compared with the recompute or the model; columns: layers (0-indexed), max over heads.
     When the layers do not fit the width (deep models), rows are the layers and columns the comparisons, in as
     many tables, one under the other, as the width needs: every number whole, none cropped."""
-    names = [f"{c.stage} (rel)" if c.relative else c.stage for c in report.comparisons]
-    stage_width = max([len("stage"), *map(len, names)])
+    stage_width = max([len("stage"), *(len(_stage_label(c)) for c in report.comparisons)])
     # a column is its widest cell, 1 space of padding and 1 of separator (none after the last)
     by_stage = stage_width + len("recompute") + 2 + (ERROR_WIDTH + 2) * n_layers
     if width is None or by_stage <= width:
-        return _check_table_by_stage(report, n_layers, names)
+        return _check_table_by_stage(report, n_layers)
     per_table = max(1, (width - len("layer") - 1) // (ERROR_WIDTH + 2))  # comparisons beside the layer column
     n_tables = -(-len(report.comparisons) // per_table)
     size = -(-len(report.comparisons) // n_tables)  # balanced: 9 columns in 2 tables are 5 and 4
@@ -299,7 +298,12 @@ def check_table(report: CheckReport, n_layers: int, width: int | None = None) ->
     return tables[0] if len(tables) == 1 else Group(*tables)
 
 
-def _check_table_by_stage(report: CheckReport, n_layers: int, names: list[str]) -> Table:
+def _stage_label(c: Comparison) -> str:
+    """The stage as the tables name it: "(rel)" where its errors are relative to a rounding bound (REL_NOTE)."""
+    return f"{c.stage} (rel)" if c.relative else c.stage
+
+
+def _check_table_by_stage(report: CheckReport, n_layers: int) -> Table:
     t = Table(title=f"{CHECK_TITLE}: captured vs the independent recompute and vs the model's own outputs",
               title_justify="left", caption=REL_NOTE, caption_justify="left",
               box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
@@ -307,8 +311,9 @@ def _check_table_by_stage(report: CheckReport, n_layers: int, names: list[str]) 
     t.add_column("vs", no_wrap=True)
     for layer in range(n_layers):
         t.add_column(f"L{layer}", justify="right", no_wrap=True, min_width=ERROR_WIDTH)
-    for name, c in zip(names, report.comparisons, strict=True):
-        t.add_row(name, c.source, *(_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers)))
+    for c in report.comparisons:
+        errors = (_err(float(c.errors[layer].max()), report.tolerance) for layer in range(n_layers))
+        t.add_row(_stage_label(c), c.source, *errors)
     return t
 
 
@@ -322,7 +327,7 @@ def _check_table_by_layer(comparisons: list[Comparison], tolerance: float, n_lay
     t.add_column("layer", justify="right", no_wrap=True)
     for c in comparisons:
         # the header folds over lines, a number never does
-        t.add_column(f"{c.stage}{' (rel)' if c.relative else ''} {'rec' if c.source == 'recompute' else c.source}",
+        t.add_column(f"{_stage_label(c)} {'rec' if c.source == 'recompute' else c.source}",
                      justify="right", overflow="fold", min_width=ERROR_WIDTH)
     for layer in range(n_layers):
         t.add_row(str(layer), *(_err(float(c.errors[layer].max()), tolerance) for c in comparisons))
@@ -348,7 +353,7 @@ def check_summary(report: CheckReport) -> str:
 
 def check_markdown(report: CheckReport, n_layers: int, header: str = "") -> str:
     """The check as Markdown: the header line (model, tokens), a table per layer, the notes and the verdict."""
-    heads = ["layer", *(f"{c.stage}{' (rel)' if c.relative else ''} vs {c.source}" for c in report.comparisons)]
+    heads = ["layer", *(f"{_stage_label(c)} vs {c.source}" for c in report.comparisons)]
     rows = [[str(i), *(error(float(c.errors[i].max())) for c in report.comparisons)] for i in range(n_layers)]
     top = [header, ""] if header else []
     table = [_md_row(heads), _md_row(["---"] * len(heads)), *map(_md_row, rows), "", REL_NOTE, ""]
