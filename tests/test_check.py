@@ -135,6 +135,12 @@ def test_equal_numbers_are_found_without_the_subtraction_and_anything_else_is_me
         odd[0, 2, 1, 1] = bad
         got = errors(odd, odd.clone(), stage)
         assert np.isnan(got[0, 2]) and np.isnan(got).sum() == 1, (stage, bad)
+    table = ErrorTable(keep, n_layers=1, n_heads=HEADS)  # a model's own weights are not our softmax's output
+    odd = w.clone()
+    odd[0, 2, 1, 1] = float("inf")
+    table.add_rows("weights", "model", 0, slice(0, ROWS), odd, odd.clone())
+    got = table.errors[("weights", "model")][:, 0]
+    assert np.isnan(got[0, 2]) and np.isnan(got).sum() == 1
     odd = w.clone()
     odd[0, 2, 1, 1] = float("inf")  # captured weights no softmax gives: the recomputed ones differ there
     got = errors(odd, w, "weights")

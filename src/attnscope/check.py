@@ -60,9 +60,10 @@ class ErrorTable:
         """captured, other: some rows of one layer of the batch, [rows, ...]. disposable: other is float32 and
         nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place."""
         a = captured.float()
-        # the same numbers at every position, none NaN or infinite: |a - b| is 0. Weights come out of a softmax,
-        # each in [0, 1] or NaN, which no comparison finds equal: equal weights are finite without their sum
-        if _equal_and_finite(a, other, probabilities=stage == "weights"):
+        # the same numbers at every position, none NaN or infinite: |a - b| is 0. Recomputed weights come out of
+        # our softmax, each in [0, 1] or NaN, which no comparison finds equal: equal, they are finite without a sum
+        # (a model's own weights are not ours: they keep it)
+        if _equal_and_finite(a, other, probabilities=stage == "weights" and source == "recompute"):
             self._table(stage, source)[rows, layer] = 0.0
         else:
             self._table(stage, source)[rows, layer] = self._reduce(stage, self._diff(a, other, disposable), rows)
