@@ -7,7 +7,7 @@ import pytest
 import attnscope
 from attnscope.cli.main import error_line, main
 from attnscope.errors import AttnscopeError
-from attnscope.tokens import encode, shortest_max_length
+from attnscope.tokens import Token, encode, shortest_max_length
 
 LONG = " ".join(["word"] * 600)  # 602 tokens alone: past the model's 512 positions
 
@@ -49,3 +49,81 @@ def test_the_cli_says_the_flag_on_one_line(capsys: pytest.CaptureFixture[str]) -
 ])
 def test_error_line_maps_the_parameter_to_its_flag(message: str, parameter: str | None, line: str) -> None:
     assert error_line(AttnscopeError(message, parameter=parameter)) == line
+
+
+# texts that stress a tokenizer: accents, CJK, emoji, control-like whitespace, special tokens typed as text,
+# markup, and texts long enough to be cut into many overflowing parts
+AWKWARD = ["The capital of France is Paris.", "naïve café — Zürich, 東京 und 🙂🙂 x\u00a0y", "a\n\n\tb   c",
+           "hello [SEP] there [CLS] x <|im_end|> <|endoftext|> [MASK]", "<script>alert('x')</script> &amp;",
+           " ".join(["word"] * 600), "Dr. Smith's e-mail: smith@example.com, 3.14159 ... ?!" * 40]
+
+
+def _expected(tok: object, texts: list[str], pairs: list[str | None], max_length: int) -> list[list[Token]]:
+    """The tokens as transformers' own per-token outputs give them (offsets, special mask, word and sequence ids,
+    strings from the ids), read a tensor row at a time: the reference encode's fast path must equal."""
+    paired = any(p is not None for p in pairs)
+    batch = tok(texts, **({"text_pair": pairs} if paired else {}), max_length=max_length,  # type: ignore[operator]
+                truncation=True, padding=True, return_tensors="pt", return_offsets_mapping=True,
+                return_special_tokens_mask=True)
+    out = []
+    for row in range(len(texts)):
+        n = int(batch["attention_mask"][row].sum())
+        ids, seq_ids, word_ids = batch["input_ids"][row].tolist(), batch.sequence_ids(row), batch.word_ids(row)
+        strings = tok.convert_ids_to_tokens(ids)  # type: ignore[attr-defined]
+        segments = batch["token_type_ids"][row].tolist() if "token_type_ids" in batch else [s or 0 for s in seq_ids]
+        special, offsets = batch["special_tokens_mask"][row].tolist(), batch["offset_mapping"][row].tolist()
+        words: dict[tuple[int, int], int] = {}
+        row_tokens = []
+        for i in range(n):
+            word = None if special[i] or word_ids[i] is None else \
+                words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
+            start, end = (None, None) if special[i] else tuple(offsets[i])
+            row_tokens.append(Token(i, strings[i], ids[i], start, end, bool(special[i]), word, segments[i]))
+        out.append(row_tokens)
+    return out
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+@pytest.mark.parametrize("max_length", [3, 7, 64, 512])
+def test_encode_reads_the_tokenizers_own_encodings(name: str, max_length: int,
+                                                   request: pytest.FixtureRequest) -> None:
+    """The tokens come from the fast tokenizer's encodings and a cut text's length from its overflowing parts;
+    both must equal what transformers' per-token outputs and tokenizing each text whole give, on both real
+    tokenizers (WordPiece with [CLS]/[SEP], byte-level BPE with none), single texts and pairs."""
+    tok = request.getfixturevalue(name).tokenizer
+    whole = [len(ids) for ids in tok(AWKWARD, truncation=False, verbose=False)["input_ids"]]
+    enc = encode(tok, AWKWARD, max_length=max_length)
+    assert enc.tokens == _expected(tok, AWKWARD, [None] * len(AWKWARD), max_length)
+    assert enc.truncated == [n > max_length for n in whole]
+    assert any(enc.truncated) and (max_length < 512 or not all(enc.truncated))  # cut and whole texts
+    pairs: list[str | None] = [AWKWARD[(i + 1) % len(AWKWARD)] for i in range(len(AWKWARD))]
+    if max_length >= shortest_max_length(tok, pair=True):
+        assert encode(tok, AWKWARD, pairs, max_length=max_length).tokens == \
+            _expected(tok, AWKWARD, pairs, max_length)
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_a_cut_texts_length_is_counted_whole(name: str, request: pytest.FixtureRequest,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """The warning and the refusal name the length the text has whole, counted from what the tokenizer cut off."""
+    tok = request.getfixturevalue(name).tokenizer
+    for text in AWKWARD[-2:]:
+        n = len(tok(text, truncation=False, verbose=False)["input_ids"])
+        with caplog.at_level("WARNING", logger="attnscope"):
+            caplog.clear()
+            assert encode(tok, [text], max_length=16).truncated == [True]
+        assert caplog.messages == [f"the text is {n} tokens long; keeping the first 16"]
+        with pytest.raises(AttnscopeError, match=f"^the text is {n} tokens long, over the maximum of 16"):
+            encode(tok, [text], max_length=16, truncate=False)
+
+
+def test_a_slow_tokenizer_is_refused_in_one_line(minilm: attnscope.Model) -> None:
+    """A Python tokenizer has no character offsets, word ids nor sequence ids (transformers raises a ValueError
+    for sequence_ids): one line that says which tokenizer to load instead."""
+    from transformers import ByT5Tokenizer  # a Python tokenizer that needs no files
+
+    slow = attnscope.load_model(minilm.model, tokenizer=ByT5Tokenizer())
+    with pytest.raises(AttnscopeError, match=r"^ByT5Tokenizer is a slow \(Python\) tokenizer: .* load the model's "
+                                             r"fast tokenizer \(tokenizer.json\)$") as err:
+        attnscope.trace("The capital of France is", model=slow)
+    assert "\n" not in str(err.value)

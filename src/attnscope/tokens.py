@@ -60,32 +60,43 @@ def encode(
         require_text(text)
         if pair is not None:
             require_text(pair, "second text (text_pair)", parameter="text_pair")
-    validate_max_length(tokenizer, max_length, pair=any(p is not None for p in pairs))
+    paired = any(p is not None for p in pairs)
+    validate_max_length(tokenizer, max_length, pair=paired)
+    if not tokenizer.is_fast:  # a Python tokenizer gives no character offsets, word ids nor sequence ids
+        raise AttnscopeError(f"{type(tokenizer).__name__} is a slow (Python) tokenizer: attnscope needs a fast one "
+                             "for each token's characters and word; load the model's fast tokenizer (tokenizer.json)")
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
-    batch = tokenizer(
-        **{"text_target" if as_target else "text": list(texts)},
-        **({"text_pair": list(pairs)} if any(p is not None for p in pairs) else {}),
-        max_length=max_length,
-        truncation=True,
-        padding=True,
-        return_tensors="pt",
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    key = "text_target" if as_target else "text"
+    # the encodings hold every token's string, offsets and flags: only ids and masks become tensors
+    batch = tokenizer(**{key: list(texts)}, **({"text_pair": list(pairs)} if paired else {}), max_length=max_length,
+                      truncation=True, padding=True, return_tensors="pt")
     kept = batch["attention_mask"].sum(dim=1).tolist()  # [text]: tokens kept
     if max(kept) > max_length:  # the tokenizer could not truncate this far: never trace more than asked
         raise AttnscopeError(f"the tokenizer kept {max(kept)} tokens, over max_length {max_length}: "
                              "raise max_length or shorten the text", parameter="max_length")
-    # a text shorter than max_length was kept whole; only those at the limit are counted untruncated
-    full = [i for i, n in enumerate(kept) if n >= max_length]
-    counted = _untruncated_lengths(tokenizer, [texts[i] for i in full], [pairs[i] for i in full],
-                                   "text_target" if as_target else "text")
-    lengths = dict(zip(full, counted, strict=True))
-    truncated = [_too_long(lengths.get(i, n), max_length, truncate) for i, n in enumerate(kept)]
-    tokens = [_tokens_of(batch, tokenizer, row) for row in range(len(texts))]
+    lengths = _lengths(tokenizer, batch, kept, texts, pairs, key, max_length)
+    truncated = [_too_long(n, max_length, truncate) for n in lengths]
+    tokens = [_tokens_of(enc, n, "token_type_ids" in batch) for enc, n in zip(batch.encodings, kept, strict=True)]
     keep = ("input_ids", "attention_mask", "token_type_ids")
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
+
+
+def _lengths(tok: PreTrainedTokenizerBase, batch: Any, kept: list[int], texts: Sequence[str],
+             pairs: list[str | None], key: str, max_length: int) -> list[int]:
+    """Each text's token count before truncation (kept, for a text the tokenizer did not cut)."""
+    if key == "text" and not any(p is not None for p in pairs):
+        # a single text cut to max_length: what was cut off is in its encoding's overflowing parts, each of them
+        # a window of the text's tokens that the tokenizer framed with its special tokens as it did the first
+        # (tests/test_tokens.py checks the count against tokenizing the text whole)
+        specials = int(tok.num_special_tokens_to_add(pair=False))
+        return [n + sum(sum(part.attention_mask) - specials for part in enc.overflowing)
+                for n, enc in zip(kept, batch.encodings, strict=True)]
+    # a text shorter than max_length was kept whole; only those at the limit are counted untruncated
+    full = [i for i, n in enumerate(kept) if n >= max_length]
+    counted = _untruncated_lengths(tok, [texts[i] for i in full], [pairs[i] for i in full], key)
+    lengths = dict(zip(full, counted, strict=True))
+    return [lengths.get(i, n) for i, n in enumerate(kept)]
 
 
 def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pairs: list[str | None],
@@ -142,16 +153,13 @@ def _too_long(n: int, max_length: int, truncate: bool) -> bool:
     return True
 
 
-def _tokens_of(batch: Any, tok: PreTrainedTokenizerBase, row: int) -> list[Token]:
-    ids = batch["input_ids"][row].tolist()
-    n = int(batch["attention_mask"][row].sum())
-    offsets = batch["offset_mapping"][row].tolist()
-    special = batch["special_tokens_mask"][row].tolist()
-    seq_ids = batch.sequence_ids(row)
-    word_ids = batch.word_ids(row)
-    strings = tok.convert_ids_to_tokens(ids)
-    # one list per row, not a tensor index per token (two of those were two thirds of encoding 8 x 256 tokens)
-    segments = batch["token_type_ids"][row].tolist() if "token_type_ids" in batch else [s or 0 for s in seq_ids]
+def _tokens_of(enc: Any, n: int, type_ids: bool) -> list[Token]:
+    """The first n (unpadded) tokens of one row of a right-padded batch, from the fast tokenizer's encoding of
+    that row (one list per field, not a tensor index per token). type_ids: the model reads token_type_ids, which
+    then number the segments (else the sequence ids do)."""
+    ids, strings, offsets, special, seq_ids, word_ids = (
+        enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, enc.sequence_ids, enc.word_ids)
+    segments = enc.type_ids if type_ids else [s or 0 for s in seq_ids]
     words: dict[tuple[int, int], int] = {}
     out: list[Token] = []
     for i in range(n):
@@ -159,6 +167,6 @@ def _tokens_of(batch: Any, tok: PreTrainedTokenizerBase, row: int) -> list[Token
         word = None
         if not is_special and word_ids[i] is not None:
             word = words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
-        start, end = (None, None) if is_special else (int(offsets[i][0]), int(offsets[i][1]))
-        out.append(Token(i, strings[i], int(ids[i]), start, end, is_special, word, int(segments[i])))
+        start, end = (None, None) if is_special else offsets[i]
+        out.append(Token(i, strings[i], ids[i], start, end, is_special, word, segments[i]))
     return out
