@@ -3,7 +3,9 @@
 On the bundled MiniLM (8 texts x 256 tokens) and SmolLM2-135M (4 texts x 256 tokens), in one process:
   (a) plain forward with SDPA            (b) eager forward with output_attentions=True
   (c) attnscope.trace, capture only       (d) attnscope.trace with recompute, then check()
-Prints the median and fastest time of each, the ratios to (a) and (b), and the peak RSS.
+Prints the median and fastest time of each, the ratios to (a) and (b), the median of each case's minor page
+faults per round (memory the allocator had given back to the system and asks for again: a case pays for what the
+cases before it freed, and for the arrays it keeps), and the peak RSS.
 Targets: (c) <= 1.1x (b); (d) <= 1.6x (b) (the issue-12 target; MiniLM had 1.5x before).
 
 A trace's arrays are laid out [layer, ...] per text when first read (check() reads none), so
@@ -90,17 +92,23 @@ def sublayer_seconds(m: attnscope.Model, forward: Callable[[], object]) -> float
     return spent[0]
 
 
+FAULTS: dict[str, list[int]] = {}  # case -> minor page faults in each round (memory the allocator asked anew)
+
+
 def round_robin(cases: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
     """Seconds of each case in each round, the cases run round-robin so that a noisy machine weighs on all
-    alike. A case that returns a float reports that many seconds itself."""
+    alike. A case that returns a float reports that many seconds itself. Each round's minor page faults go
+    to FAULTS: a case pays them for memory the case before it gave back to the system."""
     for fn in cases.values():
         fn()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
+            faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             t = clock()
             out = fn()
             times[name].append(out if isinstance(out, float) else clock() - t)
+            FAULTS.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
     return times
 
 
@@ -167,10 +175,12 @@ def print_times(rounds: dict[str, list[float]]) -> None:
     med = {name: statistics.median(ts) for name, ts in rounds.items()}
     low = {name: min(ts) for name, ts in rounds.items()}
     a, b = med["(a) SDPA forward"], med[B]
-    print(f"  {'':34s} {'median':>8s}                                 {'fastest':>8s}")
+    print(f"  {'':34s} {'median':>8s}                                 {'fastest':>8s}   {'page faults':>11s}")
     for name, t in med.items():
+        faults = FAULTS.pop(name, None)
         print(f"  {name:34s} {t * 1000:8.1f} ms   x{t / a:5.2f} of (a)   x{t / b:5.2f} of (b)   "
-              f"{low[name] * 1000:8.1f} ms   x{low[name] / low[B]:5.2f} of (b)")
+              f"{low[name] * 1000:8.1f} ms   x{low[name] / low[B]:5.2f} of (b)   "
+              f"{'' if faults is None else f'{statistics.median(faults):11.0f}'}")
     for label, limit, case in (("(c)/(b)", 1.1, "(c) trace, capture only"), ("(d)/(b)", 1.6, D)):
         per_round = [x / y for x, y in zip(rounds[case], rounds[B], strict=True)]
         ratios = (med[case] / b, statistics.median(per_round), low[case] / low[B])
