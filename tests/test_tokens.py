@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+
+import numpy as np
 import pytest
 
 import attnscope
@@ -127,3 +130,30 @@ def test_a_slow_tokenizer_is_refused_in_one_line(minilm: attnscope.Model) -> Non
                                              r"fast tokenizer \(tokenizer.json\)$") as err:
         attnscope.trace("The capital of France is", model=slow)
     assert "\n" not in str(err.value)
+
+
+def test_a_left_padding_tokenizer_still_gives_each_texts_own_tokens(minilm: attnscope.Model) -> None:
+    """Decoders' tokenizers often pad on the left. A batch is padded on the right whatever the tokenizer says
+    (its tokens first, then padding): before, the short text of a batch read ['[PAD]', '[PAD]', '[PAD]'] and its
+    check compared padding. The tokenizer itself is left as it was."""
+    tok = copy.deepcopy(minilm.tokenizer)
+    tok.padding_side = "left"
+    left = attnscope.load_model(minilm.model, tokenizer=tok)
+    long, short = attnscope.trace(["The capital of France is Paris.", "Hi there"], model=left)
+    alone = attnscope.trace("Hi there", model=minilm)
+    assert [t.text for t in short.tokens] == [t.text for t in alone.tokens] == ["[CLS]", "hi", "there", "[SEP]"]
+    assert long.tokens[-1].text == "[SEP]" and len(long.tokens) == 9
+    assert short.check().status == long.check().status == "PASS" and tok.padding_side == "left"
+    for stage in ("weights", "context"):  # the same numbers as the text traced alone, to float32 noise
+        assert np.abs(short.arrays[stage] - alone.arrays[stage]).max() <= 1e-5
+
+
+def test_a_left_truncating_tokenizer_keeps_and_says_the_last_tokens(minilm: attnscope.Model,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    tok = copy.deepcopy(minilm.tokenizer)
+    tok.truncation_side = "left"
+    text = " ".join(["word"] * 20) + " end"  # 23 tokens with [CLS] and [SEP]
+    with caplog.at_level("WARNING", logger="attnscope"):
+        enc = encode(tok, [text], max_length=8)
+    assert [t.text for t in enc.tokens[0]] == ["[CLS]", *["word"] * 5, "end", "[SEP]"]
+    assert caplog.messages == ["the text is 23 tokens long; keeping the last 8"]

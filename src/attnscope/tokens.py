@@ -52,7 +52,8 @@ def encode(
     truncate: bool = True,
     as_target: bool = False,
 ) -> Encoded:
-    """Tokenize texts (and optional second sentences) as one right-padded batch.
+    """Tokenize texts (and optional second sentences) as one right-padded batch, whatever the tokenizer's padding
+    side. A text longer than max_length is cut on the tokenizer's truncation side (the warning names the end kept).
 
     as_target: as an encoder-decoder's labels (the tokenizer's target mode: Marian's target vocabulary)."""
     pairs = list(pairs) if pairs is not None else [None] * len(texts)
@@ -68,15 +69,17 @@ def encode(
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
     key = "text_target" if as_target else "text"
-    # the encodings hold every token's string, offsets and flags: only ids and masks become tensors
+    # the encodings hold every token's string, offsets and flags: only ids and masks become tensors. Padding goes
+    # on the right whatever the tokenizer's own side (decoders' are often left): a row's tokens come first
     batch = tokenizer(**{key: list(texts)}, **({"text_pair": list(pairs)} if paired else {}), max_length=max_length,
-                      truncation=True, padding=True, return_tensors="pt")
+                      truncation=True, padding=True, padding_side="right", return_tensors="pt")
     kept = batch["attention_mask"].sum(dim=1).tolist()  # [text]: tokens kept
     if max(kept) > max_length:  # the tokenizer could not truncate this far: never trace more than asked
         raise AttnscopeError(f"the tokenizer kept {max(kept)} tokens, over max_length {max_length}: "
                              "raise max_length or shorten the text", parameter="max_length")
     lengths = _lengths(tokenizer, batch, kept, texts, pairs, key, max_length)
-    truncated = [_too_long(n, max_length, truncate) for n in lengths]
+    kept_end = "last" if tokenizer.truncation_side == "left" else "first"  # the tokenizer's side is kept
+    truncated = [_too_long(n, max_length, truncate, kept_end) for n in lengths]
     tokens = [_tokens_of(enc, n, "token_type_ids" in batch) for enc, n in zip(batch.encodings, kept, strict=True)]
     keep = ("input_ids", "attention_mask", "token_type_ids")
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
@@ -143,13 +146,13 @@ def validate_max_length(tokenizer: PreTrainedTokenizerBase, max_length: int, pai
     return max_length
 
 
-def _too_long(n: int, max_length: int, truncate: bool) -> bool:
+def _too_long(n: int, max_length: int, truncate: bool, kept_end: str = "first") -> bool:
     if n <= max_length:
         return False
     if not truncate:
         raise AttnscopeError(f"the text is {n} tokens long, over the maximum of {max_length}: shorten it or "
                              "raise max_length", parameter="max_length")
-    log.warning("the text is %d tokens long; keeping the first %d", n, max_length)
+    log.warning("the text is %d tokens long; keeping the %s %d", n, kept_end, max_length)
     return True
 
 
