@@ -157,3 +157,15 @@ def test_a_left_truncating_tokenizer_keeps_and_says_the_last_tokens(minilm: attn
         enc = encode(tok, [text], max_length=8)
     assert [t.text for t in enc.tokens[0]] == ["[CLS]", *["word"] * 5, "end", "[SEP]"]
     assert caplog.messages == ["the text is 23 tokens long; keeping the last 8"]
+
+
+def test_a_tokenizer_with_no_token_to_pad_with(smollm2: attnscope.Model) -> None:
+    """Neither a padding nor an end-of-text token: one text is traced unpadded; a batch gets one line (before,
+    transformers' ValueError, 'Asking to pad but the tokenizer does not have a padding token', for both)."""
+    tok = copy.deepcopy(smollm2.tokenizer)
+    tok.pad_token = tok.eos_token = None
+    enc = encode(tok, ["Hello world"])
+    assert [t.text for t in enc.tokens[0]] == ["Hello", "Ġworld"] and enc.inputs["input_ids"].shape == (1, 2)
+    with pytest.raises(AttnscopeError, match=r"has neither a padding nor an end-of-text token to pad a batch with: "
+                                             r"trace one text at a time, or set tokenizer.pad_token$"):
+        encode(tok, ["Hello world", "Hi"])

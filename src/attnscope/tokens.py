@@ -68,11 +68,14 @@ def encode(
                              "for each token's characters and word; load the model's fast tokenizer (tokenizer.json)")
     if tokenizer.pad_token is None:  # GPT-2 style tokenizers have no pad token
         tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.pad_token is None and len(texts) > 1:  # one text needs no padding
+        raise AttnscopeError(f"{type(tokenizer).__name__} has neither a padding nor an end-of-text token to pad a "
+                             "batch with: trace one text at a time, or set tokenizer.pad_token")
     key = "text_target" if as_target else "text"
     # the encodings hold every token's string, offsets and flags: only ids and masks become tensors. Padding goes
     # on the right whatever the tokenizer's own side (decoders' are often left): a row's tokens come first
     batch = tokenizer(**{key: list(texts)}, **({"text_pair": list(pairs)} if paired else {}), max_length=max_length,
-                      truncation=True, padding=True, padding_side="right", return_tensors="pt")
+                      truncation=True, padding=len(texts) > 1, padding_side="right", return_tensors="pt")
     kept = batch["attention_mask"].sum(dim=1).tolist()  # [text]: tokens kept
     if max(kept) > max_length:  # the tokenizer could not truncate this far: never trace more than asked
         raise AttnscopeError(f"the tokenizer kept {max(kept)} tokens, over max_length {max_length}: "
