@@ -277,3 +277,22 @@ def test_cli_errors_are_one_line_and_exit_2(argv: list[str], message: str,
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnscope: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_rollout_explains_a_causal_models_pile_up_on_token_0(smollm2: attnscope.Model,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """SmolLM2's rollout over its 30 layers puts ~100% on token 0, which looks broken without a word: position 0
+    reads only itself, so every path that reaches it ends there. The note comes where token 0 holds >= 90%."""
+    text = "The cat sat on the mat"
+    top = _cli_json(capsys, "rollout", text, "--model", "smollm2")
+    assert _values(top)[0] >= 0.99 and top["note"] == (  # type: ignore[index]
+        "in a causal model position 0 reads only itself at every layer, so every path that reaches it ends on "
+        f"token 0: over 30 layers rollout gathers {_values(top)[0]:.0%} there. A lower --layer shows the mixing "
+        "before that.")
+    low = _cli_json(capsys, "rollout", text, "--model", "smollm2", "--layer", "1")
+    assert _values(low)[0] < 0.9 and "note" not in low
+    assert main(["rollout", text, "--model", "smollm2", "--format", "markdown"]) == 0
+    assert capsys.readouterr().out.endswith("\nnote: in a causal model position 0 reads only itself at every layer, "
+                                            "so every path that reaches it ends on token 0: over 30 layers rollout "
+                                            "gathers 100% there. A lower --layer shows the mixing before that.\n")
+    assert "note" not in _cli_json(capsys, "rollout", TEXT)  # MiniLM reads both ways: no pile-up to explain

@@ -49,8 +49,23 @@ def run_rollout(args: argparse.Namespace) -> int:
     tr.validate(layer=layer)
     values = tr.rollout()[layer, token]  # [key]
     what = f"attention rollout after layer {layer} (0-indexed, of {tr.n_layers})"
-    emit(row_payload(tr, "rollout", layer, token, values), what, args.format)
+    payload = row_payload(tr, "rollout", layer, token, values)
+    note = causal_pile_up(tr.causal, layer, token, float(values[0]))
+    emit(payload | {"note": note} if note else payload, what, args.format)
     return 0
+
+
+PILE_UP = 0.9  # the share on token 0 above which a causal model's rollout is explained
+
+
+def causal_pile_up(causal: bool, layer: int, token: int, first: float) -> str | None:
+    """Why a causal model's rollout puts (nearly) everything on token 0, when it does: position 0 reads only
+    itself at every layer, so every path that reaches it at any layer ends there. Else None."""
+    if not causal or token == 0 or first < PILE_UP:
+        return None
+    return (f"in a causal model position 0 reads only itself at every layer, so every path that reaches "
+            f"it ends on token 0: over {layer + 1} layers rollout gathers {first:.0%} there. A lower --layer "
+            "shows the mixing before that.")
 
 
 def run_flow(args: argparse.Namespace) -> int:
@@ -87,14 +102,15 @@ def row_payload(tr: Trace, method: str, layer: int, token: int, values: Any) -> 
 def emit(payload: dict[str, Any], what: str, fmt: str) -> None:
     q = payload["query"]
     title = f"{payload['model']}: {what}, query token {q['index']} {q['token']!r} over the input tokens"
+    note = payload.get("note")
     if fmt == "json":
         print_json(payload)
     elif fmt == "markdown":
-        sys.stdout.write(row_markdown(payload, title))
+        sys.stdout.write(row_markdown(payload, title) + (f"\nnote: {note}\n" if note else ""))
     else:
         from rich.text import Text
 
-        console().print(Text(title), row_table(payload))
+        console().print(Text(title), row_table(payload), *([Text(f"note: {note}")] if note else []))
 
 
 def _bar(value: float, top: float) -> str:
