@@ -109,6 +109,9 @@ def round_robin(cases: dict[str, Callable[[], object]], repeats: int) -> dict[st
             out = fn()
             times[name].append(out if isinstance(out, float) else clock() - t)
             FAULTS.setdefault(name, []).append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)
+            # freed before the next case starts: kept until `out` is bound again, (c)'s traces (their captured
+            # arrays, ~0.2 GB for MiniLM) were alive through all of (d), which then asked the system for fresh memory
+            del out
     return times
 
 
