@@ -17,10 +17,13 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
 Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
     .venv/bin/python benchmarks/bench_trace.py [--repeats 9] [--models minilm,smollm2] [--texts 8]
-        [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu]
+        [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu] [--allocator system|keep]
 
 --clock cpu times the process's CPU seconds instead of the wall clock: on a shared machine whose load
 exceeds its cores, a wall-clock ratio measures the queue as much as the code.
+--allocator keep makes glibc keep the memory it frees (mallopt), as a process that traces text after text does:
+with the system's policy, (d)'s forward pays 0-57k page faults per round for memory that (c+) and (c) gave back,
+up to ~0.15x (b), and (b), run after the small (a), pays none.
 """
 
 from __future__ import annotations
@@ -197,6 +200,18 @@ def print_times(rounds: dict[str, list[float]]) -> None:
     print(f"  floor (e)/(b): {med[e] / b:.2f}, {low[e] / low[B]:.2f}")
 
 
+def keep_freed_memory() -> None:
+    """glibc: never give the heap's freed top back, and serve every size from the heap (mallopt)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
+    if not (hasattr(libc, "mallopt") and libc.mallopt(m_trim_threshold, 2**31 - 1)
+            and libc.mallopt(m_mmap_threshold, 2**30)):  # glibc's largest mmap threshold: 32 MB on 64-bit
+        raise SystemExit("--allocator keep needs glibc's mallopt")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=9)
@@ -208,9 +223,15 @@ def main() -> None:
                     help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall (default) or cpu: the process's CPU time, steadier on a loaded machine")
+    ap.add_argument("--allocator", choices=("keep", "system"), default="system",
+                    help="system (default): glibc's own policy, which gives freed memory back to the system, so a case "
+                         "pays page faults for what the cases before it freed; keep: glibc keeps what it has, as in a "
+                         "process that traces text after text (no case pays for another's frees)")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
+    if args.allocator == "keep":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     logging.getLogger("attnscope").setLevel(logging.ERROR)  # texts are longer than --tokens on purpose
     for name in args.models.split(","):
