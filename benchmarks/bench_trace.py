@@ -17,13 +17,14 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
 Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
     .venv/bin/python benchmarks/bench_trace.py [--repeats 9] [--models minilm,smollm2] [--texts 8]
-        [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu] [--allocator system|keep]
+        [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu] [--allocator keep|system]
 
 --clock cpu times the process's CPU seconds instead of the wall clock: on a shared machine whose load
 exceeds its cores, a wall-clock ratio measures the queue as much as the code.
---allocator keep makes glibc keep the memory it frees (mallopt), as a process that traces text after text does:
-with the system's policy, (d)'s forward pays 0-57k page faults per round for memory that (c+) and (c) gave back,
-up to ~0.15x (b), and (b), run after the small (a), pays none.
+--allocator keep (the default) makes glibc keep the memory it frees (mallopt), as a process that traces text after
+text does: no case then pays for another's memory. With --allocator system, glibc's own policy, (d)'s forward paid
+0-57k page faults per round for memory that (c+) and (c) gave back, up to ~0.15x (b), while (b), run after the
+small (a), paid none; a process that only traces (no (c+) between) paid none either (docs/check-speed.md, round 8).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ UD_DEV = ud_dev()
 B, D = "(b) eager + output_attentions", "(d) trace + recompute + check"
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]
+allocator = "system"  # glibc's policy for freed memory: "keep" with --allocator keep (see keep_freed_memory)
 
 
 def long_texts(n_texts: int, tokens: int, tokenizer: object) -> list[str]:
@@ -169,7 +171,7 @@ def bench_model(m: attnscope.Model, n_texts: int, tokens: int, repeats: int) -> 
              "(e) (b) + its attention sublayers")
     times = {name: ran[name] for name in order}
     print(f"bench_trace: {n_texts} texts x {tokens} tokens, {m.name} ({m.architecture}), "
-          f"torch threads {torch.get_num_threads()}, {clock.__name__}, {repeats} rounds, "
+          f"torch threads {torch.get_num_threads()}, {clock.__name__}, allocator {allocator}, {repeats} rounds, "
           f"load average {os.getloadavg()[0]:.1f}; checks: {', '.join(worst)}")
     return times
 
@@ -200,16 +202,21 @@ def print_times(rounds: dict[str, list[float]]) -> None:
     print(f"  floor (e)/(b): {med[e] / b:.2f}, {low[e] / low[B]:.2f}")
 
 
-def keep_freed_memory() -> None:
-    """glibc: never give the heap's freed top back, and serve every size from the heap (mallopt)."""
+def keep_freed_memory() -> str:
+    """glibc: never give the heap's freed top back, and serve every size from the heap (mallopt). Returns the
+    allocator policy in effect: "keep", or "system" where there is no glibc mallopt (macOS, musl)."""
     import ctypes
     import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return "system"
     m_trim_threshold, m_mmap_threshold = -1, -3  # malloc.h
-    if not (hasattr(libc, "mallopt") and libc.mallopt(m_trim_threshold, 2**31 - 1)
-            and libc.mallopt(m_mmap_threshold, 2**30)):  # glibc's largest mmap threshold: 32 MB on 64-bit
-        raise SystemExit("--allocator keep needs glibc's mallopt")
+    # every size from the heap (1 GB); where glibc refuses that, its documented largest, 32 MB on 64-bit
+    kept = hasattr(libc, "mallopt") and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1 and (
+        libc.mallopt(m_mmap_threshold, 2**30) == 1 or libc.mallopt(m_mmap_threshold, 2**25) == 1)
+    return "keep" if kept else "system (no glibc mallopt here)"
 
 
 def main() -> None:
@@ -223,15 +230,15 @@ def main() -> None:
                     help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall (default) or cpu: the process's CPU time, steadier on a loaded machine")
-    ap.add_argument("--allocator", choices=("keep", "system"), default="system",
-                    help="system (default): glibc's own policy, which gives freed memory back to the system, so a case "
-                         "pays page faults for what the cases before it freed; keep: glibc keeps what it has, as in a "
-                         "process that traces text after text (no case pays for another's frees)")
+    ap.add_argument("--allocator", choices=("keep", "system"), default="keep",
+                    help="keep (default): glibc keeps what it frees, as in a process that traces text after text, so "
+                         "no case pays for another's frees; system: glibc's own policy, which gives freed memory back, "
+                         "so a case pays page faults for what the cases before it freed")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
-    if args.allocator == "keep":
-        keep_freed_memory()
+    global allocator
+    allocator = keep_freed_memory() if args.allocator == "keep" else "system"
     torch.set_num_threads(args.threads)
     logging.getLogger("attnscope").setLevel(logging.ERROR)  # texts are longer than --tokens on purpose
     for name in args.models.split(","):
