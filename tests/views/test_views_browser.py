@@ -294,3 +294,29 @@ def test_unverified_family_and_causal_mask(tiny_model: Callable[[str], attnscope
     assert "≈" in page.inner_text(".as-tip") and tr.causal
     opened.shot("starcoder2-matrix-causal")
     assert opened.errors == []
+
+
+def test_a_causal_models_rollout_says_why_it_piles_up_on_token_0(smollm2: attnscope.Model,
+                                                                   minilm: attnscope.Model,
+                                                                   open_page: Callable[..., Any]) -> None:
+    """SmolLM2's rollout puts ~100% on token 0 in its top layers. The source switch says why, for rollout in a
+    causal model only (as `attnscope rollout` does)."""
+    tr = trace("The cat sat on the mat", model=smollm2)
+    tr.rollout()  # computed: the views' source switch offers it
+    assert tr.rollout()[-1, -1, 0] > 0.99 and tr.causal
+    opened = open_page(to_html(tr, "matrix", layer=29, head=0), "smollm2-matrix-rollout")
+    page = opened.page
+    note = ".as-source-note"
+    assert page.query_selector(note) is not None and page.is_hidden(note)  # raw weights first
+    page.select_option('select[aria-label="what to draw"]', "rollout")
+    assert page.is_visible(note) and page.inner_text(note) == (
+        "causal model: position 0 reads only itself, so rollout piles up on token 0 in later layers")
+    opened.shot("smollm2-matrix-rollout")
+    page.select_option('select[aria-label="what to draw"]', "weights")
+    assert page.is_hidden(note) and opened.errors == [] and opened.foreign_requests() == []
+    bert = trace("The cat sat on the mat", model=minilm)
+    bert.rollout()
+    other = open_page(to_html(bert, "matrix"), "minilm-matrix-rollout")
+    other.page.select_option('select[aria-label="what to draw"]', "rollout")
+    assert other.page.query_selector(note) is not None and other.page.is_hidden(note)  # reads both ways: no pile-up
+    assert other.errors == []

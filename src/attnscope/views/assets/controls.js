@@ -71,14 +71,25 @@
     return labelled("layer", select);
   };
 
+  // In a causal model position 0 reads only itself, so every path that reaches it ends on token 0: rollout over
+  // many layers piles up there, which looks broken without a word (the CLI's rollout says the same).
+  const CAUSAL_ROLLOUT = "causal model: position 0 reads only itself, so rollout piles up on token 0 in later layers";
+
   C.source = function (ctx) {
     if (ctx.model.sources.size < 2) return null;
     const select = el("select", { "aria-label": "what to draw" });
     for (const s of ctx.model.sources.values()) select.append(el("option", { value: s.name, text: s.label }));
-    select.value = ctx.source().name;
+    const note = el("span", { class: "as-muted as-source-note", text: CAUSAL_ROLLOUT });
+    const sync = () => {
+      select.value = ctx.source().name;
+      note.hidden = !(ctx.model.causal && ctx.source().name === "rollout");
+    };
     select.addEventListener("change", () => ctx.set({ source: select.value }));
-    ctx.subscribe((s, p) => "source" in p && (select.value = ctx.source().name));
-    return labelled("show", select);
+    ctx.subscribe((s, p) => "source" in p && sync());
+    sync();
+    const control = labelled("show", select);
+    control.append(note);
+    return control;
   };
 
   // Head chips: "multi" toggles the heads drawn together, "single" picks one head.
