@@ -149,7 +149,7 @@ def validate_max_length(tokenizer: PreTrainedTokenizerBase, max_length: int, pai
     return max_length
 
 
-def _too_long(n: int, max_length: int, truncate: bool, kept_end: str = "first") -> bool:
+def _too_long(n: int, max_length: int, truncate: bool, kept_end: str) -> bool:
     if n <= max_length:
         return False
     if not truncate:
