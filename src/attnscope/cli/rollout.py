@@ -60,7 +60,8 @@ PILE_UP = 0.9  # the share on token 0 above which a causal model's rollout is ex
 
 def causal_pile_up(causal: bool, layer: int, token: int, first: float) -> str | None:
     """Why a causal model's rollout puts (nearly) everything on token 0, when it does: position 0 reads only
-    itself at every layer, so every path that reaches it at any layer ends there. Else None."""
+    itself at every layer, so every path that reaches it at any layer ends there. Else None. The views' source
+    switch says the same beside "attention rollout" (CAUSAL_ROLLOUT in views/assets/controls.js)."""
     if not causal or token == 0 or first < PILE_UP:
         return None
     return (f"in a causal model position 0 reads only itself at every layer, so every path that reaches "
