@@ -138,6 +138,15 @@ def test_rope_scaling_variants_match_the_model(rope: dict[str, Any], minilm: att
     assert tr.check().status == "PASS" and tr.model["rope"] == rope["rope_type"]
 
 
+def test_layers_of_one_type_share_one_rotation() -> None:
+    cfg = _configs()["modernbert"]()  # global, local, global: two rope thetas
+    ropes = families.layer_ropes(cfg, 40)
+    for layer, r in enumerate(ropes):
+        alone = families.rope(cfg, layer, 40)
+        assert torch.equal(r.inv_freq, alone.inv_freq) and r.attention_scaling == alone.attention_scaling
+    assert ropes[0] is ropes[2] and not torch.equal(ropes[0].inv_freq, ropes[1].inv_freq)
+
+
 def test_an_unsupported_step_is_named_and_never_passes(minilm: attnscope.Model) -> None:
     import transformers as T
 

@@ -171,8 +171,7 @@ def why_unsupported(model: nn.Module) -> str | None:
         return f"no {'/'.join(fam.attention_classes)} module found in {type(model).__name__}"
     if fam.rotary:
         try:
-            for layer in range(n_layers(model.config)):
-                rope(model.config, layer, 1)
+            layer_ropes(model.config, 1)
         except Unsupported as exc:
             return f"{exc} is not recomputed"
     return None
@@ -188,11 +187,22 @@ def layer_params(model: nn.Module, n_positions: int = 1) -> list[AttentionParams
     if fam.causal:  # a decoder sees no key after its query
         params = [replace(p, window=Window(p.window.before, 0)) for p in params]
     if fam.rotary:
-        params = [replace(p, rope=rope(model.config, layer, n_positions)) for layer, p in enumerate(params)]
+        params = [replace(p, rope=r) for p, r in zip(params, layer_ropes(model.config, n_positions), strict=True)]
     return params
+
+
+def layer_ropes(config: Any, n_positions: int) -> list[Rope]:
+    """Every layer's rotation (see rope); layers of one type (ModernBERT's local and global ones) share one
+    Rope, computed once: a layer's frequencies depend on nothing else."""
+    types = getattr(config, "layer_types", None) or [None] * n_layers(config)
+    by_type: dict[Any, Rope] = {}
+    for layer, kind in enumerate(types):
+        if kind not in by_type:
+            by_type[kind] = rope(config, layer, n_positions)
+    return [by_type[kind] for kind in types]
 
 
 __all__ = ["FAMILIES", "SCALED_ROPE", "Family", "Unsupported", "attention_kind", "attention_modules", "base_of",
            "eager_attention", "family_of", "is_causal", "is_encoder_decoder", "layer_modules", "layer_params",
-           "max_positions", "n_heads", "n_layers", "pre_attention", "rope", "seq2seq_modules", "seq2seq_params",
-           "why_unsupported"]
+           "layer_ropes", "max_positions", "n_heads", "n_layers", "pre_attention", "rope", "seq2seq_modules",
+           "seq2seq_params", "why_unsupported"]
