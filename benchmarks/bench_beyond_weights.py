@@ -9,6 +9,7 @@ floating point on the full (layers+1) x tokens graph), for the shorter lengths o
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -50,10 +51,10 @@ def edmonds_karp(cap: np.ndarray, s: int, t: int) -> float:
         while path[-1] != s:
             path.append(parent[path[-1]])
         edges = list(zip(path[1:], path[:-1], strict=True))
-        push = min(residual[a, b] for a, b in edges)
-        for a, b in edges:
-            residual[a, b] -= push
-            residual[b, a] += push
+        push = min(residual[u, v] for u, v in edges)
+        for u, v in edges:
+            residual[u, v] -= push
+            residual[v, u] += push
         total += push
 
 
@@ -64,7 +65,8 @@ def reference_flow(weights: np.ndarray) -> np.ndarray:
     for i in range(1, layers + 1):
         cap[i * n:(i + 1) * n, (i - 1) * n:i * n] = a_hat[i - 1]
     values = np.array([[edmonds_karp(cap, layers * n + u, v) for v in range(n)] for u in range(n)])
-    return values / values.sum(-1, keepdims=True)
+    shares: np.ndarray = values / values.sum(-1, keepdims=True)  # [token, token]: each row sums to 1
+    return shares
 
 
 def main() -> None:
@@ -79,10 +81,10 @@ def main() -> None:
     print(f"{'tokens':>6} {'trace s':>8} {'rollout':>8} {'norms':>8} {'flow':>8} {'flow s':>8} {'reference':>10}")
     for n in args.lengths:
         tr = attnscope.trace(TEXT, model=model, max_length=n)
-        base = best_of(lambda n=n: attnscope.trace(TEXT, model=model, max_length=n))
-        t_roll = best_of(lambda tr=tr: rollout(tr.weights))
-        t_norm = best_of(lambda tr=tr: norm_attention(tr.arrays["v"], tr.weights, w_o))
-        t_flow = best_of(lambda tr=tr, n=n: flow(tr.weights, max_tokens=n), repeat=1)
+        base = best_of(functools.partial(attnscope.trace, TEXT, model=model, max_length=n))
+        t_roll = best_of(functools.partial(rollout, tr.weights))
+        t_norm = best_of(functools.partial(norm_attention, tr.arrays["v"], tr.weights, w_o))
+        t_flow = best_of(functools.partial(flow, tr.weights, max_tokens=n), repeat=1)
         ref = ""
         if n <= args.reference_up_to:
             start = time.perf_counter()

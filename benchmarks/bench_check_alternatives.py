@@ -1,13 +1,15 @@
 """The check's inner loops against the alternatives tried for them (docs/check-speed.md, issue 12).
 
-On one chunk of a causal attention map like SmolLM2's ([2, 9, 256, 256] float32, one thread), each
-variant timed interleaved with the one attnscope uses, median of --repeats, printed as a ratio to it:
-  max |a - b| per head: subtract, abs, amax (used) | subtract, amax, amin | subtract, aminmax |
-      subtract, vector_norm(ord=inf) | torch.dist(p=inf) per head
-  the softmax's exp of masked scores: maths._exp_visible_ (x visible, exp, x visible: used where the mask is
-      known) | maths._exp_ (add, clamp, mul, exp, mul: used without a mask) | plain exp (slow path) |
-      a boolean mask instead of the factor | threshold to +inf, exp, nan_to_num
-Every variant that replaces the used one is checked bit for bit against it first.
+One thread, each variant timed interleaved with the one attnscope uses, median of --repeats, printed as a
+ratio to it; every variant that could replace the used one is first checked bit for bit against it:
+  max |a - b| per head, on a chunk like SmolLM2's [2, 9, 256, 256]: subtract, abs, amax (used) |
+      subtract, amax, amin | subtract, aminmax | subtract, vector_norm(ord=inf) | torch.dist(p=inf) per head
+  are two chunks equal, [1, 12, 256, 256] like MiniLM's: np.array_equal (used) | np.equal into a kept
+      buffer, then all | torch.equal | int32 views
+  the softmax over keys, the same chunk: torch.softmax into a kept buffer (maths.softmax, used) |
+      max, subtract, exp, sum, divide written out (the taught steps; not bit for bit: printed)
+  q, k and v of 8 x 256 tokens, d_model 384 (MiniLM): maths.project, one addmm each as nn.Linear does
+      (used) | matmul then add_ (before 2026-12-02) | one addmm of the three weights side by side
 
     .venv/bin/python benchmarks/bench_check_alternatives.py [--repeats 40]
 """
@@ -20,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from attnscope import maths
@@ -44,7 +47,7 @@ def report(title: str, medians: dict[str, float]) -> None:
     base = next(iter(medians.values()))
     print(title)
     for name, seconds in medians.items():
-        print(f"  {name:34s} {seconds * 1e3:7.3f} ms   x {seconds / base:5.2f}")
+        print(f"  {name:44s} {seconds * 1e3:7.3f} ms   x {seconds / base:5.2f}")
 
 
 def main() -> None:
@@ -69,37 +72,64 @@ def main() -> None:
                                                                   dim=2),
         "dist(p=inf), head by head": lambda: [torch.dist(x, y, p=torch.inf) for x, y in zip(*per_head, strict=True)],
     }, args.repeats))
-    causal = torch.full((256, 256), torch.finfo(torch.float32).min).triu(1)  # [query, key]
-    t0 = torch.randn(a.shape, generator=gen) * 3 + causal
-    t0 -= t0.amax(-1, keepdim=True)
-    t, flags, scratch = torch.empty_like(t0), torch.empty(t0.shape, dtype=torch.bool), {}
+    equality(args.repeats, gen)
+    softmaxes(args.repeats, gen)
+    projections(args.repeats, gen)
 
-    def flagged() -> torch.Tensor:
-        f = torch.gt(t.copy_(t0), maths._ZERO_EXP, out=flags)
-        return t.mul_(f).exp_().mul_(f)
 
-    def thresholded() -> torch.Tensor:
-        big = torch.nn.functional.threshold_(t.copy_(t0), maths._ZERO_EXP, torch.inf)
-        return torch.nan_to_num_(big.exp_(), nan=torch.nan, posinf=0.0)
+def equality(repeats: int, gen: torch.Generator) -> None:
+    a = torch.rand(1, 12, 256, 256, generator=gen)  # [rows, head, query, key]: a chunk of MiniLM's weights
+    b, flags = a.clone(), np.empty(a.shape, dtype=bool)
+    x, y = a.numpy(), b.numpy()
+    assert np.array_equal(x, y) and torch.equal(a, b) and bool(np.equal(x, y, out=flags).all())
+    assert np.array_equal(x.view(np.int32), y.view(np.int32))
+    report("are two chunks equal, [1, 12, 256, 256]", race({
+        "np.array_equal (used)": lambda: np.array_equal(x, y),
+        "np.equal into a kept buffer, all": lambda: np.equal(x, y, out=flags).all(),
+        "torch.equal": lambda: torch.equal(a, b),
+        "np.array_equal of int32 views": lambda: np.array_equal(x.view(np.int32), y.view(np.int32)),
+    }, repeats))
 
-    visible = (causal == 0).float()  # [query, key]: 1 where the mask lets the key through
-    row_max = torch.zeros(*a.shape[:-1], 1)  # t0's rows already had their max subtracted
 
-    def seen() -> torch.Tensor:
-        return maths._exp_visible_(t.copy_(t0), row_max, visible, scratch)
+def softmaxes(repeats: int, gen: torch.Generator) -> None:
+    scores = torch.randn(1, 12, 256, 256, generator=gen) * 3
+    out = torch.empty_like(scores)
 
-    exact = maths._exp_(t0.clone(), scratch).view(torch.int32)
-    assert torch.equal(flagged().view(torch.int32), exact) and torch.equal(thresholded().view(torch.int32), exact)
-    assert torch.equal(seen().view(torch.int32), exact)
-    report("exp of causal-masked scores minus their row max, [2, 9, 256, 256] (each includes a copy)", race({
-        "maths._exp_visible_ (used with a mask)": seen,
-        "maths._exp_ (used without)": lambda: maths._exp_(t.copy_(t0), scratch),
-        "plain exp_": lambda: t.copy_(t0).exp_(),
-        "boolean mask (gt, mul, exp, mul)": flagged,
-        "threshold +inf, exp, nan_to_num": thresholded,
-        "the copy alone": lambda: t.copy_(t0),
-    }, args.repeats))
+    def written_out() -> torch.Tensor:
+        shifted = scores - scores.amax(-1, keepdim=True)
+        e = shifted.exp_()
+        return e.div_(e.sum(-1, keepdim=True))
 
+    same = torch.equal(written_out(), maths.softmax(scores, out=out))
+    report("the softmax over keys, [1, 12, 256, 256]", race({
+        "torch.softmax into a buffer (used)": lambda: maths.softmax(scores, out=out),
+        f"max, sub, exp, sum, div ({'bit for bit' if same else 'not bit for bit'})": written_out,
+    }, repeats))
+
+
+def projections(repeats: int, gen: torch.Generator) -> None:
+    x = torch.randn(8, 256, 384, generator=gen)  # [batch, token, d_model]
+    linears = [torch.nn.Linear(384, 384) for _ in range(3)]
+    w = [lin.weight.T for lin in linears]  # [d_model, d_head * head]: the x @ W convention of AttentionParams
+    b: list[torch.Tensor] = [lin.bias for lin in linears]
+    w_all, b_all = torch.cat(tuple(lin.weight for lin in linears)).T, torch.cat(b)  # the three side by side
+
+    def before() -> list[torch.Tensor]:
+        return [(x @ wi).add_(bi) for wi, bi in zip(w, b, strict=True)]
+
+    def side_by_side() -> list[torch.Tensor]:
+        return list(torch.split(torch.addmm(b_all, x.reshape(-1, 384), w_all).view(8, 256, 1152), 384, dim=-1))
+
+    with torch.no_grad():
+        model = [lin(x) for lin in linears]  # what the model computes
+        for variant in (before(), side_by_side(), [maths.project(x, wi, bi) for wi, bi in zip(w, b, strict=True)]):
+            assert all(torch.equal(mine, theirs) for mine, theirs in zip(variant, model, strict=True))
+        report("q, k, v of [8, 256, 384] x [384, 384]", race({
+            "maths.project: addmm (used)": lambda: [maths.project(x, wi, bi) for wi, bi in zip(w, b, strict=True)],
+            "matmul, add_ (before)": before,
+            "one addmm, weights side by side": side_by_side,
+            "nn.Linear (the model)": lambda: [lin(x) for lin in linears],
+        }, repeats))
 
 if __name__ == "__main__":
     main()

@@ -28,8 +28,8 @@ import attnscope
 from attnscope import check, maths, tracing
 from bench_trace import long_texts
 
-SPENT: collections.Counter[str] = collections.Counter()
-PARTS = [(tracing, "encode", "tokenize"), (tracing.checking, "verify_batch", "check (verify_batch)"),
+SPENT: collections.defaultdict[str, float] = collections.defaultdict(float)
+PARTS = [(tracing, "encode", "tokenize"), (check, "verify_batch", "check (verify_batch)"),
          (tracing, "_model_outputs", "model outputs (x from hidden states)"), (tracing, "layer_params", "layer_params"),
          *((maths, f, f"  maths.{f}") for f in ("project", "softmax", "dot_scores", "scale", "attend", "merge_heads",
                                                "rotate")),
@@ -75,9 +75,11 @@ def main() -> None:
     timed(m.base, "forward", "forward (capture, hidden states)")
     for owner, name, label in PARTS:
         timed(owner, name, label)
-    eager(), verified()
+    eager()
+    verified()
     SPENT.clear()
-    b, d = [], []
+    b: list[float] = []
+    d: list[float] = []
     for _ in range(args.repeats):
         for fn, times in ((eager, b), (verified, d)):
             start = time.process_time()

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -55,8 +56,9 @@ def best_of(fn: Callable[[], object], repeat: int) -> float:
 
 def plain(m: attnscope.Model, prompt: str, n: int) -> None:
     enc = m.tokenizer(prompt, return_tensors="pt")
+    lm: Any = m.model  # a causal LM: generate() is transformers' GenerationMixin
     with torch.no_grad():
-        out = m.model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+        out = lm.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
                                max_new_tokens=n, do_sample=False, pad_token_id=m.tokenizer.eos_token_id)
     assert out.shape[1] == enc["input_ids"].shape[1] + n
 

@@ -43,9 +43,11 @@ def main() -> None:
     tok = attnscope.load_model().tokenizer
     torch.manual_seed(0)
     cfg = T.T5Config(vocab_size=30522, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_decoder_layers=6,
-                     num_heads=8, pad_token_id=0, eos_token_id=102, decoder_start_token_id=0)
-    model = T.T5ForConditionalGeneration(cfg).eval()
+                     num_heads=8, pad_token_id=0, eos_token_id=102)
+    cfg.decoder_start_token_id = 0
+    model = T.T5ForConditionalGeneration(cfg)
     model.set_attn_implementation("eager")
+    model.train(False)  # eval mode (transformers leaves eval() untyped)
     m = attnscope.load_model(model, tokenizer=tok)
     source = " ".join(["the quick brown fox jumps over the lazy dog"] * args.repeat_text)
     target = " ".join(["der schnelle braune fuchs springt"] * (args.repeat_text + 2))

@@ -371,7 +371,7 @@ def hardening(clients: int, rounds: int = 5, requests: int = 300) -> None:
     import random
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "serve"))
-    from test_serve_soak import SOAK, WARM_UP, fire, plan
+    from test_serve_soak import SOAK, WARM_UP, fire, plan  # type: ignore[import-not-found]
 
     guarded, guarded_url = start_server("--max-tokens", "32")
     bare, bare_url = start_bare()

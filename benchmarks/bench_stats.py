@@ -144,7 +144,8 @@ def naive_syntax(attn: np.ndarray, offsets: list[list[int]], doc: Document) -> n
     np.einsum("...ii->...i", word_attn)[...] = 0
     predicted = word_attn.argmax(-1) + 1  # [layer, head, word]
     gold = np.array(doc.heads)
-    return (predicted == gold).sum(-1)
+    hits: np.ndarray = (predicted == gold).sum(-1)  # [layer, head]
+    return hits
 
 
 def peak_rss(documents: int) -> float:
