@@ -171,6 +171,27 @@ def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) ->
     assert any(c.source == "no-cache" and c.stage == "k" for c in report.comparisons)  # grouped k heads expanded
 
 
+@pytest.mark.parametrize("head", [1, 3])  # query heads of k/v heads 0 and 1 (4 heads share 2)
+def test_step_walkthrough_of_grouped_heads_matches_the_trace(decoder: Callable[[str], attnscope.Model],
+                                                             head: int) -> None:
+    """A generation trace keeps k and v per query head: the step walkthrough still reads the layer's own k/v head
+    for W_K, W_V and the rotation, and shows what explaining the prompt's trace shows."""
+    from attnscope.explain import walkthrough
+
+    m = decoder("llama")
+    g = generate(PROMPT, model=m, max_new_tokens=2)
+    stepped = walkthrough(g.step_trace(0), 1, head, model=m)
+    plain = walkthrough(attnscope.trace(PROMPT, model=m), 1, head, model=m)
+    mine = {s.stage: s for s in stepped.steps}
+    for want in plain.steps:
+        if want.stage in ("projections", "q_pre", "k", "v"):
+            got = mine[want.stage]
+            assert got.text == want.text and list(got.arrays) == list(want.arrays), want.stage
+            for name, array in want.arrays.items():
+                np.testing.assert_allclose(got.arrays[name], array, atol=TOLERANCE, rtol=0, err_msg=name)
+    assert f"head {head} reads k/v head {head // 2}" in mine["k"].text
+
+
 def test_smollm2_greedy_equals_model_generate_and_every_step_verified(smollm2: attnscope.Model) -> None:
     g = generate("The capital of France is", model=smollm2, max_new_tokens=6)
     enc = smollm2.tokenizer("The capital of France is", return_tensors="pt")

@@ -96,7 +96,7 @@ def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head:
     if p is None:
         return []
     cols = slice(head * d_head, (head + 1) * d_head)
-    kv = tr.kv_head(head)
+    kv = head // p.groups  # the layer's own k/v head (a generation trace keeps k and v per query head)
     kv_cols = slice(kv * d_head, (kv + 1) * d_head)  # grouped-query attention: the k/v head's columns
     arrays = {f"W_{n}[:, {c.start}:{c.stop}]": w[:, c].numpy()
               for n, w, c in (("Q", p.w_q, cols), ("K", p.w_k, kv_cols), ("V", p.w_v, kv_cols))}
@@ -108,18 +108,18 @@ def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head:
             f"{cols.start}..{cols.stop - 1} of W_Q, W_K and W_V (d_head = {d_head}).")
     if tr.attention == "cross":
         text += " W_Q multiplies the decoder's x (the queries); W_K and W_V multiply the encoder's memory."
-    if tr.kv_heads != tr.n_heads:
+    if p.groups > 1:
         text = (f"Each head owns a slice of W_Q: head {head} uses columns {cols.start}..{cols.stop - 1}. "
-                f"{_sharing(tr, head)} so its W_K and W_V columns are k/v head {kv}'s, "
+                f"{_sharing(p, head)} so its W_K and W_V columns are k/v head {kv}'s, "
                 f"{kv_cols.start}..{kv_cols.stop - 1} (d_head = {d_head}).")
     return [Step("projections", f"Head {head}'s slices of W_Q, W_K, W_V", text,
                  f"[d_model, d_head] = [{d_model}, {d_head}]", arrays)]
 
 
-def _sharing(tr: Trace, head: int) -> str:
+def _sharing(p: maths.AttentionParams, head: int) -> str:
     """Grouped-query attention in words: which k/v head a query head reads, and who else reads it."""
-    kv, groups = tr.kv_head(head), tr.n_heads // tr.kv_heads
-    return (f"Grouped-query attention: {tr.n_heads} query heads share {tr.kv_heads} k/v heads, {groups} each; "
+    kv, groups = head // p.groups, p.groups
+    return (f"Grouped-query attention: {p.n_heads} query heads share {p.kv_heads} k/v heads, {groups} each; "
             f"head {head} reads k/v head {kv}, as do query heads {kv * groups}..{(kv + 1) * groups - 1},")
 
 
@@ -128,7 +128,7 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
     """The rotation (RoPE): q and k before and after, and one pair of dimensions turned by position x theta_i."""
     if p is None or p.rope is None or "x" not in a:
         return []
-    kv = tr.kv_head(h)
+    kv = h // p.groups  # k_pre below is the layer's own, one per k/v head
     st = maths.multi_head_attention(torch.from_numpy(a["x"]), p, keep=("q_pre", "k_pre", "cos", "sin", "q", "k"))
     q_pre, k_pre, q = st["q_pre"][h].numpy(), st["k_pre"][kv].numpy(), st["q"][h].numpy()
     diff = float(np.abs(q - a["q"][h]).max())  # the rotation recomputed here vs the q the model used
@@ -206,9 +206,11 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     capped = scaled if p is None or p.softcap is None else maths.soft_cap(torch.from_numpy(scaled), p.softcap).numpy()
     masked = capped + mask + (a["position_bias"][h] if "position_bias" in a else 0.0)  # T5 adds its position bias
     weights = a["weights"][h]
-    kv = tr.kv_head(h)  # grouped-query attention: the k/v head this query head reads
-    q, k, v = a["q"][h], a["k"][kv], a["v"][kv]
-    shared = f" {_sharing(tr, h)} so these are k/v head {kv}'s numbers." if tr.kv_heads != tr.n_heads else ""
+    # grouped-query attention: the k/v head this query head reads, and its row in the trace's k and v (a generation
+    # trace keeps them per query head, each a copy of its k/v head's)
+    q, k, v = a["q"][h], a["k"][tr.kv_head(h)], a["v"][tr.kv_head(h)]
+    kv = h if p is None else h // p.groups
+    shared = f" {_sharing(p, h)} so these are k/v head {kv}'s numbers." if p is not None and p.groups > 1 else ""
     rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
     scale_text = _scale_text(tr, d_head, s)
     mask_text = explain_kinds.mask_text(tr) if tr.attention == "cross" else _mask_text(tr, p)
