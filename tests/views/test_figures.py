@@ -83,6 +83,25 @@ def test_matrix_figure_has_a_cell_per_nonzero_weight(open_page: Callable[..., ob
     assert "layer 1 · head 3" in caption(root)
 
 
+@pytest.mark.parametrize(("view", "options"), [("matrix", {"layer": 0, "head": 3}),
+                                             ("head", {"layer": 0, "show_heads": [3], "query": 14})])
+def test_caption_has_no_empty_field(open_page: Callable[..., object], hostile: Trace, view: str,
+                                    options: dict[str, Any]) -> None:
+    """A self-attention page has an empty attention_label: it is left out, not shown as an empty field."""
+    opened = open_page(to_html(hostile, view, theme="light", **options), f"fig-caption-{view}")  # type: ignore[operator]
+    svg = opened.page.evaluate(f"() => window.attnscope.figureSVG({ROOT})")  # type: ignore[attr-defined]
+    assert opened.errors == []  # type: ignore[attr-defined]
+    lines = texts(parse(svg), "caption")
+    assert len(lines) == 2
+    for line in lines:
+        assert "·  ·" not in line and line == line.strip(), line
+        assert not line.startswith("·") and not line.endswith("·"), line
+        assert all(field.strip() for field in line.split(" · ")), line
+    assert lines[0].startswith(f"all-MiniLM-L6-v2 · {view} view · ") and "layer 0 · head 3" in lines[0]
+    if view == "head":  # the picked query's token is text in the caption, escaped in the SVG's source
+        assert "query 14: &" in lines[0] and "query 14: &#38;" in svg
+
+
 def test_model_and_neuron_figures(open_page: Callable[..., object], hostile: Trace) -> None:
     model = figure_of(open_page, hostile, "model", "fig-model")
     thumbs = [e for e in model.iter(f"{NS}g") if e.get("class") == "thumb"]

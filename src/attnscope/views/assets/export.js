@@ -38,16 +38,22 @@
     return A.describeCheck(model, layer, heads).text;
   }
 
-  // An encoder-decoder page's kind of attention is named first (cross: rows target tokens, columns source tokens).
+  // A caption line: its non-blank fields joined by " · " (a missing or empty field is left out, never shown empty).
+  const blank = (s) => s === null || s === undefined || String(s).trim() === "";
+  const fields = (...parts) => parts.filter((s) => !blank(s)).join(" · ");
+
+  // An encoder-decoder page's kind of attention is named first (cross: rows target tokens, columns source tokens);
+  // a self-attention page has no kind (an empty attention_label), left out.
   function caption(model, view, parts, layer, heads) {
     const [m, kind, nk] = [model.payload.model, model.payload.attention_label, A.keys(model).n];
-    const what = [`${m.name || "model"} · ${view} view`, kind, ...parts.filter(Boolean), "0-indexed"].join(" · ");
+    const what = fields(blank(m.name) ? "model" : m.name, `${view} view`, kind, ...parts, "0-indexed");
     const n = model.payload.attention === "cross" ? `${model.n} target × ${nk} source tokens` : `${model.n} tokens`;
-    return [what, `${badge(model, layer, heads)} · ${n}`];
+    return [what, fields(badge(model, layer, heads), n)];
   }
 
   // The whole document: white background, caption lines on top, the body translated below them.
-  function svg(body, w, h, lines) {
+  function svg(body, w, h, given) {
+    const lines = given.filter((l) => !blank(l)); // no empty caption line (a generation step with no badge)
     const top = 14 + lines.length * 18;
     const W = Math.ceil(Math.max(w, ...lines.map((l) => width(l, 13))) + 24);
     const H = Math.ceil(h + top + 12);
