@@ -65,3 +65,27 @@ def test_bad_paths_give_clear_errors(pair_trace: attnscope.Trace, tmp_path: Path
     junk.write_bytes(b"not a zip file")
     with pytest.raises(AttnscopeError):
         attnscope.Trace.load(junk)
+
+
+@pytest.mark.parametrize(("name", "content", "why"), [
+    ("junk.safetensors", b"not a safetensors file", "not a readable .safetensors file"),
+    ("empty.safetensors", b"", "not a readable .safetensors file"),
+    ("junk.npz", b"not a zip file", "not a .npz archive"),
+    ("array.npz", None, "a single array, not a .npz archive"),
+])
+def test_damaged_files_give_one_line(tmp_path: Path, name: str, content: bytes | None, why: str) -> None:
+    from attnscope.generation import load_generation
+
+    path = tmp_path / name
+    if content is None:
+        with path.open("wb") as f:
+            np.save(f, np.zeros(3))  # a .npy array under an .npz name
+    else:
+        path.write_bytes(content)
+    for load in (attnscope.Trace.load, load_generation):
+        with pytest.raises(AttnscopeError) as caught:
+            load(path)
+        message = str(caught.value)
+        assert message == f"{path} is not an attnscope trace: {why}" or message.startswith(f"{path} is not an "
+                                                                                          f"attnscope trace: {why} (")
+        assert "pickle" not in message and "\n" not in message

@@ -228,28 +228,13 @@ def save_generation(g: GenerationTrace, path: str | os.PathLike[str]) -> None:
         raise AttnscopeError(f"cannot write {p}: {exc.strerror or exc}") from exc
 
 
-def _read_metadata(p: Path) -> dict[str, Any]:
-    if p.suffix == ".safetensors":
-        from safetensors import safe_open
-
-        with safe_open(str(p), framework="numpy") as f:
-            meta: dict[str, Any] = json.loads((f.metadata() or {})[_META_KEY])
-            return meta
-    with np.load(p, allow_pickle=False) as z:
-        loaded: dict[str, Any] = json.loads(str(z["__meta__"][0]))
-        return loaded
-
-
 def load_generation(path: str | os.PathLike[str]) -> GenerationTrace:
     """Read a file written by GenerationTrace.save; a plain trace file is an error that says so."""
-    from attnscope.storage import load_trace
+    from attnscope.storage import load_trace, read_metadata
 
     p = Path(path)
     tr = load_trace(p)  # validates the file and its format, with one-line errors
-    try:
-        gen = _read_metadata(p).get("generation")
-    except (OSError, ValueError, KeyError) as exc:
-        raise AttnscopeError(f"{p} is not an attnscope trace: {exc}") from exc
+    gen = read_metadata(p).get("generation")
     if gen is None:
         raise AttnscopeError(f"{p} holds a trace, not a generation: write one with `attnscope generate ... -o FILE`")
     return GenerationTrace(

@@ -130,20 +130,40 @@ def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
     return EncoderDecoderTrace(meta["model"], meta["source"], meta.get("target"), *kinds)
 
 
-def _read_safetensors(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    from safetensors import safe_open
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The metadata of a saved trace file, without its arrays; a one-line AttnscopeError otherwise."""
+    p = Path(path)
+    try:
+        return (_read_safetensors(p, arrays=False) if p.suffix == ".safetensors" else _read_npz(p, arrays=False))[1]
+    except OSError as exc:
+        raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
+    except (ValueError, KeyError) as exc:
+        raise AttnscopeError(f"{p} is not an attnscope trace: {exc}") from exc
 
-    with safe_open(str(p), framework="numpy") as f:
-        meta = json.loads((f.metadata() or {})[_META_KEY])
-        arrays = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
-    return arrays, meta
+
+def _read_safetensors(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(p), framework="numpy") as f:
+            meta = json.loads((f.metadata() or {})[_META_KEY])
+            read = {k: f.get_tensor(k) for k in f.keys()} if arrays else {}  # noqa: SIM118 (not a dict)
+    except SafetensorError as exc:  # a damaged or foreign file; safetensors' error is no ValueError nor OSError
+        raise ValueError(f"not a readable .safetensors file ({exc})") from exc
+    return read, meta
 
 
-def _read_npz(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    with np.load(p, allow_pickle=False) as z:
+def _read_npz(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    try:
+        archive = np.load(p, allow_pickle=False)
+    except ValueError as exc:  # numpy's own message would suggest allow_pickle=True: never for a file of unknown origin
+        raise ValueError("not a .npz archive") from exc
+    if not isinstance(archive, np.lib.npyio.NpzFile):  # a single .npy array
+        raise ValueError("a single array, not a .npz archive")
+    with archive as z:
         meta = json.loads(str(z["__meta__"][0]))
-        arrays = {k: z[k] for k in z.files if k != "__meta__" and not k.endswith("tokens")}
-    return arrays, meta
+        read = {k: z[k] for k in z.files if k != "__meta__" and not k.endswith("tokens")} if arrays else {}
+    return read, meta
 
 
 def _trace_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Trace:
