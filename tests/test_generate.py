@@ -322,9 +322,19 @@ def test_cli_generate_json_and_explain_step(gpt2_dir: str, tmp_path: Path,
     (["explain", "--generation", "missing.npz", "--step", "0"], "missing.npz"),
 ])
 def test_cli_bad_input_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _out, err = _cli(argv, capsys)
+    code, out, err = _cli(argv, capsys)
     assert code == 2
     assert message in err and len(err.strip().splitlines()) == 1, err
+    assert out == ""  # refused before the prompt streams: the error's line stands alone
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--layer", "2", "layer 2 is out of range"),
+                                                        ("--head", "-1", "head -1 is out of range")])
+def test_cli_generate_checks_layer_and_head_before_generating(gpt2_dir: str, flag: str, value: str, message: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(["generate", PROMPT, "--model", gpt2_dir, "--max-new-tokens", "2", flag, value], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert out == ""
 
 
 class _InterruptingStdout(io.StringIO):

@@ -53,7 +53,7 @@ def add_step_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from attnscope.errors import require_text
+    from attnscope.errors import AttnscopeError, require_text
 
     prompt = require_text(read_text(args), "prompt")
     from attnscope.generating import GenerationInterrupted, generate, validate_settings
@@ -68,6 +68,7 @@ def run_generate(args: argparse.Namespace) -> int:
         from attnscope.cli.generate_seq2seq import run_generate_seq2seq
 
         return run_generate_seq2seq(m, prompt, args, figure)
+    _require_before_streaming(m, args)
     stream = args.format == "text"
     if stream:
         sys.stdout.write(prompt)
@@ -82,6 +83,11 @@ def run_generate(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt from exc
         g, status = exc.partial, 130
         print(f"\nattnscope: interrupted: keeping the {g.n_steps} steps generated so far", file=sys.stderr)
+    except AttnscopeError:
+        if stream:  # the error's one line after the text streamed so far, not inside it
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     if args.output and figure:
         from attnscope.views.generation import generation_figure
 
@@ -92,6 +98,18 @@ def run_generate(args: argparse.Namespace) -> int:
         g.show().save(args.html)
     _emit(g, args)
     return status if status else (0 if g.check().ok else 1)
+
+
+def _require_before_streaming(m: Any, args: argparse.Namespace) -> None:
+    """What generate would refuse after the prompt was printed: refused first, so its one line stands alone."""
+    from attnscope.errors import validate_index
+    from attnscope.generating import require_decoder
+
+    require_decoder(m)
+    if args.layer is not None:
+        validate_index("layer", args.layer, m.n_layers)
+    if args.head is not None:
+        validate_index("head", args.head, m.n_heads)
 
 
 def _figure_format(args: argparse.Namespace) -> str | None:
