@@ -15,7 +15,8 @@ from attnscope.tokens import Token, encode, shortest_max_length
 LONG = " ".join(["word"] * 600)  # 602 tokens alone: past the model's 512 positions
 
 
-@pytest.mark.parametrize(("pair", "max_length", "least"), [(None, 2, 3), ("b", 2, 5), ("b", 4, 5)])
+@pytest.mark.parametrize(("pair", "max_length", "least"), [(None, 2, 3), (None, 0, 3), (None, -3, 3), ("b", 2, 5),
+                                                         ("b", 0, 5), ("b", 4, 5)])
 def test_max_length_below_the_special_tokens_is_refused(minilm: attnscope.Model, pair: str | None,
                                                         max_length: int, least: int) -> None:
     with pytest.raises(AttnscopeError, match=f"max_length {max_length} is too small.*use at least {least}$") as err:

@@ -136,7 +136,8 @@ def validate_max_length(tokenizer: PreTrainedTokenizerBase, max_length: int, pai
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int):
         raise AttnscopeError(f"max_length must be an integer, got {max_length!r}", parameter="max_length")
-    least = 1 if pair is None else shortest_max_length(tokenizer, pair)
+    # pair None skips the special tokens' rule, except below 1 token, where the advice must hold for a text alone
+    least = 1 if pair is None and max_length >= 1 else shortest_max_length(tokenizer, bool(pair))
     if max_length < least:
         what = "a text and its pair need" if pair else "a text needs"
         which = "each text" if pair else "the text"

@@ -117,7 +117,7 @@ def forward_pass(
     if families.is_encoder_decoder(m.model):
         raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder-decoder model: trace a source and a target "
                              "with attnscope.trace_seq2seq(source, target=...)")
-    max_length = _usable_max_length(m, max_length)
+    max_length = _usable_max_length(m, max_length, pairs is not None and any(p is not None for p in pairs))
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
     with torch.no_grad(), capturing(m.model) as cap:
         inputs = {k: v.to(m.device) for k, v in enc.inputs.items()}
@@ -131,8 +131,8 @@ def forward_pass(
                    [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
 
 
-def _usable_max_length(m: Model, max_length: int) -> int:
-    return validate_max_length(m.tokenizer, max_length, pair=None, positions=m.max_positions, model=m.name)
+def _usable_max_length(m: Model, max_length: int, paired: bool) -> int:
+    return validate_max_length(m.tokenizer, max_length, pair=paired, positions=m.max_positions, model=m.name)
 
 
 def _require_calls(m: Model, cap: LayerCapture) -> None:
