@@ -145,3 +145,19 @@ def test_equal_numbers_are_found_without_the_subtraction_and_anything_else_is_me
     odd[0, 2, 1, 1] = float("inf")  # captured weights no softmax gives: the recomputed ones differ there
     got = errors(odd, w, "weights")
     assert got[0, 2] == float("inf") and np.isfinite(got).sum() == got.size - 1
+
+
+def test_head_error_names_the_range_and_keeps_nan() -> None:
+    from attnscope.errors import AttnscopeError
+    from attnscope.report import CheckReport, Comparison
+
+    weights = np.zeros((2, 3))  # [layer, head]
+    weights[1, 2] = np.nan
+    output = np.full((2, 1), 1e-7)  # per layer: counts for every head
+    report = CheckReport(TOLERANCE, [Comparison("output", "recompute", output), Comparison("weights", "recompute",
+                                                                                          weights)])
+    assert report.head_error(0, 2) == 1e-7 and np.isnan(report.head_error(1, 2))  # NaN after a number still shows
+    for layer, head, message in ((2, 0, "layer 2 is out of range"), (-1, 0, "layer -1 is out of range"),
+                                 (0, 3, "head 3 is out of range: this check has 3 heads")):
+        with pytest.raises(AttnscopeError, match=message):
+            report.head_error(layer, head)

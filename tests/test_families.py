@@ -16,6 +16,7 @@ import attnscope
 from attnscope import families, maths
 from attnscope.capture import capturing
 from attnscope.cli.main import main
+from attnscope.errors import AttnscopeError
 from attnscope.recompute import RECOMPUTED_STAGES, layer_mask, recompute_layers
 
 TOL = attnscope.TOLERANCE
@@ -219,6 +220,9 @@ def test_views_norms_and_rollout_read_the_shared_kv_head(modern: Callable[[str],
 
     tr = attnscope.trace(LONG, model=modern("llama"))  # 4 query heads, 2 k/v heads
     assert (tr.kv_heads, tr.kv_head(0), tr.kv_head(1), tr.kv_head(2), tr.kv_head(3)) == (2, 0, 0, 1, 1)
+    for head in (4, -1):  # no k/v head 2 nor -1 to answer with
+        with pytest.raises(AttnscopeError, match=f"head {head} is out of range"):
+            tr.kv_head(head)
     assert neuron_block(tr, 1, 3)["kv_head"] == 1
     check = payload(tr, neuron="none")["check"]
     assert check["status"] == "PASS" and check["ok"] is True

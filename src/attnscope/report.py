@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from attnscope.errors import AttnscopeError
+from attnscope.errors import AttnscopeError, validate_index
 
 TOLERANCE = 1e-5  # float32: max abs error allowed between two computations of one number
 EPSILON = {"float32": 2.0**-23, "bfloat16": 2.0**-7, "float16": 2.0**-10}  # each dtype's machine epsilon
@@ -92,9 +92,14 @@ class CheckReport:
         return None
 
     def head_error(self, layer: int, head: int) -> float:
-        """Max error over every per-head comparison for one layer and head."""
-        errs = [float(c.errors[layer, min(head, c.errors.shape[1] - 1)]) for c in self.comparisons]
-        return max(errs, default=0.0)
+        """Max error over every comparison for one layer and head (0-indexed; a per-layer comparison counts for
+        each of its heads); NaN when any of them is NaN."""
+        if not self.comparisons:
+            return 0.0
+        validate_index("layer", layer, max(int(c.errors.shape[0]) for c in self.comparisons), owner="this check")
+        validate_index("head", head, max(int(c.errors.shape[1]) for c in self.comparisons), owner="this check")
+        errs = [c.errors[layer, min(head, c.errors.shape[1] - 1)] for c in self.comparisons]
+        return float(np.max(errs))  # NaN propagates, where max() would keep whichever came first
 
     def to_dict(self) -> dict[str, Any]:
         return {

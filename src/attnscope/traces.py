@@ -56,6 +56,7 @@ class Trace:
 
     def kv_head(self, head: int) -> int:
         """The k/v head query head `head` reads (0-indexed): head // (n_heads / kv_heads)."""
+        validate_index("head", head, self.n_heads)
         return head // max(1, self.n_heads // self.kv_heads)
 
     @property
