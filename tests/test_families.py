@@ -293,6 +293,17 @@ def test_cli_explain_smollm2_shows_rotation_and_sharing(smollm2: attnscope.Model
     assert code == 0 and {"q_pre", "cos", "rope"} <= set(steps)
     assert "head 5 reads k/v head 1, as do query heads 3..5" in steps["k"]["text"]
     assert "The rotated q matches the model's within 0.0e+00" in steps["rope"]["text"]
+    # Llama's words, not BERT's: byte-level pieces, no special tokens, no biases, the norm before the attention
+    assert "byte-level pieces" in steps["tokens"]["text"] and "no special tokens added" in steps["tokens"]["text"]
+    assert "##" not in steps["tokens"]["text"]
+    assert [steps[s]["title"] for s in ("q", "k", "v")] == ["Queries Q = x W_Q", "Keys K = x W_K", "Values V = x W_V"]
+    assert steps["output"]["title"] == "Output projection = merged W_O"
+    after = steps["output"]["text"]
+    assert "the norm came before the attention" in after and "LayerNorm" not in after
+    code = main(["explain", "The capital of France is", "--format", "json"])  # MiniLM: BERT's own words
+    bert = {s["stage"]: s for s in json.loads(capsys.readouterr().out)["steps"]}
+    assert code == 0 and "special tokens: [CLS], [SEP]" in bert["tokens"]["text"]
+    assert bert["q"]["title"] == "Queries Q = x W_Q + b_Q" and "LayerNorm come after it" in bert["output"]["text"]
 
 
 def test_check_table_of_a_deep_model_has_a_row_per_layer(modern: Callable[[str], attnscope.Model]) -> None:

@@ -46,7 +46,7 @@ def walkthrough(tr: Trace | EncoderDecoderTrace, layer: int = 0, head: int = 0, 
     steps = [_tokens_step(tr, note), *_x_steps(tr, a, layer, head, labels, keys, p)]
     steps += _weight_steps(tr, p, head, d_head)
     steps += _head_steps(tr, a, head, sl, rows, keys, layer, p)
-    steps += _merge_steps(tr, a, head, sl, rows)
+    steps += _merge_steps(tr, a, head, sl, rows, p)
     report = tr.check()
     check = {
         "ok": report.ok,
@@ -62,13 +62,24 @@ def walkthrough(tr: Trace | EncoderDecoderTrace, layer: int = 0, head: int = 0, 
 
 def _tokens_step(tr: Trace, note: str = "") -> Step:
     pair = " A sentence pair: segment 0 is the first text, segment 1 the second." if tr.pair else ""
-    text = (f"The tokenizer splits the text into {tr.n_tokens} tokens (word pieces marked ##, "
-            f"special tokens in brackets).{pair} Positions are 0-indexed.")
+    text = f"The tokenizer splits the text into {tr.n_tokens} tokens{_pieces_text(tr)}.{pair} Positions are 0-indexed."
     if tr.attention != "self":
         text = f"{explain_kinds.tokens_text(tr)} Positions are 0-indexed.{note}"
     ids = np.asarray([[t.id, t.segment] for t in tr.tokens])
     return Step("tokens", "Tokens", text, f"[token] = [{tr.n_tokens}]", {"id, segment": ids},
                 row_labels=[f"{i}:{t.text}" for i, t in enumerate(tr.tokens)], col_labels=["id", "segment"])
+
+
+def _pieces_text(tr: Trace) -> str:
+    """How this tokenizer marks its pieces and which special tokens it added, from the tokens themselves."""
+    texts = [t.text for t in tr.tokens if not t.special]
+    marks = [("##", "word pieces continuing a word start with ##"),
+             ("\u0120", "byte-level pieces: \u0120 stands for the space before a word, \u010a for a line break"),
+             ("\u2581", "sentencepiece pieces: \u2581 stands for the space before a word")]
+    parts = [what for mark, what in marks if any(mark in t for t in texts)]
+    specials = list(dict.fromkeys(t.text for t in tr.tokens if t.special))  # in order, once each
+    parts.append(f"special tokens: {', '.join(specials)}" if specials else "no special tokens added")
+    return f" ({'; '.join(parts)})"
 
 
 def _x_steps(tr: Trace, a: dict[str, np.ndarray], layer: int, head: int, labels: list[str], keys: list[str],
@@ -149,8 +160,9 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
     scaled = p.rope.attention_scaling
     factor = f" Both are multiplied by the attention factor {scaled:.4g}." if scaled != 1.0 else ""
     return [
-        Step("q_pre", "q and k before the rotation", "x W_Q + b_Q and x W_K + b_K (after QK-norm where the family "
-             "has it), split into heads.", f"[token, d_head] = [{tr.n_tokens}, {d}]",
+        Step("q_pre", "q and k before the rotation",
+             f"x W_Q{_bias(p, 'Q')} and x W_K{_bias(p, 'K')} (after QK-norm where the family has it), split into "
+             "heads.", f"[token, d_head] = [{tr.n_tokens}, {d}]",
              {"q_pre": q_pre[sl], f"k_pre (k/v head {kv})": k_pre}, rows if sl.start is not None else labels),
         Step("cos", "The rotation's tables: cos and sin of position x theta_i", "Row m is position m; column i "
              f"and i + {half} hold the same angle (each pair turns as one).{factor}",
@@ -218,11 +230,11 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     sums = weights[sl].sum(axis=-1, keepdims=True)
     return [
         *_rope_steps(tr, a, p, h, sl, rows, labels),
-        Step("q", "Queries Q = x W_Q + b_Q", f"What each token is looking for{rotated}.",
+        Step("q", f"Queries Q = x W_Q{_bias(p, 'Q')}", f"What each token is looking for{rotated}.",
              f"[token, d_head] = [{n}, {d_head}]", {"q": q[sl]}, rows),
-        Step("k", f"Keys K = {kv_in} W_K + b_K", f"What each token offers to be found by{rotated}.{shared}",
+        Step("k", f"Keys K = {kv_in} W_K{_bias(p, 'K')}", f"What each token offers to be found by{rotated}.{shared}",
              f"[token, d_head] = [{nk}, {d_head}]", {"k": k}, labels),
-        Step("v", f"Values V = {kv_in} W_V + b_V", f"What each token passes on when attended to.{shared}",
+        Step("v", f"Values V = {kv_in} W_V{_bias(p, 'V')}", f"What each token passes on when attended to.{shared}",
              f"[token, d_head] = [{nk}, {d_head}]", {"v": v}, labels),
         Step("scores", "Scores = Q K^T", "How well each query matches each key: one dot product per pair.",
              f"[query, key] = [{n}, {nk}]", {"scores": scores[sl]}, rows, labels),
@@ -266,7 +278,8 @@ def _weighted_steps(weights: np.ndarray, v: np.ndarray, context: np.ndarray, sl:
                  labels[:n] if n == len(labels) else None)]
 
 
-def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str]) -> list[Step]:
+def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str],
+                 p: maths.AttentionParams | None = None) -> list[Step]:
     n_heads, n, d_head = a["context"].shape
     merged = maths.merge_heads(torch.from_numpy(a["context"])).numpy()  # [token, head * d_head]
     cols = list(range(h * d_head, (h + 1) * d_head))
@@ -278,11 +291,28 @@ def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: l
                   arrays, rows, [str(c) for c in cols])]
     if "output" in a:
         d_model = a["output"].shape[-1]
-        steps.append(Step("output", "Output projection = merged W_O + b_O",
-                          "One linear map mixes the heads back into the model width; the residual "
-                          "connection and LayerNorm come after it.", f"[token, d_model] = [{n}, {d_model}]",
+        steps.append(Step("output", f"Output projection = merged W_O{_bias(p, 'O')}",
+                          f"One linear map mixes the heads back into the model width; {_after_text(tr)}",
+                          f"[token, d_model] = [{n}, {d_model}]",
                           {"output": a["output"][sl]}, rows))
     return steps
+
+
+def _bias(p: maths.AttentionParams | None, name: str) -> str:
+    """" + b_Q" when the layer has that bias, or when its parameters are not at hand; "" for a bias-free layer."""
+    bias = None if p is None else {"Q": p.b_q, "K": p.b_k, "V": p.b_v, "O": p.b_o}[name]
+    return f" + b_{name}" if p is None or bias is not None else ""
+
+
+def _after_text(tr: Trace) -> str:
+    """What follows the attention sublayer: the norm's place depends on the family."""
+    pre = tr.model.get("pre_norm")
+    if pre is None:
+        return "a residual connection (and, depending on the model, a norm) comes after it."
+    if pre:
+        return ("the residual connection then adds it to the stream the layer read (the norm came before the "
+                "attention, on x).")
+    return "the residual connection and LayerNorm come after it."
 
 
 def _mask(tr: Trace, n: int, p: maths.AttentionParams | None = None) -> np.ndarray:

@@ -311,6 +311,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in steps.steps[: n_steps - 1]]
     fam = family_of(m.model)
     info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
+            "pre_norm": fam.pre_attention is not None if fam else None,
             "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
             "d_model": int(layers["x"][0].shape[-1])}
     scaling = [float(s) for s in _scalings(m, n_layers, len(prompt_tokens) + n_steps)]

@@ -196,6 +196,7 @@ def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | Non
     info.update(
         family=fam.name if fam else None,
         x_source=fam.x_source if fam else None,
+        pre_norm=fam.pre_attention is not None if fam else None,  # a norm before the attention (else after it)
         causal=families.is_causal(m.model, cap.calls[0].module if cap.calls else None),
         d_head=int(q.shape[-1]) if q is not None else None,
         d_model=int(cap.x[0].shape[-1]) if cap.x else None,
