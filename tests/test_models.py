@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -119,7 +124,145 @@ def test_a_missing_or_corrupt_gguf_is_one_error(monkeypatch: pytest.MonkeyPatch,
         path.write_bytes(content)
     with pytest.raises(AttnscopeError, match=message):
         attnscope.load_model(str(path))
-    assert not list((tmp_path / "cache").glob("gguf/*"))  # no half-written checkpoint left behind
+    left = [p.name for p in (tmp_path / "cache").glob("gguf/*") if p.name != gguf_cache.LOCK]
+    assert left == []  # no half-written checkpoint (nor an index record of it) left behind
+
+
+# --- the cache shared by content: one checkpoint per GGUF content, stale ones removed ---
+
+OLD_TRANSFORMERS, NEW_TRANSFORMERS = "4.0.0", "99.0.0"
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """SmolLM2's GGUF copied to two paths (as two virtualenvs hold it), loaded from both into a cache that
+    already holds what earlier runs leave: the same content by an older and a newer transformers, a copy
+    named by path (attnscope before the index), damaged copies, conversions abandoned or in progress, and
+    things that are not attnscope's. $ATTNSCOPE_CACHE points at it; $HOME and $XDG_CACHE_HOME at empty
+    directories that must stay empty. One real conversion (~30-60 s) for the whole module."""
+    tmp = tmp_path_factory.mktemp("shared-cache")
+    original = gguf_cache.smollm2_gguf()
+    first, second = tmp / "venv-a" / original.name, tmp / "venv-b" / "same-bytes.gguf"
+    for copy in (first, second):
+        copy.parent.mkdir()
+        shutil.copyfile(original, copy)
+    sha256 = hashlib.sha256(first.read_bytes()).hexdigest()
+    cache, home, xdg = tmp / "cache", tmp / "home", tmp / "xdg"
+    root = cache / "gguf"
+    for d in (root, home, xdg):
+        d.mkdir(parents=True)
+
+    def checkpoint(name: str, manifest: dict[str, object] | str | None) -> Path:
+        d = root / name
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"not the real weights")
+        if manifest is not None:
+            text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+            (d / gguf_cache.MANIFEST).write_text(text)
+        return d
+
+    def manifest(sha: str, version: str | None) -> dict[str, object]:
+        return {"gguf": "/tmp/tmp.gone/p/.venv/x.gguf", "size": first.stat().st_size, "sha256": sha,
+                **({"transformers": version} if version else {})}
+
+    other = "0" * 64
+    made = {
+        "older": checkpoint(gguf_cache.entry_name(sha256, OLD_TRANSFORMERS), manifest(sha256, OLD_TRANSFORMERS)),
+        "by_path": checkpoint("SmolLM2-135M-Instruct.Q4_1-0123456789abcdef", manifest(sha256, None)),
+        "newer": checkpoint(gguf_cache.entry_name(sha256, NEW_TRANSFORMERS), manifest(sha256, NEW_TRANSFORMERS)),
+        "other_content": checkpoint(gguf_cache.entry_name(other, OLD_TRANSFORMERS), manifest(other, OLD_TRANSFORMERS)),
+        "no_manifest": checkpoint(gguf_cache.entry_name(other, NEW_TRANSFORMERS), None),
+        "cut_manifest": checkpoint(gguf_cache.entry_name("1" * 64, NEW_TRANSFORMERS), '{"gguf": "/tmp/x.gg'),
+        "by_path_no_manifest": checkpoint("Other.Q8_0-fedcba9876543210", None),
+        "not_ours": checkpoint("my notes", None),
+    }
+    for name in ("dead", "live", "fresh_lockless", "old_lockless"):
+        d = root / f"{gguf_cache.CONVERTING}{name}"
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+        if name in ("dead", "live"):
+            (d / gguf_cache.WRITING).write_text("")
+        made[name] = d
+    two_hours_ago = time.time() - 7200
+    for p in (made["old_lockless"] / "model.safetensors", made["old_lockless"]):
+        os.utime(p, (two_hours_ago, two_hours_ago))
+    outside = tmp / "outside"  # a link in the cache to a directory elsewhere, which looks like a damaged checkpoint
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the cache's")
+    made["link"] = root / gguf_cache.entry_name("2" * 64, NEW_TRANSFORMERS)
+    made["link"].symlink_to(outside, target_is_directory=True)
+
+    writer = subprocess.Popen(  # another process converting right now: it holds its .writing
+        [sys.executable, "-c", "import fcntl, sys\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\nsys.stdin.read()", str(made["live"] / gguf_cache.WRITING)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    messages: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("attnscope.gguf_cache")
+    level = logger.level
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "locked"
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("ATTNSCOPE_CACHE", str(cache))
+            env.setenv("HOME", str(home))
+            env.setenv("XDG_CACHE_HOME", str(xdg))
+            from_first = gguf_cache.checkpoint_for(first)
+            converted_first = [m for m in messages if m.startswith("converting ")]
+            from_second = gguf_cache.checkpoint_for(second)
+            converted_second = [m for m in messages if m.startswith("converting ")][len(converted_first):]
+            model = attnscope.load_model(str(second))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        assert writer.stdin is not None
+        writer.stdin.close()  # the writer ends on its own
+        writer.wait(timeout=60)
+    yield SimpleNamespace(sha256=sha256, root=root, paths=(first, second), home=home, xdg=xdg, outside=outside,
+                          made=made, first=from_first, second=from_second, model=model,
+                          converted_first=converted_first, converted_second=converted_second)
+
+
+def test_one_gguf_content_at_two_paths_is_one_checkpoint(shared_cache: SimpleNamespace) -> None:
+    c = shared_cache
+    assert c.first == c.second  # same bytes at another path (another virtualenv): the same checkpoint
+    assert len(c.converted_first) == 1 and c.converted_second == []  # converted once, then read
+    import transformers
+
+    assert c.first == c.root / gguf_cache.entry_name(c.sha256, transformers.__version__)
+    manifest = json.loads((c.first / gguf_cache.MANIFEST).read_text())
+    assert manifest["sha256"] == c.sha256 and manifest["transformers"] == transformers.__version__
+    ours = [p for p in c.root.iterdir() if not p.is_symlink() and p.is_dir() and p.name.startswith(c.sha256[:24])]
+    assert sorted(p.name for p in ours) == sorted([c.first.name, c.made["newer"].name])
+    assert Path(str(c.model.model.name_or_path)) == c.first  # the model loaded from the second path came from it
+    assert c.model.n_layers == 30
+
+
+def test_each_path_is_indexed_by_its_sha256_inside_attnscope_cache(shared_cache: SimpleNamespace) -> None:
+    c = shared_cache
+    records = [json.loads(p.read_text()) for p in (c.root / gguf_cache.INDEX).glob("*.json")]
+    assert {r["gguf"]: r["sha256"] for r in records} == {str(p.resolve()): c.sha256 for p in c.paths}
+    assert list(c.home.iterdir()) == [] and list(c.xdg.iterdir()) == []  # nothing outside $ATTNSCOPE_CACHE
+
+
+def test_a_checkpoint_of_the_same_file_by_an_older_transformers_is_removed(shared_cache: SimpleNamespace) -> None:
+    made = shared_cache.made
+    assert not made["older"].exists()  # the same content by an older transformers
+    assert not made["by_path"].exists()  # the same content named by path (the 26 copies of before)
+    assert (made["newer"] / gguf_cache.MANIFEST).is_file()  # a newer transformers (another virtualenv) keeps its own
+    assert (made["other_content"] / gguf_cache.MANIFEST).is_file()  # another file's checkpoint is not touched
+
+
+def test_an_interrupted_conversion_is_removed_but_not_one_in_progress(shared_cache: SimpleNamespace) -> None:
+    made = shared_cache.made
+    for gone in ("no_manifest", "cut_manifest", "by_path_no_manifest", "dead", "old_lockless"):
+        assert not made[gone].exists(), gone
+    assert (made["live"] / "model.safetensors").is_file()  # its writer held .writing
+    assert (made["fresh_lockless"] / "model.safetensors").is_file()  # maybe an older attnscope writing: too recent
+    assert (made["not_ours"] / "model.safetensors").is_file()  # not a name attnscope gives
+    assert made["link"].is_symlink() and (shared_cache.outside / "keep.txt").read_text() == "not the cache's"
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -1,33 +1,64 @@
 """GGUF files as cached safetensors checkpoints: dequantize once, then load in a second or two.
 
 transformers reads a GGUF file (it needs the `gguf` package) and dequantizes every tensor to
-float32, which takes ~15-30 s for SmolLM2-135M. The first load writes the result (config,
-weights, tokenizer) to the user's cache directory, atomically (a temporary directory renamed
-into place), keyed by the file's identity; later loads read that checkpoint.
+float32, which takes ~15-60 s for SmolLM2-135M. The first load writes the result (config,
+weights, tokenizer) to the user's cache directory, and later loads read that checkpoint.
 
 The cache directory is `$ATTNSCOPE_CACHE`, else `$XDG_CACHE_HOME/attnscope`, else
-`~/.cache/attnscope`.
+`~/.cache/attnscope`. Under its `gguf/`:
+
+- `<sha256 of the file, 24 hex digits>-transformers-<version>/`: one checkpoint per content and
+  dequantizer, whatever path the file was read from (every new virtualenv has its own copy of
+  SmolLM2's file: they all share one checkpoint). Written into a `.converting-*` directory next to
+  it and renamed into place when complete, the manifest last: a directory is either finished or
+  absent, and two processes converting at once both succeed.
+- `index/<key>.json`: the sha256 of a file as seen at one path with one size, mtime, ctime and
+  inode, so that a load hashes the ~100 MB file only the first time it sees it there.
+- `.lock`: held (flock) while a checkpoint is renamed into place and the stale ones removed, and
+  while a conversion starts. A converting process holds `.writing` inside its `.converting-*`
+  directory until the rename: a directory whose `.writing` nobody holds is abandoned.
+
+Writing a checkpoint removes, in `gguf/` only: the checkpoints of the same content by an older
+transformers (and those named by path, as attnscope wrote them before), directories without a
+readable manifest (an interrupted copy), and abandoned conversions.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from attnscope.errors import AttnscopeError, read_path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; an abandoned conversion is told by its age alone
+    fcntl = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "attnscope-gguf.json"  # written last: a checkpoint directory without it is not used
+INDEX = "index"  # gguf/index/<key>.json: path, size, mtime, ctime, inode -> sha256
+LOCK = ".lock"  # gguf/.lock: renames into place, removals and the start of a conversion
+CONVERTING = ".converting-"  # gguf/.converting-*: a conversion in progress (or an abandoned one)
+WRITING = ".writing"  # .converting-*/.writing: locked by the converting process until its rename
+ABANDONED_AFTER = 3600.0  # seconds: a .converting-* without .writing (attnscope before the lock) untouched this long
 _MAGIC = b"GGUF"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_ENTRY = re.compile(r"[0-9a-f]{24}-transformers-[0-9A-Za-z.+_-]+")  # a checkpoint by content
+_BY_PATH = re.compile(r".+-[0-9a-f]{16}")  # a checkpoint by path, size and mtime (attnscope before the index)
 
 
 def cache_dir() -> Path:
@@ -67,54 +98,144 @@ def _first_bytes(path: Path) -> bytes:
 
 
 def checkpoint_for(gguf: Path) -> Path:
-    """The cached safetensors checkpoint of a GGUF file, converting it the first time."""
+    """The cached safetensors checkpoint of a GGUF file, converting it the first time its content is seen."""
+    import transformers
+
     gguf = gguf.expanduser().resolve()
     validate_gguf(gguf)
-    target = cache_dir() / "gguf" / f"{gguf.stem}-{_identity(gguf)}"
-    if (target / MANIFEST).is_file():
+    root = cache_dir() / "gguf"
+    version: str = transformers.__version__
+    seen = read_path(gguf, os.stat, "a .gguf file")
+    record = root / INDEX / f"{_index_key(gguf, seen)}.json"
+    sha256 = _indexed_sha256(record, gguf, seen)
+    indexed = sha256 is not None
+    if sha256 is None:
+        sha256 = read_path(gguf, _sha256, "a .gguf file")
+    target = root / entry_name(sha256, version)
+    if _manifest(target, sha256, version) is not None:
         log.debug("using the cached checkpoint %s of %s", target, gguf)
-        return target
-    log.warning("converting %s to a cached checkpoint in %s (once; this takes ~30 s)", gguf.name, target)
-    _convert(gguf, target)
+    else:
+        log.warning("converting %s to a cached checkpoint in %s (once; this takes ~30 s)", gguf.name, target)
+        _convert(gguf, target, sha256, version)
+    if not indexed:
+        _remember(record, gguf, seen, sha256)
     return target
 
 
-def _identity(gguf: Path) -> str:
-    """The file (path, size, mtime) and the transformers version that dequantizes it: 16 hex digits."""
-    import transformers
-
-    st = gguf.stat()
-    key = f"{gguf}\0{st.st_size}\0{st.st_mtime_ns}\0{transformers.__version__}"
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+def entry_name(sha256: str, version: str) -> str:
+    """The checkpoint directory of a file's content as dequantized by one transformers version."""
+    return f"{sha256[:24]}-transformers-{re.sub(r'[^0-9A-Za-z.+_-]', '_', version)}"
 
 
-def _convert(gguf: Path, target: Path) -> None:
-    """Dequantize into a temporary directory next to target, then rename it into place."""
+# --- the index: a file's sha256, hashed once per path, size, mtime, ctime and inode ---
+
+def _index_key(gguf: Path, st: os.stat_result) -> str:
+    key = f"{gguf}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}"
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def _same_file(record: dict[str, Any], gguf: Path, st: os.stat_result) -> bool:
+    return (record.get("gguf"), record.get("size"), record.get("mtime_ns"), record.get("ctime_ns"),
+            record.get("inode")) == (str(gguf), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def _indexed_sha256(record: Path, gguf: Path, st: os.stat_result) -> str | None:
+    """The sha256 the index holds for this file as it is now, or None (not seen like this yet)."""
+    data = _read_json(record)
+    if data is None or not _same_file(data, gguf, st):
+        return None
+    sha256 = data.get("sha256")
+    return sha256 if isinstance(sha256, str) and _SHA256.fullmatch(sha256) else None
+
+
+def _remember(record: Path, gguf: Path, seen: os.stat_result, sha256: str) -> None:
+    """Index the file's sha256 (if it did not change while it was hashed), and forget the files that are
+    gone or changed. Best effort: a read-only cache still serves its checkpoints, hashing every time."""
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+        if not _same_file(_record(gguf, os.stat(gguf), sha256), gguf, seen):
+            return
+        record.parent.mkdir(parents=True, exist_ok=True)
+        _forget_stale_records(record.parent)
+        with tempfile.NamedTemporaryFile("w", dir=record.parent, prefix=".", suffix=".tmp", delete=False,
+                                         encoding="utf-8") as f:
+            json.dump(_record(gguf, seen, sha256), f, indent=1)
+        os.replace(f.name, record)
     except OSError as exc:
-        raise AttnscopeError(f"cannot write the model cache {target.parent}: {exc.strerror or exc} "
+        log.debug("cannot index %s in %s: %s", gguf, record.parent, exc)
+
+
+def _record(gguf: Path, st: os.stat_result, sha256: str) -> dict[str, Any]:
+    return {"gguf": str(gguf), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
+            "inode": st.st_ino, "sha256": sha256}
+
+
+def _forget_stale_records(index: Path) -> None:
+    """Remove the index records of files that are gone or changed (a deleted virtualenv), and temporary
+    records abandoned for an hour. A record is only a hint: removing a live one costs one hash."""
+    now = time.time()
+    for path in index.iterdir():
+        try:
+            if path.is_symlink() or not path.is_file():
+                continue
+            if path.name.startswith("."):
+                stale = now - path.stat().st_mtime > ABANDONED_AFTER
+            else:
+                stale = not _still_there(_read_json(path))
+            if stale:
+                path.unlink(missing_ok=True)
+        except OSError:
+            continue
+
+
+def _still_there(record: dict[str, Any] | None) -> bool:
+    source = record.get("gguf") if record is not None else None
+    if record is None or not isinstance(source, str):
+        return False
+    try:
+        return _same_file(record, Path(source), os.stat(source))
+    except OSError:
+        return False
+
+
+# --- converting and storing a checkpoint ---
+
+def _convert(gguf: Path, target: Path, sha256: str, version: str) -> None:
+    """Dequantize into a temporary directory next to target, rename it into place, remove the stale ones."""
+    root = target.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _locked(root / LOCK):  # so that a cleaner never sees a .converting-* before its .writing is held
+            tmp = Path(tempfile.mkdtemp(prefix=CONVERTING, dir=root))
+            writing = (tmp / WRITING).open("w")
+            _lock(writing)
+    except OSError as exc:
+        raise AttnscopeError(f"cannot write the model cache {root}: {exc.strerror or exc} "
                              "(set ATTNSCOPE_CACHE to a writable directory)") from exc
     try:
-        _write_checkpoint(gguf, tmp)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / MANIFEST).is_file():  # not a finished copy by a concurrent process
-                raise
+        _write_checkpoint(gguf, tmp, sha256, version)
+        with _locked(root / LOCK):
+            (tmp / WRITING).unlink()
+            if _manifest(target, sha256, version) is None:  # not a finished copy by a concurrent process
+                if target.exists() or target.is_symlink():  # a broken one: renamed in complete, then damaged
+                    _remove(target, "it has no readable manifest")
+                tmp.rename(target)
+            try:
+                _remove_stale(root, keep=target, sha256=sha256, version=version)
+            except OSError as exc:  # the checkpoint is in place: a failed clean-up is not a failed load
+                log.warning("cannot clean the model cache %s: %s", root, exc.strerror or exc)
     except OSError as exc:
-        raise AttnscopeError(f"cannot write the model cache {target.parent}: {exc.strerror or exc} "
+        raise AttnscopeError(f"cannot write the model cache {root}: {exc.strerror or exc} "
                              "(set ATTNSCOPE_CACHE to a writable directory with ~600 MB free)") from exc
     finally:
+        writing.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _write_checkpoint(gguf: Path, out: Path) -> None:
+def _write_checkpoint(gguf: Path, out: Path, sha256: str, version: str) -> None:
     model, tokenizer = _read_gguf(gguf)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    manifest = {"gguf": str(gguf), "size": gguf.stat().st_size, "sha256": _sha256(gguf)}
+    manifest = {"gguf": str(gguf), "size": gguf.stat().st_size, "sha256": sha256, "transformers": version}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
@@ -137,6 +258,105 @@ def _read_gguf(gguf: Path) -> tuple[Any, Any]:
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.tie_weights()
     return model, tokenizer
+
+
+# --- removing stale checkpoints and abandoned conversions (with gguf/.lock held) ---
+
+def _remove_stale(root: Path, keep: Path, sha256: str, version: str) -> None:
+    """Remove, among root's own directories (never following a link): the checkpoints of sha256 by an older
+    transformers or named by path (attnscope before the index), the checkpoints without a readable manifest,
+    and the abandoned conversions. Another process's conversion in progress holds its .writing: it stays."""
+    for path in root.iterdir():
+        if path == keep or path.is_symlink() or not path.is_dir():
+            continue
+        if path.name.startswith(CONVERTING):
+            if _abandoned(path):
+                _remove(path, "an abandoned conversion")
+            continue
+        by_path = _ENTRY.fullmatch(path.name) is None and _BY_PATH.fullmatch(path.name) is not None
+        if not by_path and _ENTRY.fullmatch(path.name) is None:
+            continue  # not a checkpoint attnscope names: not ours to judge
+        manifest = _manifest(path)
+        if manifest is None:  # renamed into place complete: a broken one, never one being written
+            _remove(path, "it has no readable manifest (an interrupted or damaged copy)")
+        elif manifest["sha256"] == sha256 and by_path:
+            _remove(path, "the same file, converted before checkpoints were shared by content")
+        elif manifest["sha256"] == sha256 and _older(manifest.get("transformers"), version):
+            _remove(path, f"the same file, converted by transformers {manifest['transformers']}")
+
+
+def _abandoned(converting: Path) -> bool:
+    """True if no process is writing into this .converting-* directory any more."""
+    marker = converting / WRITING
+    if fcntl is not None and marker.is_file() and not marker.is_symlink():
+        try:
+            with marker.open("rb") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return False  # its writer holds it
+                return True
+        except OSError:
+            return False
+    # written by attnscope before the lock (or without flock): abandoned once nothing in it changed for a while
+    try:
+        newest = max([converting.lstat().st_mtime] + [p.lstat().st_mtime for p in converting.iterdir()])
+    except OSError:
+        return False
+    return time.time() - newest > ABANDONED_AFTER
+
+
+def _older(theirs: object, ours: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return isinstance(theirs, str) and Version(theirs) < Version(ours)
+    except InvalidVersion:
+        return False
+
+
+def _remove(path: Path, why: str) -> None:
+    """Delete one of the cache's own directories (a link is unlinked, never followed)."""
+    log.info("removing %s from the model cache: %s", path, why)
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --- small helpers ---
+
+def _manifest(entry: Path, sha256: str | None = None, version: str | None = None) -> dict[str, Any] | None:
+    """A checkpoint directory's manifest if it is readable and complete (and for sha256 and version if
+    given), else None."""
+    data = _read_json(entry / MANIFEST)
+    if data is None or not isinstance(data.get("sha256"), str) or not _SHA256.fullmatch(data["sha256"]):
+        return None
+    if sha256 is not None and data["sha256"] != sha256:
+        return None
+    if version is not None and data.get("transformers") != version:
+        return None
+    return data
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as f:
+        _lock(f)
+        yield  # closing the file releases the lock
+
+
+def _lock(f: IO[Any]) -> None:
+    if fcntl is not None:
+        fcntl.flock(f, fcntl.LOCK_EX)
 
 
 def _sha256(path: Path) -> str:
