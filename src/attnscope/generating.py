@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,8 +52,9 @@ def validate_settings(max_new_tokens: int, temperature: float | None, top_k: int
     if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
         raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{MAX_NEW_TOKENS}",
                              parameter="max_new_tokens")
-    if temperature is not None and not temperature > 0:
-        raise AttnscopeError(f"temperature {temperature} is out of range: use a number above 0 (1 samples as is)",
+    if temperature is not None and not 0 < temperature < math.inf:  # inf would divide every logit into 0
+        raise AttnscopeError(f"temperature {temperature} is out of range: use a finite number above 0 (1 samples "
+                             "as is)",
                              parameter="temperature")
     if top_k is not None and top_k < 1:
         raise AttnscopeError(f"top_k {top_k} is out of range: use at least 1", parameter="top_k")
