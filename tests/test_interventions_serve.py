@@ -40,6 +40,7 @@ def test_ablate_endpoint_equals_the_library(server: Server, minilm: attnscope.Mo
 @pytest.mark.parametrize(("path", "body", "message"), [
     ("/api/ablate", {"text": TEXT, "heads": "9.0"}, "layer 9 is out of range"),
     ("/api/ablate", {"text": TEXT, "heads": "x"}, "not layer.head"),
+    ("/api/ablate", {"text": TEXT, "heads": " "}, 'is empty: name heads as layer.head, such as "3.1,0.7"'),
     ("/api/patch", {"clean": "the cat", "corrupt": "the big dog barks"}, "tokens and the corrupt text"),
     ("/api/ablate", {"text": TEXT, "unknown": 1}, "unknown"),
 ])

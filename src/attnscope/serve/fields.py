@@ -41,6 +41,7 @@ class Field:
     exclusive_minimum: bool = False  # numbers: the minimum itself is refused (a temperature of 0)
     max_length: int | None = None  # strings: characters; arrays: items
     enum: tuple[str, ...] | None = None  # strings, or the items of an array
+    empty: str = "give a sentence"  # strings: what to send instead of a blank one
 
     def schema(self) -> dict[str, Any]:
         """This field as an OpenAPI 3.0 schema."""
@@ -94,7 +95,7 @@ class Field:
             raise self._bad(f"is {len(value)} characters long, over the limit of {self.max_length}: "
                             "shorten it", None)
         if not re.search(_NONBLANK, value):
-            raise self._bad("is empty: give a sentence", value)
+            raise self._bad(f"is empty: {self.empty}", value)
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -59,7 +59,7 @@ def ablate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("text", "string", "The sentence.", required=True, max_length=settings.max_chars),
         _model_field(models),
         Field("heads", "string", "Heads to remove together, layer.head, 0-indexed: \"3.1,0.7\".", nullable=True,
-              max_length=2000),
+              max_length=2000, empty='name heads as layer.head, such as "3.1,0.7", or send null'),
         Field("mode", "string", "zero: the heads' context set to 0; mean: to its mean over the text.",
               default="zero", enum=("zero", "mean")),
         _target_field(settings, "target", "Causal LMs: the continuation to score (default: the greedy next "
