@@ -133,8 +133,8 @@ def test_models_health_and_schema(http: httpx.Client, minilm: attnscope.Model) -
     assert health["status"] == "ok" and health["pool"]["capacity"] == 66  # 2 workers + 64
     doc = http.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.0")
-    assert set(doc["paths"]) == {"/api/trace", "/api/trace/{id}/map", "/api/explain", "/api/neuron", "/api/models",
-                                 "/healthz"}
+    assert set(doc["paths"]) == {"/api/trace", "/api/trace/{id}/map", "/api/explain", "/api/neuron", "/api/generate",
+                                 "/api/ablate", "/api/patch", "/api/models", "/healthz"}  # every route but / and itself
     text = doc["paths"]["/api/trace"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert text["properties"]["text"]["maxLength"] == MAX_CHARS
     assert text["properties"]["max_length"]["maximum"] == MAX_TOKENS

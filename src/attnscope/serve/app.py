@@ -36,6 +36,7 @@ from attnscope.serve.api import (
 from attnscope.serve.fields import RequestError, parse_body, parse_json
 from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
+from attnscope.serve.interventions import ablate_fields, patch_fields
 from attnscope.serve.interventions import routes as intervention_routes
 from attnscope.serve.openapi import document
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout
@@ -65,8 +66,9 @@ class Server:
         self.trace_fields = trace_fields(settings, self.service.names, least)
         self.explain_fields = explain_fields(settings, self.service.names, layers, heads, least)
         self.neuron_fields = head_fields(settings, self.service.names, layers, heads, least)
-        self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields)
         self.generate_fields = generate_fields(settings, self.service.names)  # POST /api/generate
+        self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields, self.generate_fields,
+                                ablate_fields(settings, self.service.names), patch_fields(settings, self.service.names))
         self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
 
     async def trace(self, request: Request) -> Response:

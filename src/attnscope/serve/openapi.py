@@ -34,8 +34,8 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 
 def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str,
-          links: dict[str, Any] | None = None) -> dict[str, Any]:
-    done = {**_json(ok, "OK"), **({"links": links} if links else {})}
+          links: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
+    done = {"description": "OK", "content": {media: {"schema": ok}}, **({"links": links} if links else {})}
     return {"post": {
         "operationId": op_id, "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(fields)}}},
@@ -131,8 +131,30 @@ def _map_route() -> dict[str, Any]:
     }}
 
 
-def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field]) -> dict[str, Any]:
+_GENERATED = _obj(["event"], event={"type": "string", "enum": ["start", "token", "done", "error"],
+                                    "description": "one NDJSON line each: start once (model, prompt tokens); token "
+                                    "per step as it is chosen (token, probability, alternatives); then done (the "
+                                    "generation view's payload, verified) or error (one line)"},
+                  error={"type": "string"})
+_EFFECTS = _obj([], model={"type": "object"}, effects={"type": "object"},
+                tokens={"type": "array", "items": _TOKEN})
+
+
+def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
+             generate_fields: list[Field] | None = None, ablate_fields: list[Field] | None = None,
+             patch_fields: list[Field] | None = None) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
+    more: dict[str, Any] = {}
+    if generate_fields is not None:
+        more["/api/generate"] = _post("Generate with a decoder, one NDJSON line per token as it is chosen, then the "
+                                      "verified generation (docs/serve.md)", generate_fields, _GENERATED,
+                                      "generate", media="application/x-ndjson")
+    if ablate_fields is not None:
+        more["/api/ablate"] = _post("Remove heads (zero or mean) and measure the effect on the output "
+                                    "(as `attnscope ablate --format json`)", ablate_fields, _EFFECTS, "ablate")
+    if patch_fields is not None:
+        more["/api/patch"] = _post("Activation patching: each head from the clean run into the corrupt run "
+                                   "(as `attnscope patch --format json`)", patch_fields, _EFFECTS, "patch")
     return {
         "openapi": "3.0.3",
         "info": {"title": "attnscope", "version": __version__,
@@ -147,6 +169,7 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
             "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
                                  "(attnscope.views.neuron_block)", neuron_fields, _NEURON, "neuron"),
+            **more,
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),
