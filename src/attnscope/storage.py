@@ -104,17 +104,7 @@ def load_encoder_decoder(path: str | os.PathLike[str]) -> EncoderDecoderTrace:
 def load(path: str | os.PathLike[str]) -> Trace | EncoderDecoderTrace:
     """Whichever the file holds: a Trace, or an EncoderDecoderTrace."""
     p = Path(path)
-    try:
-        if p.suffix == ".safetensors":
-            arrays, meta = _read_safetensors(p)
-        elif p.suffix == ".npz":
-            arrays, meta = _read_npz(p)
-        else:
-            raise AttnscopeError(f"cannot read a trace from {p.name!r}: use a .safetensors or .npz file")
-    except OSError as exc:
-        raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    except (ValueError, KeyError) as exc:
-        raise AttnscopeError(f"{p} is not an attnscope trace: {exc}") from exc
+    arrays, meta = _read(p)
     try:
         return _encoder_decoder_from(arrays, meta) if "kinds" in meta else _trace_from(arrays, meta)
     except (ValueError, KeyError, TypeError) as exc:
@@ -132,13 +122,21 @@ def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
 
 def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The metadata of a saved trace file, without its arrays; a one-line AttnscopeError otherwise."""
-    p = Path(path)
+    return _read(Path(path), arrays=False)[1]
+
+
+def _read(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A saved file's arrays (unless arrays=False) and metadata, by its suffix; every failure one line."""
     try:
-        return (_read_safetensors(p, arrays=False) if p.suffix == ".safetensors" else _read_npz(p, arrays=False))[1]
+        if p.suffix == ".safetensors":
+            return _read_safetensors(p, arrays)
+        if p.suffix == ".npz":
+            return _read_npz(p, arrays)
     except OSError as exc:
         raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError) as exc:
         raise AttnscopeError(f"{p} is not an attnscope trace: {exc}") from exc
+    raise AttnscopeError(f"cannot read a trace from {p.name!r}: use a .safetensors or .npz file")
 
 
 def _read_safetensors(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
