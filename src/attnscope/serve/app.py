@@ -67,8 +67,10 @@ class Server:
         self.explain_fields = explain_fields(settings, self.service.names, layers, heads, least)
         self.neuron_fields = head_fields(settings, self.service.names, layers, heads, least)
         self.generate_fields = generate_fields(settings, self.service.names)  # POST /api/generate
+        self.ablate_fields = ablate_fields(settings, self.service.names)  # POST /api/ablate
+        self.patch_fields = patch_fields(settings, self.service.names)  # POST /api/patch
         self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields, self.generate_fields,
-                                ablate_fields(settings, self.service.names), patch_fields(settings, self.service.names))
+                                self.ablate_fields, self.patch_fields)
         self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
 
     async def trace(self, request: Request) -> Response:
@@ -222,7 +224,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/api/explain", server.explain, methods=["POST"]),
         Route("/api/neuron", server.neuron, methods=["POST"]),
         Route("/api/generate", server.generate, methods=["POST"]),
-        *intervention_routes(server.settings, server.service, server._run),  # /api/ablate, /api/patch
+        *intervention_routes(server.settings, server.service, server._run, server.ablate_fields,
+                             server.patch_fields),  # /api/ablate, /api/patch
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

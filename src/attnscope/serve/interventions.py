@@ -132,9 +132,9 @@ def _json(body: dict[str, Any]) -> bytes:
 Run = Callable[[Request, Callable[[Any, threading.Event], bytes], Any], Awaitable[bytes]]
 
 
-def routes(settings: Settings, service: Service, run: Run) -> list[Route]:
-    """The two endpoints; run(request, fn, req) is the app's pool runner (limits, deadline, errors)."""
-    a_fields, p_fields = ablate_fields(settings, service.names), patch_fields(settings, service.names)
+def routes(settings: Settings, service: Service, run: Run, a_fields: list[Field], p_fields: list[Field]) -> list[Route]:
+    """The two endpoints; run(request, fn, req) is the app's pool runner (limits, deadline, errors); a_fields and
+    p_fields validate their bodies (ablate_fields, patch_fields: the app's OpenAPI document shows the same)."""
 
     async def ablate(request: Request) -> Response:
         from attnscope.serve.app import read_json

@@ -25,8 +25,8 @@ _STATUS_TEXT = {
 }
 
 
-def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _json(schema: dict[str, Any], description: str, media: str = "application/json") -> dict[str, Any]:
+    return {"description": description, "content": {media: {"schema": schema}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 def _post(summary: str, fields: list[Field], ok: dict[str, Any], op_id: str,
           links: dict[str, Any] | None = None, media: str = "application/json") -> dict[str, Any]:
-    done = {"description": "OK", "content": {media: {"schema": ok}}, **({"links": links} if links else {})}
+    done = {**_json(ok, "OK", media), **({"links": links} if links else {})}
     return {"post": {
         "operationId": op_id, "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": body_schema(fields)}}},
@@ -141,20 +141,8 @@ _EFFECTS = _obj([], model={"type": "object"}, effects={"type": "object"},
 
 
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
-             generate_fields: list[Field] | None = None, ablate_fields: list[Field] | None = None,
-             patch_fields: list[Field] | None = None) -> dict[str, Any]:
+             generate_fields: list[Field], ablate_fields: list[Field], patch_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
-    more: dict[str, Any] = {}
-    if generate_fields is not None:
-        more["/api/generate"] = _post("Generate with a decoder, one NDJSON line per token as it is chosen, then the "
-                                      "verified generation (docs/serve.md)", generate_fields, _GENERATED,
-                                      "generate", media="application/x-ndjson")
-    if ablate_fields is not None:
-        more["/api/ablate"] = _post("Remove heads (zero or mean) and measure the effect on the output "
-                                    "(as `attnscope ablate --format json`)", ablate_fields, _EFFECTS, "ablate")
-    if patch_fields is not None:
-        more["/api/patch"] = _post("Activation patching: each head from the clean run into the corrupt run "
-                                   "(as `attnscope patch --format json`)", patch_fields, _EFFECTS, "patch")
     return {
         "openapi": "3.0.3",
         "info": {"title": "attnscope", "version": __version__,
@@ -169,7 +157,13 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
             "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
                                  "(attnscope.views.neuron_block)", neuron_fields, _NEURON, "neuron"),
-            **more,
+            "/api/generate": _post("Generate with a decoder, one NDJSON line per token as it is chosen, then the "
+                                   "verified generation (docs/serve.md)", generate_fields, _GENERATED, "generate",
+                                   media="application/x-ndjson"),
+            "/api/ablate": _post("Remove heads (zero or mean) and measure the effect on the output "
+                                 "(as `attnscope ablate --format json`)", ablate_fields, _EFFECTS, "ablate"),
+            "/api/patch": _post("Activation patching: each head from the clean run into the corrupt run "
+                                "(as `attnscope patch --format json`)", patch_fields, _EFFECTS, "patch"),
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),
