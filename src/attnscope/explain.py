@@ -220,7 +220,8 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     weights = a["weights"][h]
     # grouped-query attention: the k/v head this query head reads, and its row in the trace's k and v (a generation
     # trace keeps them per query head, each a copy of its k/v head's)
-    q, k, v = a["q"][h], a["k"][tr.kv_head(h)], a["v"][tr.kv_head(h)]
+    row = tr.kv_head(h)
+    q, k, v = a["q"][h], a["k"][row], a["v"][row]
     kv = h if p is None else h // p.groups
     shared = f" {_sharing(p, h)} so these are k/v head {kv}'s numbers." if p is not None and p.groups > 1 else ""
     rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
