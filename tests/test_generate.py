@@ -168,14 +168,69 @@ def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) ->
     assert [t.id for t in g.tokens] == _plain_generate(m, 5, do_sample=False)
     report = g.check()
     assert report.ok, report.to_dict()
-    assert any(c.source == "no-cache" and c.stage == "k" for c in report.comparisons)  # grouped k heads expanded
+    # k and v are kept per k/v head (4 query heads share 2), not repeated; their errors count per query head
+    n = g.prompt_length + 4
+    assert g.trace.arrays["k"].shape == g.trace.arrays["v"].shape == (2, 2, n, 16)
+    assert g.trace.kv_heads == g.model["kv_heads"] == 2 and g.trace.kv_head(3) == 1
+    kv = [c for c in report.comparisons if c.stage in ("k", "v")]
+    assert {c.source for c in kv} == {"recompute", "no-cache"} and all(c.errors.shape == (2, 4) for c in kv)
+    np.testing.assert_allclose(g.trace.arrays["scores"], g.trace.arrays["q"] @ np.repeat(
+        g.trace.arrays["k"], 2, axis=1).transpose(0, 1, 3, 2), atol=TOLERANCE, rtol=0)
+
+
+def test_grouped_kv_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
+    """One number of k/v head 1's cache changed: the error shows for query heads 2 and 3, which read it."""
+    m = decoder("llama")
+    enc = m.tokenizer(PROMPT, return_tensors="pt")
+    n_prompt = int(enc["input_ids"].shape[1])
+    recorder = StepRecorder(2, n_prompt + 3)
+    with torch.no_grad(), recording_steps(m.model, recorder):
+        out = m.model.generate(  # type: ignore[operator]
+            input_ids=enc["input_ids"], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    layers = per_layer(recorder.cut(n_prompt + 3))
+    assert layers["k"][0].shape[1] == 2  # per k/v head
+    layers["k"][0][0, 1, n_prompt + 1, 0] += 1e-3  # layer 0, k/v head 1, step 2's new key
+    comparisons, _ = verify_generation(m, layers, out[:, : n_prompt + 3], n_prompt, 4)
+    errors = {(c.stage, c.source): c.errors for c in comparisons}
+    for source in ("recompute", "no-cache"):
+        k = errors[("k", source)]  # [layer, head]
+        assert k[0, 2] > TOLERANCE and k[0, 3] > TOLERANCE, source
+        assert k[0, :2].max() <= TOLERANCE and k[1].max() <= TOLERANCE, source
+
+
+def test_generation_saved_with_kv_per_query_head_still_explained(decoder: Callable[[str], attnscope.Model],
+                                                                 tmp_path: Path) -> None:
+    """Files written before k and v were kept per k/v head hold them per query head (copies of their k/v head):
+    they load, and explaining a step reads the same numbers."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from attnscope.explain import walkthrough
+
+    m = decoder("llama")
+    g = generate(PROMPT, model=m, max_new_tokens=2)
+    old = tmp_path / "old.safetensors"
+    g.save(old)
+    with safe_open(str(old), "np") as f:
+        meta = f.metadata()
+    arrays = load_file(str(old))
+    for stage in ("k", "v"):
+        arrays[stage] = np.repeat(arrays[stage], 2, axis=1)  # what the old recorder kept
+    save_file(arrays, str(old), metadata=meta)
+    loaded = load_generation(old)
+    assert loaded.trace.kv_heads == 4
+    new, was = walkthrough(g.step_trace(0), 1, 3, model=m), walkthrough(loaded.step_trace(0), 1, 3, model=m)
+    for a, b in zip(new.steps, was.steps, strict=True):
+        assert a.text == b.text, a.stage
+        for name in a.arrays:
+            np.testing.assert_allclose(a.arrays[name], b.arrays[name], atol=TOLERANCE, rtol=0, err_msg=name)
 
 
 @pytest.mark.parametrize("head", [1, 3])  # query heads of k/v heads 0 and 1 (4 heads share 2)
 def test_step_walkthrough_of_grouped_heads_matches_the_trace(decoder: Callable[[str], attnscope.Model],
                                                              head: int) -> None:
-    """A generation trace keeps k and v per query head: the step walkthrough still reads the layer's own k/v head
-    for W_K, W_V and the rotation, and shows what explaining the prompt's trace shows."""
+    """A step walkthrough of a grouped-query head reads its k/v head for W_K, W_V, the rotation, k and v, and
+    shows what explaining the prompt's trace shows."""
     from attnscope.explain import walkthrough
 
     m = decoder("llama")

@@ -107,8 +107,8 @@ def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head:
     if p is None:
         return []
     cols = slice(head * d_head, (head + 1) * d_head)
-    kv = head // p.groups  # the layer's own k/v head (a generation trace keeps k and v per query head)
-    kv_cols = slice(kv * d_head, (kv + 1) * d_head)  # grouped-query attention: the k/v head's columns
+    kv = head // p.groups  # grouped-query attention: the k/v head this query head reads
+    kv_cols = slice(kv * d_head, (kv + 1) * d_head)  # its columns of W_K and W_V
     arrays = {f"W_{n}[:, {c.start}:{c.stop}]": w[:, c].numpy()
               for n, w, c in (("Q", p.w_q, cols), ("K", p.w_k, kv_cols), ("V", p.w_v, kv_cols))}
     for n, b, c in (("Q", p.b_q, cols), ("K", p.b_k, kv_cols), ("V", p.b_v, kv_cols)):
@@ -218,11 +218,11 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     capped = scaled if p is None or p.softcap is None else maths.soft_cap(torch.from_numpy(scaled), p.softcap).numpy()
     masked = capped + mask + (a["position_bias"][h] if "position_bias" in a else 0.0)  # T5 adds its position bias
     weights = a["weights"][h]
-    # grouped-query attention: the k/v head this query head reads, and its row in the trace's k and v (a generation
-    # trace keeps them per query head, each a copy of its k/v head's)
+    # grouped-query attention: the k/v head this query head reads, and its row in the trace's k and v (generation
+    # files saved before k and v were kept per k/v head hold them per query head, each a copy of its k/v head's)
     row = tr.kv_head(h)
     q, k, v = a["q"][h], a["k"][row], a["v"][row]
-    kv = h if p is None else h // p.groups
+    kv = row if p is None else h // p.groups
     shared = f" {_sharing(p, h)} so these are k/v head {kv}'s numbers." if p is not None and p.groups > 1 else ""
     rotated = " (after the rotation above)" if p is not None and p.rope is not None else ""
     scale_text = _scale_text(tr, d_head, s)

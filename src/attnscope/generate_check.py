@@ -31,15 +31,16 @@ def step_stages(x: torch.Tensor, p: maths.AttentionParams, k_cache: torch.Tensor
     """One step's attention from its new rows and the cache: maths.multi_head_attention's steps.
 
     x: [new, d_model] at positions start .. start + new - 1, where start = k_cache.shape[1];
-    k_cache, v_cache: [head, start, d_head], the keys and values of every earlier position (k rotated).
-    Returns q, k, v of the new rows [head, new, d_head]; weights [head, new, key]; context; output.
+    k_cache, v_cache: [kv_head, start, d_head], the keys and values of every earlier position (k rotated).
+    Returns q of the new rows [head, new, d_head], k and v [kv_head, new, d_head]; weights [head, new, key];
+    context [head, new, d_head]; output [new, d_model].
     """
     start, new = int(k_cache.shape[1]), int(x.shape[0])
     # projection, QK-norm, heads and rotation at the rows' own positions: the taught path's first steps
     st = maths.project_qkv(x, p, torch.arange(start, start + new))
-    k_new, v_new = maths.expand_kv(st["k"], p.groups), maths.expand_kv(st["v"], p.groups)  # [head, new, d_head]
-    keys = torch.cat([k_cache, k_new], dim=1)  # [head, key, d_head]: the cache, then the new rows
-    values = torch.cat([v_cache, v_new], dim=1)
+    # the cache, then the new rows; each query head reads its k/v head's ([head, key, d_head])
+    keys = maths.expand_kv(torch.cat([k_cache, st["k"]], dim=1), p.groups)
+    values = maths.expand_kv(torch.cat([v_cache, st["v"]], dim=1), p.groups)
     logits = maths.scale(maths.dot_scores(st["q"], keys), p.scaling)  # [head, new, key]
     if p.softcap is not None:
         logits = maths.soft_cap(logits, p.softcap)
@@ -48,7 +49,7 @@ def step_stages(x: torch.Tensor, p: maths.AttentionParams, k_cache: torch.Tensor
     weights = maths.softmax(masked) if p.sinks is None else maths.softmax_with_sink(masked, p.sinks)  # GPT-OSS
     context = maths.attend(weights, values)  # [head, new, d_head]
     output = maths.project(maths.merge_heads(context), p.w_o, p.b_o)  # [new, d_model]
-    return {"q": st["q"], "k": k_new, "v": v_new, "weights": weights, "context": context, "output": output}
+    return {"q": st["q"], "k": st["k"], "v": st["v"], "weights": weights, "context": context, "output": output}
 
 
 def row_spans(prompt_length: int, n_steps: int) -> list[slice]:
@@ -60,7 +61,7 @@ def row_spans(prompt_length: int, n_steps: int) -> list[slice]:
 def recompute_steps(layers: dict[str, list[torch.Tensor]], p: maths.AttentionParams, layer: int,
                     spans: list[slice]) -> dict[str, torch.Tensor]:
     """Every step of one layer recomputed, laid out like the captured rows: stage -> [1, ...]."""
-    k_all, v_all = layers["k"][layer][0], layers["v"][layer][0]  # [head, token, d_head]: the captured cache
+    k_all, v_all = layers["k"][layer][0], layers["v"][layer][0]  # [kv_head, token, d_head]: the captured cache
     n_rows = int(layers["x"][layer].shape[1])
     parts: dict[str, list[torch.Tensor]] = {s: [] for s in STEP_STAGES}
     weights = torch.zeros(p.n_heads, n_rows, n_rows)  # [head, query, key]
@@ -94,6 +95,10 @@ def verify_generation(m: Model, layers: dict[str, list[torch.Tensor]], ids: torc
     full = no_cache_forward(m, ids)
     for stage in NO_CACHE_STAGES:
         errors[(stage, "no-cache")] = [max_error(a, b) for a, b in zip(layers[stage], full[stage], strict=True)]
+    heads = int(layers["q"][0].shape[1])
+    for (stage, _), errs in errors.items():
+        if stage in ("k", "v"):  # [kv_head] -> [head]: an error counts for every query head that reads it
+            errs[:] = [np.repeat(e, heads // len(e)) for e in errs]
     return [Comparison(st, src, np.stack(errs), relative=True) for (st, src), errs in errors.items()], unsupported
 
 
@@ -121,9 +126,7 @@ def no_cache_forward(m: Model, ids: torch.Tensor) -> dict[str, list[torch.Tensor
         m.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     out: dict[str, list[torch.Tensor]] = {"x": cap.x, "output": cap.output}
     for stage in ("q", "k", "v", "weights", "context"):
-        ts = [getattr(c, stage) for c in cap.calls]  # [1, head, token, ...]
-        groups = int(cap.calls[0].q.shape[1]) // int(ts[0].shape[1])
-        out[stage] = [t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in ts]
+        out[stage] = [getattr(c, stage) for c in cap.calls]  # [1, head|kv_head, token, ...]
     return out
 
 

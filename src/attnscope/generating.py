@@ -124,14 +124,14 @@ class StepRecorder:
     def on_attention(self, call: AttentionCall) -> None:
         heads, n, d_head = (int(i) for i in call.q.shape[1:])  # n: the queries this forward pass added
         if not self.counts["attention"]:
-            for stage in ("q", "k", "v", "context"):
-                self._zeros(stage, (self.n_layers, heads, self.max_rows, d_head), call.q.dtype)
+            kv_heads = int(call.k.shape[1])  # k and v are kept per k/v head (grouped-query attention), as in a Trace
+            for stage, n_heads in (("q", heads), ("k", kv_heads), ("v", kv_heads), ("context", heads)):
+                self._zeros(stage, (self.n_layers, n_heads, self.max_rows, d_head), call.q.dtype)
             self._zeros("weights", (self.n_layers, heads, self.max_rows, self.max_rows), call.q.dtype)
         layer, rows = self._rows("attention", n)
         new = {"q": call.q[0], "k": call.k[0, :, -n:], "v": call.v[0, :, -n:], "weights": call.weights[0],
                "context": call.context[0]}  # [head | kv_head, new, width]
         for stage, t in new.items():
-            t = maths.expand_kv(t, heads // int(t.shape[0]))
             width = int(t.shape[-1])
             # a sliding-window cache keeps only the last keys: a weights row ends at its own position
             cols = slice(rows.stop - width, rows.stop) if stage == "weights" and width < rows.stop else slice(0, width)
@@ -315,6 +315,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
             "pre_norm": fam.pre_attention is not None if fam else None,
             "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
+            "kv_heads": int(layers["k"][0].shape[1]),  # query head h reads k/v head h // (heads / kv_heads)
             "d_model": int(layers["x"][0].shape[-1])}
     scaling = [float(s) for s in _scalings(m, n_layers, len(prompt_tokens) + n_steps)]
     tr = Trace(info, prompt, None, [*prompt_tokens, *new], trace_arrays(arrays), scaling)
@@ -347,7 +348,8 @@ def per_layer(arrays: dict[str, np.ndarray]) -> dict[str, list[torch.Tensor]]:
 def trace_arrays(arrays: dict[str, np.ndarray]) -> TraceArrays:
     """The trace's arrays, with scores (q k^T) computed when first read."""
     def scores() -> np.ndarray:
-        q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])  # [layer, head, token, d_head]
+        q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])  # [layer, head|kv_head, token, d_head]
+        k = maths.expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # the k/v head each query head reads
         return (q @ k.transpose(-1, -2)).numpy()  # [layer, head, query, key]
 
     return TraceArrays({**arrays, "scores": Pending(scores)})
