@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import resource
 import statistics
@@ -198,8 +199,28 @@ def print_times(rounds: dict[str, list[float]]) -> None:
             q1, _, q3 = statistics.quantiles(per_round, n=4)
             print(f"    rounds' ratios: quartiles {q1:.2f}-{q3:.2f}, {sum(r <= limit for r in per_round)} of "
                   f"{len(per_round)} rounds <= {limit}")
+        interval = median_interval(per_round)
+        if interval is not None:  # where the median of the rounds' ratios lies, given this run's spread
+            lo, hi, level = interval
+            print(f"    median of the rounds' ratios: {level:.0%} confidence interval {lo:.2f}-{hi:.2f} "
+                  f"({'all' if hi <= limit else 'part' if lo <= limit else 'none'} of it <= {limit})")
     e = "(e) (b) + its attention sublayers"
     print(f"  floor (e)/(b): {med[e] / b:.2f}, {low[e] / low[B]:.2f}")
+
+
+def median_interval(xs: list[float], level: float = 0.95) -> tuple[float, float, float] | None:
+    """A distribution-free confidence interval for the median of xs: order statistics j and n + 1 - j, with j the
+    largest such that P(Binomial(n, 1/2) < j) <= (1 - level) / 2 (so no assumption on the rounds' distribution,
+    only that rounds are independent). Returns (low, high, the interval's exact coverage); None below 6 rounds."""
+    n, tail = len(xs), (1 - level) / 2
+    below = [math.comb(n, i) / 2**n for i in range(n + 1)]  # P(Binomial(n, 1/2) = i)
+    j = 0
+    while j < n // 2 and sum(below[: j + 1]) <= tail:
+        j += 1
+    if j == 0:
+        return None
+    ordered = sorted(xs)
+    return ordered[j - 1], ordered[n - j], 1 - 2 * sum(below[:j])
 
 
 def keep_freed_memory() -> str:
