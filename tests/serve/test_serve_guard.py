@@ -95,3 +95,15 @@ def test_the_token_url_sets_a_cookie_the_page_then_uses(locked: Server) -> None:
         assert c.post("/api/explain", content=EXPLAIN, headers=JSON_TYPE).status_code == 200  # by the cookie
     with httpx.Client(base_url=locked.url, timeout=60, headers=locked.auth) as c:  # a script: the header
         assert c.post("/api/explain", content=EXPLAIN, headers=JSON_TYPE).status_code == 200
+
+
+def test_every_refusal_is_written_alike(server: Server) -> None:
+    """The guard's refusals (403, 415, sent from the middleware) and the app's (422) are one JSON form: compact,
+    UTF-8, with its length; a client can compare them byte for byte."""
+    foreign = post(server, {"Origin": "https://evil.example"})
+    not_json = post(server, {"Content-Type": "text/plain"})
+    invalid = post(server, {}, body=b'{"text": "\xc3\xa9", "layer": -1}')
+    for r, status in ((foreign, 403), (not_json, 415), (invalid, 422)):
+        assert r.status_code == status, r.text[:200]
+        assert r.content == json.dumps(r.json(), ensure_ascii=False, separators=(",", ":")).encode(), status
+        assert r.headers["content-length"] == str(len(r.content)) and r.headers["content-type"] == "application/json"

@@ -181,7 +181,7 @@ def _split_host(host: str) -> tuple[str, int | None]:
 
 async def error_response(send: Any, status: int, message: str) -> None:
     """A one-line JSON error, sent straight from the middleware."""
-    body = json.dumps({"error": message}, ensure_ascii=False).encode("utf-8")
+    body = json.dumps({"error": message}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")  # as the app's
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 408:
         headers.append((b"connection", b"close"))
