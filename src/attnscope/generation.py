@@ -230,11 +230,11 @@ def save_generation(g: GenerationTrace, path: str | os.PathLike[str]) -> None:
 
 def load_generation(path: str | os.PathLike[str]) -> GenerationTrace:
     """Read a file written by GenerationTrace.save; a plain trace file is an error that says so."""
-    from attnscope.storage import load_trace, read_metadata
+    from attnscope.storage import load_trace_and_metadata
 
     p = Path(path)
-    tr = load_trace(p)  # validates the file and its format, with one-line errors
-    gen = read_metadata(p).get("generation")
+    tr, meta = load_trace_and_metadata(p)  # validates the file and its format, with one-line errors
+    gen = meta.get("generation")
     if gen is None:
         raise AttnscopeError(f"{p} holds a trace, not a generation: write one with `attnscope generate ... -o FILE`")
     return GenerationTrace(

@@ -85,11 +85,17 @@ def _write(p: Path, arrays: dict[str, np.ndarray], meta: str, tokens: dict[str, 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """A saved Trace (an encoder-decoder file: one line saying to use load_encoder_decoder)."""
-    loaded = load(path)
+    return load_trace_and_metadata(path)[0]
+
+
+def load_trace_and_metadata(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]]:
+    """A saved Trace and its file's metadata (where a generation file keeps its steps: attnscope.generation), read
+    once."""
+    loaded, meta = _load(Path(path))
     if isinstance(loaded, EncoderDecoderTrace):
         raise AttnscopeError(f"{path} holds an encoder-decoder trace (encoder, decoder and cross-attention): load it "
                              "with attnscope.EncoderDecoderTrace.load")
-    return loaded
+    return loaded, meta
 
 
 def load_encoder_decoder(path: str | os.PathLike[str]) -> EncoderDecoderTrace:
@@ -103,12 +109,17 @@ def load_encoder_decoder(path: str | os.PathLike[str]) -> EncoderDecoderTrace:
 
 def load(path: str | os.PathLike[str]) -> Trace | EncoderDecoderTrace:
     """Whichever the file holds: a Trace, or an EncoderDecoderTrace."""
-    p = Path(path)
+    return _load(Path(path))[0]
+
+
+def _load(p: Path) -> tuple[Trace | EncoderDecoderTrace, dict[str, Any]]:
+    """What the file holds, and its metadata."""
     arrays, meta = _read(p)
     try:
-        return _encoder_decoder_from(arrays, meta) if "kinds" in meta else _trace_from(arrays, meta)
+        loaded = _encoder_decoder_from(arrays, meta) if "kinds" in meta else _trace_from(arrays, meta)
     except (ValueError, KeyError, TypeError) as exc:
         raise AttnscopeError(f"{p} is not an attnscope trace: {type(exc).__name__} {exc}") from exc
+    return loaded, meta
 
 
 def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> EncoderDecoderTrace:
@@ -120,18 +131,13 @@ def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -
     return EncoderDecoderTrace(meta["model"], meta["source"], meta.get("target"), *kinds)
 
 
-def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The metadata of a saved trace file, without its arrays; a one-line AttnscopeError otherwise."""
-    return _read(Path(path), arrays=False)[1]
-
-
-def _read(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """A saved file's arrays (unless arrays=False) and metadata, by its suffix; every failure one line."""
+def _read(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """A saved file's arrays and metadata, by its suffix; every failure one line."""
     try:
         if p.suffix == ".safetensors":
-            return _read_safetensors(p, arrays)
+            return _read_safetensors(p)
         if p.suffix == ".npz":
-            return _read_npz(p, arrays)
+            return _read_npz(p)
     except OSError as exc:
         raise AttnscopeError(f"cannot read {p}: {exc.strerror or exc}") from exc
     except (ValueError, KeyError) as exc:
@@ -139,19 +145,19 @@ def _read(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str
     raise AttnscopeError(f"cannot read a trace from {p.name!r}: use a .safetensors or .npz file")
 
 
-def _read_safetensors(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _read_safetensors(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(p), framework="numpy") as f:
             meta = json.loads((f.metadata() or {})[_META_KEY])
-            read = {k: f.get_tensor(k) for k in f.keys()} if arrays else {}  # noqa: SIM118 (not a dict)
+            read = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (not a dict)
     except SafetensorError as exc:  # a damaged or foreign file; safetensors' error is no ValueError nor OSError
         raise ValueError(f"not a readable .safetensors file ({exc})") from exc
     return read, meta
 
 
-def _read_npz(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def _read_npz(p: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     try:
         archive = np.load(p, allow_pickle=False)
     except ValueError as exc:  # numpy's own message would suggest allow_pickle=True: never for a file of unknown origin
@@ -160,7 +166,7 @@ def _read_npz(p: Path, arrays: bool = True) -> tuple[dict[str, np.ndarray], dict
         raise ValueError("a single array, not a .npz archive")
     with archive as z:
         meta = json.loads(str(z["__meta__"][0]))
-        read = {k: z[k] for k in z.files if k != "__meta__" and not k.endswith("tokens")} if arrays else {}
+        read = {k: z[k] for k in z.files if k != "__meta__" and not k.endswith("tokens")}
     return read, meta
 
 
