@@ -125,7 +125,7 @@ def test_a_response_over_the_budget_never_leaves() -> None:
             return r.status_code, r.content
 
     status, body = asyncio.run(call("/big"))
-    assert status == 500 and body.startswith(b'{"error": "internal error (request id ')
+    assert status == 500 and body.startswith(b'{"error":"internal error (request id ')
 
     async def stream_call() -> list[dict[str, Any]]:  # the ASGI messages the server would write
         sent: list[dict[str, Any]] = []
