@@ -198,6 +198,19 @@ def test_grouped_kv_check_can_fail(decoder: Callable[[str], attnscope.Model]) ->
         assert k[0, :2].max() <= TOLERANCE and k[1].max() <= TOLERANCE, source
 
 
+def test_explained_step_shows_the_cache_of_the_kv_head_read(decoder: Callable[[str], attnscope.Model]) -> None:
+    """`explain --step`'s cache step for a grouped-query head shows its k/v head's keys and values (head 3 of 4
+    reads k/v head 1 of 2): indexing k by the query head ran past the k/v heads."""
+    from attnscope.cli.generate import cache_step
+
+    g = generate(PROMPT, model=decoder("llama"), max_new_tokens=3)
+    pos = g.query_position(2)
+    step = cache_step(g, 2, 1, 3)
+    np.testing.assert_array_equal(step.arrays["k (cache + new)"], g.trace.arrays["k"][1, 1, : pos + 1])
+    np.testing.assert_array_equal(step.arrays["v (cache + new)"], g.trace.arrays["v"][1, 1, : pos + 1])
+    assert step.title.endswith("k/v head 1 (read by head 3)") and "head 3 reads k/v head 1's" in step.text
+
+
 def test_generation_saved_with_kv_per_query_head_still_explained(decoder: Callable[[str], attnscope.Model],
                                                                  tmp_path: Path) -> None:
     """Files written before k and v were kept per k/v head hold them per query head (copies of their k/v head):
