@@ -129,15 +129,22 @@ def test_steps_rows_and_probabilities(gpt2_generation: GenerationTrace) -> None:
         g.step_weights(8)
 
 
-def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
-    m = decoder("gpt2")
+def _record_steps(m: attnscope.Model, max_new_tokens: int, rows: int) -> tuple[StepRecorder, torch.Tensor, int]:
+    """The model's own greedy generate inside recording_steps: the recorder (sized for `rows` positions), the ids
+    written (prompt included) and the prompt's length."""
     enc = m.tokenizer(PROMPT, return_tensors="pt")
     n_prompt = int(enc["input_ids"].shape[1])
-    recorder = StepRecorder(2, n_prompt + 3)
+    recorder = StepRecorder(2, n_prompt + rows)
     with torch.no_grad(), recording_steps(m.model, recorder):
         out = m.model.generate(  # type: ignore[operator]
             input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                               max_new_tokens=4, do_sample=False, pad_token_id=0)
+            max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0)
+    return recorder, out, n_prompt
+
+
+def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
+    m = decoder("gpt2")
+    recorder, out, n_prompt = _record_steps(m, 4, 3)
     layers = per_layer(recorder.cut(n_prompt + 3))
     layers["context"][1][0, 2, n_prompt + 1, 0] += 1e-3  # one number of step 2's context, layer 1, head 2
     comparisons, unsupported = verify_generation(m, layers, out[:, : n_prompt + 3], n_prompt, 4)
@@ -149,13 +156,7 @@ def test_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
 
 
 def test_trace_keeps_rows_not_cache_copies(decoder: Callable[[str], attnscope.Model]) -> None:
-    m = decoder("gpt2")
-    enc = m.tokenizer(PROMPT, return_tensors="pt")
-    n_prompt = int(enc["input_ids"].shape[1])
-    recorder = StepRecorder(2, n_prompt + 9)
-    with torch.no_grad(), recording_steps(m.model, recorder):
-        m.model.generate(  # type: ignore[operator]
-            input_ids=enc["input_ids"], max_new_tokens=10, do_sample=False, pad_token_id=0)
+    recorder, _, n_prompt = _record_steps(decoder("gpt2"), 10, 9)
     assert recorder.steps() == 10  # 10 forward passes: the prompt, then one new row each
     held = [v for v in vars(recorder).values() if isinstance(v, torch.Tensor | list)]
     assert not held  # no tensor of any step is held, only the arrays the rows were written into
@@ -181,12 +182,7 @@ def test_llama_generation_verified(decoder: Callable[[str], attnscope.Model]) ->
 def test_grouped_kv_check_can_fail(decoder: Callable[[str], attnscope.Model]) -> None:
     """One number of k/v head 1's cache changed: the error shows for query heads 2 and 3, which read it."""
     m = decoder("llama")
-    enc = m.tokenizer(PROMPT, return_tensors="pt")
-    n_prompt = int(enc["input_ids"].shape[1])
-    recorder = StepRecorder(2, n_prompt + 3)
-    with torch.no_grad(), recording_steps(m.model, recorder):
-        out = m.model.generate(  # type: ignore[operator]
-            input_ids=enc["input_ids"], max_new_tokens=4, do_sample=False, pad_token_id=0)
+    recorder, out, n_prompt = _record_steps(m, 4, 3)
     layers = per_layer(recorder.cut(n_prompt + 3))
     assert layers["k"][0].shape[1] == 2  # per k/v head
     layers["k"][0][0, 1, n_prompt + 1, 0] += 1e-3  # layer 0, k/v head 1, step 2's new key
