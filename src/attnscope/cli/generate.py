@@ -272,10 +272,11 @@ def cache_step(g: GenerationTrace, step: int, layer: int, head: int) -> Any:
             f"the keys and values of positions 0..{pos - 1}: it reads them from the cache (rows marked cache) "
             f"and computes only row {pos} (marked new). Below: the whole sequence up to position {pos}; the "
             f"rows for query {pos} are this step's attention.")
-    if g.trace.kv_heads != g.trace.n_heads:
+    whose = f"head {head}"
+    if g.trace.kv_heads != g.trace.n_heads:  # grouped-query attention
         text += (f" Query heads share k/v heads ({g.trace.n_heads} read {g.trace.kv_heads}): the cache holds one k "
                  f"and one v per k/v head, and head {head} reads k/v head {kv}'s.")
-    whose = f"head {head}" if g.trace.kv_heads == g.trace.n_heads else f"k/v head {kv} (read by head {head})"
+        whose = f"k/v head {kv} (read by head {head})"
     return Step("cache", f"The KV cache of layer {layer}, {whose}", text,
                 f"[key, d_head] = [{pos + 1}, {k.shape[-1]}]", {"k (cache + new)": k, "v (cache + new)": v},
                 row_labels=labels)
