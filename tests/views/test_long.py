@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from views_support import decode_source, page_payload
+from views_support import NEXT_FRAME, decode_source, page_payload
 
 import attnscope
 from attnscope.bertviz import trace_from_attention
@@ -55,10 +55,9 @@ def dataset(page: Any) -> dict[str, float]:
 
 
 def painted(page: Any) -> dict[str, float]:
-    """The canvas's view once every input sent so far is drawn: the view paints in an animation frame, so a read
-    right after a key or a drag can see the frame of an earlier step. Two frames: an input Chromium aligns to the
-    next frame runs before that frame's callbacks, and its paint in the frame after at the latest."""
-    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    """The canvas's view once every input sent so far is drawn (NEXT_FRAME): the view paints in an animation frame,
+    so a read right after a key or a drag can see the frame of an earlier step."""
+    page.evaluate(NEXT_FRAME)
     return dataset(page)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from views_support import NEXT_FRAME
 
 import attnscope
 from attnscope.bertviz import head_view
@@ -80,7 +81,7 @@ def test_sentence_filter_for_pairs(all_page: Any) -> None:
     pictures = set()
     for value in ("all", "AB", "BA"):
         page.select_option(select, value)
-        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        page.evaluate(NEXT_FRAME)
         pictures.add(canvas_picture(page, "canvas.as-lines"))
     assert len(pictures) == 3
 

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts" / "views"  # screenshots (gitignored)
+# resolves once the page has drawn every input sent so far: the views paint pan, zoom, scroll and hover in an animation
+# frame, and an input Chromium aligns to the next frame runs before that frame's callbacks, its paint in the frame after
+NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
 DATA_BLOCK = re.compile(r'<script type="application/json" id="attnscope-data">(.*?)</script>', re.S)
 
 
