@@ -18,8 +18,8 @@ import numpy as np
 
 import attnscope
 from attnscope.norms import norm_attention
-from attnscope.recompute import layer_params
 from attnscope.rollout import flow, residual_attention, rollout
+from attnscope.verify.recompute import layer_params
 
 TEXT = "The committee discussed the proposal at length before voting on the final amendments. " * 30
 

@@ -25,7 +25,9 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
 
 import attnscope
-from attnscope import check, maths, tracing
+from attnscope import maths
+from attnscope.tracing import one_pass as tracing
+from attnscope.verify import check
 from bench_trace import long_texts
 
 SPENT: collections.defaultdict[str, float] = collections.defaultdict(float)

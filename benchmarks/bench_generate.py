@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 import attnscope
-from attnscope.generating import generate
+from attnscope.tracing.decoding import generate
 
 TEXT = ("The history of the city begins with a small settlement on the river, where traders met to exchange "
         "grain, salt and cloth. Over the centuries the market grew into a town, and the town into a city "

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.arrays import TraceArrays
 from attnscope.capture import capturing
+from attnscope.records.arrays import TraceArrays
 from attnscope.stages import ARRAY_AXES
 
 TEXTS = ["a much longer sentence that will force padding on the short one", "time flies like an arrow"]
@@ -116,7 +116,7 @@ def test_nan_in_the_models_own_weights_fails_the_check(tiny_model: Callable[[str
 def test_a_tensor_compared_with_itself_gives_what_the_subtraction_would() -> None:
     """ErrorTable skips |a - a| for the very same tensor; the result must equal the subtraction's:
     0, NaN where a real position holds NaN or an infinity, padding ignored."""
-    from attnscope.check import ErrorTable
+    from attnscope.verify.check import ErrorTable
 
     keep = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])  # row 0 has one padded token
     w = torch.rand(2, 3, 4, 4)  # [batch, head, query, key]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnscope.check import ErrorTable
-from attnscope.report import TOLERANCE
+from attnscope.records.check_report import TOLERANCE
+from attnscope.verify.check import ErrorTable
 
 ROWS, HEADS, KV_HEADS, TOKENS, D_HEAD = 2, 4, 2, 6, 8
 
@@ -149,7 +149,7 @@ def test_equal_numbers_are_found_without_the_subtraction_and_anything_else_is_me
 
 def test_head_error_names_the_range_and_keeps_nan() -> None:
     from attnscope.errors import AttnscopeError
-    from attnscope.report import CheckReport, Comparison
+    from attnscope.records.check_report import CheckReport, Comparison
 
     weights = np.zeros((2, 3))  # [layer, head]
     weights[1, 2] = np.nan

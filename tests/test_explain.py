@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import attnscope
-from attnscope.explain import walkthrough
-from attnscope.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
-from attnscope.toy import toy_walkthrough
+from attnscope.explain.from_trace import walkthrough
+from attnscope.explain.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
+from attnscope.explain.toy import toy_walkthrough
 
 STEPS = ["tokens", "x", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights", "context",
          "merged", "output"]

@@ -17,7 +17,7 @@ from attnscope import families, maths
 from attnscope.capture import capturing
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
-from attnscope.recompute import RECOMPUTED_STAGES, layer_mask, recompute_layers
+from attnscope.verify.recompute import RECOMPUTED_STAGES, layer_mask, recompute_layers
 
 TOL = attnscope.TOLERANCE
 WINDOW = 4  # tokens: every text below is longer, so the sliding layers hide keys
@@ -239,7 +239,7 @@ def test_views_norms_and_rollout_read_the_shared_kv_head(modern: Callable[[str],
 
 
 def test_explain_shows_the_rotation_and_the_shared_kv_head(modern: Callable[[str], attnscope.Model]) -> None:
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     m = modern("llama")
     tr = attnscope.trace(LONG, model=m)
@@ -255,7 +255,7 @@ def test_explain_shows_the_rotation_and_the_shared_kv_head(modern: Callable[[str
 
 
 def test_explain_soft_capping_and_windows_reproduce_the_weights(modern: Callable[[str], attnscope.Model]) -> None:
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     m = modern("gemma2")  # layer 0 slides a window of WINDOW keys, every layer soft-caps
     tr = attnscope.trace(LONG, model=m)
@@ -307,7 +307,7 @@ def test_cli_explain_smollm2_shows_rotation_and_sharing(smollm2: attnscope.Model
 
 
 def test_check_table_of_a_deep_model_has_a_row_per_layer(modern: Callable[[str], attnscope.Model]) -> None:
-    from attnscope.render import check_table, to_text
+    from attnscope.explain.render import check_table, to_text
 
     report = attnscope.trace(LONG, model=modern("qwen2")).check()
     wide = to_text([check_table(report, 2, width=200)], width=200)
@@ -337,7 +337,7 @@ def test_attention_sinks_take_their_share(modern: Callable[[str], attnscope.Mode
 
 
 def test_explain_says_where_the_sink_share_went(modern: Callable[[str], attnscope.Model]) -> None:
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     m = modern("gpt_oss")
     w = walkthrough(attnscope.trace(LONG, model=m), layer=1, head=2, model=m)
@@ -346,7 +346,7 @@ def test_explain_says_where_the_sink_share_went(modern: Callable[[str], attnscop
 
 
 def test_output_errors_are_relative_to_their_dot_product_bound() -> None:
-    from attnscope.check import ErrorTable
+    from attnscope.verify.check import ErrorTable
 
     g = torch.Generator().manual_seed(0)
     context = torch.randn(1, 2, 3, 4, generator=g) * 30  # [rows, head, token, d_head]: a deep decoder's scale

@@ -18,16 +18,16 @@ import transformers as T
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.generate_check import verify_generation
-from attnscope.generating import (
+from attnscope.records.check_report import TOLERANCE
+from attnscope.records.generation import GeneratedToken, GenerationTrace, load_generation
+from attnscope.tracing.decoding import (
     GenerationInterrupted,
     StepRecorder,
     generate,
     per_layer,
     recording_steps,
 )
-from attnscope.generation import GeneratedToken, GenerationTrace, load_generation
-from attnscope.report import TOLERANCE
+from attnscope.verify.decoding import verify_generation
 from cli_support import saved
 
 PROMPT = "time flies like an arrow"
@@ -214,7 +214,7 @@ def test_generation_saved_with_kv_per_query_head_still_explained(decoder: Callab
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     m = decoder("llama")
     g = generate(PROMPT, model=m, max_new_tokens=2)
@@ -240,7 +240,7 @@ def test_step_walkthrough_of_grouped_heads_matches_the_trace(decoder: Callable[[
                                                              head: int) -> None:
     """A step walkthrough of a grouped-query head reads its k/v head for W_K, W_V, the rotation, k and v, and
     shows what explaining the prompt's trace shows."""
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     m = decoder("llama")
     g = generate(PROMPT, model=m, max_new_tokens=2)
@@ -325,7 +325,7 @@ def test_max_new_tokens_bounded_by_positions(decoder: Callable[[str], attnscope.
 
 
 def test_generation_record_is_torch_free() -> None:
-    probe = "import attnscope.generation, sys; print(any(m in sys.modules for m in ('torch', 'transformers')))"
+    probe = "import attnscope.records.generation, sys; print(any(m in sys.modules for m in ('torch', 'transformers')))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 

@@ -8,7 +8,7 @@ import transformers as T
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.generating import generate
+from attnscope.tracing.decoding import generate
 
 PROMPT = "time flies like an arrow"
 MAX_POSITIONS = 12

@@ -22,9 +22,12 @@ def _imported_after(code: str) -> set[str]:
     return set(done.stdout.split())
 
 
-@pytest.mark.parametrize("module", ["attnscope", "attnscope.stages", "attnscope.report", "attnscope.traces",
-                                    "attnscope.tokens", "attnscope.views", "attnscope.storage",
-                                    "attnscope.rollout", "attnscope.errors"])
+@pytest.mark.parametrize("module", ["attnscope", "attnscope.stages", "attnscope.records.check_report",
+                                    "attnscope.records.trace", "attnscope.records.generation",
+                                    "attnscope.records.translation", "attnscope.records.storage",
+                                    "attnscope.tokens", "attnscope.views", "attnscope.explain",
+                                    "attnscope.explain.steps", "attnscope.explain.toy", "attnscope.records",
+                                    "attnscope.tracing", "attnscope.verify", "attnscope.rollout", "attnscope.errors"])
 def test_torch_free_modules_import_neither_torch_nor_transformers(module: str) -> None:
     loaded = _imported_after(f"import {module}")
     assert not loaded & set(HEAVY), f"{module} pulled in {sorted(loaded & set(HEAVY))}"
@@ -35,7 +38,7 @@ def test_rendering_a_saved_trace_needs_no_torch(tmp_path: Path) -> None:
     saved = tmp_path / "t.safetensors"
     attnscope.trace("time flies like an arrow").save(saved)
     loaded = _imported_after(
-        "from attnscope.storage import load_trace\nfrom attnscope.views import to_html\n"
+        "from attnscope.records.storage import load_trace\nfrom attnscope.views import to_html\n"
         f"html = to_html(load_trace({str(saved)!r}))\nassert '<html' in html and 'flies' in html"
     )
     assert not loaded & set(HEAVY)

@@ -17,8 +17,8 @@ from attnscope.interventions import ablate
 from attnscope.interventions.ablate import setting_gates
 from attnscope.interventions.effects import outputs, prepare
 from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, mean_contexts, ones, run
-from attnscope.recompute import layer_params
 from attnscope.tokens import encode
+from attnscope.verify.recompute import layer_params
 
 FAMILIES = test_interventions_models.EVERY_FAMILY
 # gated by kind (encoder, decoder, cross) in tests/test_interventions_seq2seq.py

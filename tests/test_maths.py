@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from attnscope import maths
+from attnscope.explain.toy import toy_stages
 from attnscope.stages import OPTIONAL_STAGES, STAGES
-from attnscope.toy import toy_stages
 
 TOL = 1e-5
 

@@ -23,7 +23,7 @@ from attnscope import gguf_cache
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.models import bundled_model_path
-from attnscope.report import TOLERANCE, tolerance_for
+from attnscope.records.check_report import TOLERANCE, tolerance_for
 
 
 def test_default_model_is_the_bundled_minilm(minilm: attnscope.Model) -> None:

@@ -14,14 +14,14 @@ import attnscope
 from attnscope.capture import capturing
 from attnscope.errors import AttnscopeError
 from attnscope.norms import norm_attention
-from attnscope.recompute import layer_params
 from attnscope.stats import engine
 from attnscope.stats.engine import Settings, process_documents, values_of
 from attnscope.stats.metric_sets import NORMS, resolve
 from attnscope.stats.metrics import BUILTIN_METRICS, Units
 from attnscope.stats.norm_metrics import NORM_METRICS, OTHER_METRIC, norm_maps, share_to
 from attnscope.stats.sources import Document
-from attnscope.tracing import trace
+from attnscope.tracing.one_pass import trace
+from attnscope.verify.recompute import layer_params
 
 TOL = 1e-5
 TEXTS = ["The cat sat on the mat, again.", "Dogs bark."]

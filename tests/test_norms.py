@@ -11,8 +11,8 @@ import pytest
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.norms import norm_attention, transformed
-from attnscope.recompute import layer_params
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
+from attnscope.verify.recompute import layer_params
 
 TOL = 1e-5
 TEXT = "The cat sat on the mat."

@@ -16,7 +16,7 @@ import attnscope
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.rollout import flow, residual_attention, rollout
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 
 TOL = 1e-5
 TEXT = "The cat sat on the mat."

@@ -14,7 +14,7 @@ import torch
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.report import tolerance_for
+from attnscope.records.check_report import tolerance_for
 from seq2seq_support import FAMILIES
 
 SOURCES = ["the cat sat on the mat near the door", "hello"]

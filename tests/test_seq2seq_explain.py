@@ -17,8 +17,8 @@ import attnscope
 from attnscope import maths
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
-from attnscope.explain import walkthrough
-from attnscope.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
+from attnscope.explain.from_trace import walkthrough
+from attnscope.explain.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
 from seq2seq_support import tiny_seq2seq
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
@@ -38,7 +38,7 @@ def bart(minilm: attnscope.Model) -> tuple[attnscope.Model, attnscope.EncoderDec
     return m, attnscope.trace_seq2seq(SOURCE, TARGET, model=m)
 
 
-def _steps(w: attnscope.Walkthrough) -> dict[str, attnscope.explain.Step]:
+def _steps(w: attnscope.Walkthrough) -> dict[str, attnscope.explain.from_trace.Step]:
     return {s.stage: s for s in w.steps}
 
 

@@ -17,8 +17,8 @@ import torch
 import attnscope
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
-from attnscope.seq2seq_generating import generate_seq2seq
-from attnscope.seq2seq_generation import Seq2SeqGeneration
+from attnscope.records.translation import Seq2SeqGeneration
+from attnscope.tracing.seq2seq_decoding import generate_seq2seq
 from seq2seq_support import tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"

@@ -74,7 +74,7 @@ def test_bad_paths_give_clear_errors(pair_trace: attnscope.Trace, tmp_path: Path
     ("array.npz", None, "a single array, not a .npz archive"),
 ])
 def test_damaged_files_give_one_line(tmp_path: Path, name: str, content: bytes | None, why: str) -> None:
-    from attnscope.generation import load_generation
+    from attnscope.records.generation import load_generation
 
     path = tmp_path / name
     if content is None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from attnscope import maths
-from attnscope.render import to_text, walkthrough_renderables
-from attnscope.toy import TUTORIAL_WEIGHTS_1, W_K, W_Q, W_V, X, toy_stages, toy_walkthrough
+from attnscope.explain.render import to_text, walkthrough_renderables
+from attnscope.explain.toy import TUTORIAL_WEIGHTS_1, W_K, W_Q, W_V, X, toy_stages, toy_walkthrough
 
 
 @pytest.mark.parametrize("scale, causal", [(True, False), (False, False), (True, True), (False, True)])

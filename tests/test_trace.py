@@ -190,7 +190,7 @@ def test_a_forward_pass_is_checked_while_the_next_one_runs(minilm: attnscope.Mod
     text in a thread while the model runs the next (attnscope.serve.service): the same errors and arrays."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from attnscope.tracing import forward_pass
+    from attnscope.tracing.one_pass import forward_pass
 
     texts = [SENTENCE, "The capital of France is Paris, and it is big."]
     alone = [attnscope.trace(t, model=minilm) for t in texts]

@@ -12,8 +12,8 @@ import pytest
 
 import attnscope
 from attnscope.norms import norm_attention
-from attnscope.recompute import layer_params
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
+from attnscope.verify.recompute import layer_params
 from attnscope.views.browser import READY, chromium
 
 pytestmark = pytest.mark.browser

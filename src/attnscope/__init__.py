@@ -13,26 +13,29 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from attnscope import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # old module paths (attnscope.traces, attnscope.report, ...) load the moved modules
 
 _EXPORTS = {
-    "TOLERANCE": "attnscope.report",
-    "CheckReport": "attnscope.report",
+    "TOLERANCE": "attnscope.records.check_report",
+    "CheckReport": "attnscope.records.check_report",
     "AttnscopeError": "attnscope.errors",
     "DEFAULT_MODEL": "attnscope.models",
     "Model": "attnscope.models",
     "load_model": "attnscope.models",
     "Token": "attnscope.tokens",
-    "Trace": "attnscope.traces",
-    "trace": "attnscope.tracing",
-    "trace_seq2seq": "attnscope.seq2seq",
-    "generate_seq2seq": "attnscope.seq2seq_generating",
-    "Seq2SeqGeneration": "attnscope.seq2seq_generation",
-    "EncoderDecoderTrace": "attnscope.traces",
-    "generate": "attnscope.generating",
-    "GenerationTrace": "attnscope.generation",
-    "walkthrough": "attnscope.explain",
-    "Walkthrough": "attnscope.explain",
+    "Trace": "attnscope.records.trace",
+    "trace": "attnscope.tracing.one_pass",
+    "trace_seq2seq": "attnscope.tracing.seq2seq",
+    "generate_seq2seq": "attnscope.tracing.seq2seq_decoding",
+    "Seq2SeqGeneration": "attnscope.records.translation",
+    "EncoderDecoderTrace": "attnscope.records.trace",
+    "generate": "attnscope.tracing.decoding",
+    "GenerationTrace": "attnscope.records.generation",
+    "walkthrough": "attnscope.explain.from_trace",
+    "Walkthrough": "attnscope.explain.from_trace",
 }
 
 __all__ = [
@@ -57,17 +60,17 @@ __all__ = [
 
 if TYPE_CHECKING:
     from attnscope.errors import AttnscopeError
-    from attnscope.explain import Walkthrough, walkthrough
-    from attnscope.generating import generate
-    from attnscope.generation import GenerationTrace
+    from attnscope.explain.from_trace import Walkthrough, walkthrough
     from attnscope.models import DEFAULT_MODEL, Model, load_model
-    from attnscope.report import TOLERANCE, CheckReport
-    from attnscope.seq2seq import trace_seq2seq
-    from attnscope.seq2seq_generating import generate_seq2seq
-    from attnscope.seq2seq_generation import Seq2SeqGeneration
+    from attnscope.records.check_report import TOLERANCE, CheckReport
+    from attnscope.records.generation import GenerationTrace
+    from attnscope.records.trace import EncoderDecoderTrace, Trace
+    from attnscope.records.translation import Seq2SeqGeneration
     from attnscope.tokens import Token
-    from attnscope.traces import EncoderDecoderTrace, Trace
-    from attnscope.tracing import trace
+    from attnscope.tracing.decoding import generate
+    from attnscope.tracing.one_pass import trace
+    from attnscope.tracing.seq2seq import trace_seq2seq
+    from attnscope.tracing.seq2seq_decoding import generate_seq2seq
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,7 @@
 """Where a model runs and in which number format: validate --device and --dtype (torch imported lazily).
 
 CPU float32 is the default and the path every check is held to 1e-5 on; the tolerance of the other
-formats is `attnscope.report.tolerance_for` (docs/models.md says why).
+formats is `attnscope.records.check_report.tolerance_for` (docs/models.md says why).
 """
 
 from __future__ import annotations

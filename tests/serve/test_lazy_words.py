@@ -17,10 +17,10 @@ import pytest
 from serve_support import Server
 
 import attnscope
+from attnscope.records.trace import Trace
 from attnscope.serve import binary
 from attnscope.serve.maps import WordLevel, overview
 from attnscope.serve.wordmaps import from_codes
-from attnscope.traces import Trace
 from attnscope.views.words import merge, word_groups, word_trace
 
 # 310 tokens, 156 words: every word of the sentence but "the" and "." is split into pieces or joined by "'"

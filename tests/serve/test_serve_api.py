@@ -13,8 +13,8 @@ import pytest
 from serve_support import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, decode
 
 import attnscope
-from attnscope.explain import walkthrough
-from attnscope.render import walkthrough_json
+from attnscope.explain.from_trace import walkthrough
+from attnscope.explain.render import walkthrough_json
 from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.views import neuron_block
 
@@ -61,7 +61,7 @@ def test_trace_returns_every_stage_by_its_saved_name(http: httpx.Client, local: 
 
 
 def relative_error(scores: np.ndarray, local: attnscope.Trace) -> float:
-    """max |a - b| / max(1, |q| |k|) over [layer, head, query, key], as attnscope.check measures scores."""
+    """max |a - b| / max(1, |q| |k|) over [layer, head, query, key], as attnscope.verify.check measures scores."""
     q = np.linalg.norm(local.arrays["q"].astype(np.float64), axis=-1)  # [layer, head, query]
     k = np.linalg.norm(local.arrays["k"].astype(np.float64), axis=-1)  # [layer, head, key]
     bound = np.maximum(1.0, q[..., :, None] * k[..., None, :])  # [layer, head, query, key]

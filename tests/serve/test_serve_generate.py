@@ -14,7 +14,7 @@ import transformers as T
 from serve_support import ARTIFACTS, Server, start_server
 
 import attnscope
-from attnscope.generating import generate
+from attnscope.tracing.decoding import generate
 
 PROMPT = "time flies like an arrow"
 

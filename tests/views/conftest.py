@@ -11,7 +11,7 @@ import pytest
 from views_support import ARTIFACTS
 
 import attnscope
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 
 PAIR = ("The cat sat on the mat.", "It was tired.")
 

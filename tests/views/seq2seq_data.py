@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 import attnscope
-from attnscope.seq2seq import trace_seq2seq
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.records.trace import EncoderDecoderTrace
+from attnscope.tracing.seq2seq import trace_seq2seq
 
 SOURCE = "the cat sat on the mat near the door"  # 11 tokens with [CLS] and [SEP]
 TARGET = "die katze <script>"  # 8 decoder tokens (shifted right behind [SEP], the decoder start), one of them markup

@@ -14,8 +14,8 @@ import transformers as T
 
 import attnscope
 from attnscope.cli.main import main
-from attnscope.generating import generate
-from attnscope.generation import GenerationTrace
+from attnscope.records.generation import GenerationTrace
+from attnscope.tracing.decoding import generate
 from attnscope.views.generation import generation_figure
 
 pytestmark = pytest.mark.browser

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import attnscope
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 from cli_support import run
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import attnscope
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 
 pytestmark = pytest.mark.browser

@@ -12,7 +12,7 @@ import pytest
 import attnscope
 from attnscope.stats.batching import tokenize
 from attnscope.stats.sources import Document
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 from attnscope.views.words import word_groups, word_trace
 

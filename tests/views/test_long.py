@@ -17,7 +17,7 @@ import attnscope
 from attnscope.bertviz import trace_from_attention
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 from attnscope.views.size import page_size
 

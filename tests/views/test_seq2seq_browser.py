@@ -14,7 +14,7 @@ from seq2seq_data import bart_trace, t5_trace
 import attnscope
 from attnscope import numbers
 from attnscope.bertviz import head_view
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.records.trace import EncoderDecoderTrace
 
 pytestmark = pytest.mark.browser
 

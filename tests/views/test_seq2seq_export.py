@@ -13,8 +13,8 @@ import pytest
 from seq2seq_data import bart_trace
 
 import attnscope
+from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ATTENTION_LABELS
-from attnscope.traces import EncoderDecoderTrace
 from attnscope.views.browser import AS_FIGURE
 
 pytestmark = pytest.mark.browser

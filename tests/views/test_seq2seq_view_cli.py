@@ -11,8 +11,8 @@ import pytest
 from seq2seq_data import bart_trace
 
 import attnscope
+from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ATTENTION_LABELS
-from attnscope.traces import EncoderDecoderTrace
 from attnscope.views import to_html
 from attnscope.views.size import SCRIPT_BYTES, PageTooLarge, family_page_size, page_size
 from cli_support import run

@@ -14,7 +14,7 @@ from views_support import decode_source, page_payload, unpack
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.records.trace import EncoderDecoderTrace
 
 
 @pytest.fixture(scope="session")
@@ -130,7 +130,7 @@ def test_a_saved_trace_renders_without_torch(ed_trace: EncoderDecoderTrace, tmp_
     """Save, then load and draw the three kinds in a fresh interpreter: neither torch nor transformers loads."""
     saved = tmp_path / "ed.safetensors"
     ed_trace.save(saved)
-    code = (f"import sys\nfrom attnscope.traces import EncoderDecoderTrace\n"
+    code = (f"import sys\nfrom attnscope.records.trace import EncoderDecoderTrace\n"
             f"html = EncoderDecoderTrace.load({str(saved)!r}).to_html()\n"
             "print('\"attention\":\"cross\"' in html, 'torch' in sys.modules, 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

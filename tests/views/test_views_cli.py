@@ -10,7 +10,7 @@ import pytest
 from views_support import decode_source, page_payload
 
 import attnscope
-from attnscope.tracing import trace
+from attnscope.tracing.one_pass import trace
 from cli_support import run
 
 

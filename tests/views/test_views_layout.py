@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from attnscope.tracing import Trace
+from attnscope.tracing.one_pass import Trace
 from attnscope.views import bundle, payload, to_html
 from attnscope.views.page import json_for_script
 
@@ -22,7 +22,7 @@ def hosted(data: dict[str, Any], width: int, options: str) -> str:
     """A page that draws the views in a pane `width` px wide, as the web app does beside its explanation."""
     return (f"<!doctype html><meta charset=utf-8><title>pane</title>{bundle()}"
             f"<main style='width:{width}px'><div id=attnscope-root></div></main>"
-            f"<script>attnscope.render(document.getElementById('attnscope-root'), {json_for_script(data)}, "
+            f"<script>attnscope.explain.render(document.getElementById('attnscope-root'), {json_for_script(data)}, "
             f"{options});</script>")
 
 
@@ -64,7 +64,7 @@ def test_weighted_values_and_their_sum_are_the_trace_numbers(pair_trace: Trace,
 
 
 def test_standalone_head_view_uses_the_page_and_has_a_legend(minilm: Any, open_page: Callable[..., Any]) -> None:
-    from attnscope.tracing import trace
+    from attnscope.tracing.one_pass import trace
 
     tr = trace("time flies like an arrow", model=minilm)  # 7 tokens
     opened = open_page(to_html(tr, "head", layer=2), "head-standalone", width=1280)

@@ -13,7 +13,7 @@ from views_support import DATA_BLOCK, page_payload
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import HTMLPage, bundle, css, js, repr_html, show, to_html
 from attnscope.views.page import json_for_script
 

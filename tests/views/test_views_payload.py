@@ -13,7 +13,7 @@ from views_support import decode_block, decode_source
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.rollout import rollout
-from attnscope.tracing import Trace, trace
+from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_BUDGET, quantize
 

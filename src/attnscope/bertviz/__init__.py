@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
+from attnscope.records.trace import Trace
 from attnscope.tokens import Token
-from attnscope.traces import Trace
 from attnscope.views import HTMLPage, display, family_html, frame_height, to_html
 
 UNVERIFIED = "weights passed in directly, without their model: nothing to verify them against"

@@ -39,7 +39,7 @@ def show(
     displays in Jupyter, "return" returns the page (its `.data` is the HTML).
     """
     from attnscope.models import load_model
-    from attnscope.tracing import trace
+    from attnscope.tracing.one_pass import trace
 
     if model_type not in MODEL_TYPES:
         raise AttnscopeError(f"model_type {model_type!r} is not one of bertviz's {', '.join(MODEL_TYPES)}; "

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 from attnscope.cli.common import add_format, add_text_args, console, model_of, print_json, read_text
 from attnscope.cli.generate import add_step_args
 from attnscope.errors import AttnscopeError
+from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
-from attnscope.traces import EncoderDecoderTrace
 
 if TYPE_CHECKING:
-    from attnscope.tracing import Trace
+    from attnscope.tracing.one_pass import Trace
 
 # Heavy imports (torch, transformers) happen inside the commands, so --help and input errors are instant.
 
@@ -83,7 +83,7 @@ def traced_any(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
             raise AttnscopeError(f"--target is for encoder-decoder models (T5, BART, Marian): {m.name} "
                                  f"({m.architecture}) is not one, so trace TEXT alone (drop --target)")
         return traced(args)
-    from attnscope.seq2seq import trace_seq2seq
+    from attnscope.tracing.seq2seq import trace_seq2seq
 
     target: str | None = args.target
     return trace_seq2seq(text, target, model=m, max_length=args.max_length, truncate=not args.no_truncate,
@@ -107,7 +107,7 @@ def traced(args: argparse.Namespace) -> Trace:
     pair: str | None = getattr(args, "pair", None)
     if pair is not None:
         require_text(pair, "second text (--pair)")
-    from attnscope.tracing import trace
+    from attnscope.tracing.one_pass import trace
 
     model = model_of(args)
     return trace(text, pair, model=model, max_length=args.max_length, truncate=not args.no_truncate)
@@ -124,7 +124,7 @@ def run_explain(args: argparse.Namespace) -> int:
     if args.attention is not None:  # before tracing: a model with one kind of attention has nothing to choose
         require_encoder_decoder(model_of(args), "--attention")
     tr = traced_any(args)
-    from attnscope.explain import walkthrough
+    from attnscope.explain.from_trace import walkthrough
 
     w = walkthrough(tr, args.layer, args.head, args.token, model=model_of(args), attention=args.attention)
     emit_walkthrough(w, args.format, args.full)
@@ -132,14 +132,14 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def run_toy(args: argparse.Namespace) -> int:
-    from attnscope.toy import toy_walkthrough
+    from attnscope.explain.toy import toy_walkthrough
 
     emit_walkthrough(toy_walkthrough(scale=not args.no_scale, causal=args.causal), args.format, full=True)
     return 0
 
 
 def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
-    from attnscope.render import walkthrough_json, walkthrough_markdown, walkthrough_renderables
+    from attnscope.explain.render import walkthrough_json, walkthrough_markdown, walkthrough_renderables
 
     if fmt == "json":
         print_json(walkthrough_json(w))
@@ -151,7 +151,7 @@ def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
 
 
 def run_trace(args: argparse.Namespace) -> int:
-    from attnscope.render import check_summary
+    from attnscope.explain.render import check_summary
 
     tr = traced_any(args)
     if isinstance(tr, EncoderDecoderTrace):
@@ -168,7 +168,7 @@ def run_trace(args: argparse.Namespace) -> int:
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from attnscope.render import check_markdown, check_summary, check_table
+    from attnscope.explain.render import check_markdown, check_summary, check_table
 
     if args.attention is not None and args.target is None:
         raise AttnscopeError("--attention chooses a kind of an encoder-decoder model's attention: give --target too")
@@ -186,7 +186,7 @@ def run_check(args: argparse.Namespace) -> int:
         if report.comparisons:
             out.print(check_table(report, tr.n_layers, out.width))
         out.print(check_summary(report))
-    from attnscope.report import EXIT_CODES
+    from attnscope.records.check_report import EXIT_CODES
 
     return EXIT_CODES[report.status]  # 0 PASS, 1 FAIL, 3 NOT VERIFIED (2 is bad input)
 
@@ -214,8 +214,8 @@ def _seq2seq_header(tr: EncoderDecoderTrace) -> str:
 
 def _check_seq2seq(tr: EncoderDecoderTrace, args: argparse.Namespace) -> int:
     """A table per kind of attention; the exit code of the worst verdict."""
-    from attnscope.render import check_markdown, check_summary, check_table
-    from attnscope.report import EXIT_CODES, FAIL, NOT_VERIFIED, PASS
+    from attnscope.explain.render import check_markdown, check_summary, check_table
+    from attnscope.records.check_report import EXIT_CODES, FAIL, NOT_VERIFIED, PASS
 
     kinds = _kinds_of(tr, args.attention)
     reports = {k: t.check() for k, t in kinds.items()}
@@ -242,7 +242,7 @@ def _check_seq2seq(tr: EncoderDecoderTrace, args: argparse.Namespace) -> int:
 
 
 def _trace_seq2seq(tr: EncoderDecoderTrace, args: argparse.Namespace) -> int:
-    from attnscope.render import check_summary
+    from attnscope.explain.render import check_summary
 
     tr.save(args.output)
     if args.format == "json":

@@ -11,7 +11,7 @@ import numpy as np
 from attnscope.cli.common import add_format, console, print_json, read_text, rich_steps_table
 
 if TYPE_CHECKING:
-    from attnscope.generation import GeneratedToken, GenerationTrace
+    from attnscope.records.generation import GeneratedToken, GenerationTrace
 
 # Heavy imports (torch, transformers) happen inside the commands, so --help and input errors are instant.
 DEFAULT_GENERATOR = "smollm2"
@@ -56,7 +56,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from attnscope.errors import AttnscopeError, require_text
 
     prompt = require_text(read_text(args), "prompt")
-    from attnscope.generating import GenerationInterrupted, generate, validate_settings
+    from attnscope.tracing.decoding import GenerationInterrupted, generate, validate_settings
 
     validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives)
     figure = _figure_format(args)
@@ -103,7 +103,7 @@ def run_generate(args: argparse.Namespace) -> int:
 def _require_before_streaming(m: Any, args: argparse.Namespace) -> None:
     """What generate would refuse after the prompt was printed: refused first, so its one line stands alone."""
     from attnscope.errors import validate_index
-    from attnscope.generating import require_decoder
+    from attnscope.tracing.decoding import require_decoder
 
     require_decoder(m)
     if args.layer is not None:
@@ -148,7 +148,7 @@ def _emit(g: GenerationTrace, args: argparse.Namespace) -> None:
     elif args.format == "markdown":
         sys.stdout.write(generation_markdown(g, layer, args.head))
     else:
-        from attnscope.render import check_summary
+        from attnscope.explain.render import check_summary
 
         out = console()
         out.print()
@@ -211,7 +211,7 @@ def check_overview(g: GenerationTrace) -> Any:
 
 
 def generation_markdown(g: GenerationTrace, layer: int, head: int | None) -> str:
-    from attnscope.render import check_markdown
+    from attnscope.explain.render import check_markdown
 
     lines = [f"**{_header(g)}**", "", f"> {g.prompt}**{g.completion}**".replace("\n", " "), "",
              f"Most attended: {_who(g, layer, head)}.", "",
@@ -230,9 +230,9 @@ def generation_json(g: GenerationTrace, layer: int, head: int | None) -> dict[st
 def run_explain_step(args: argparse.Namespace) -> int:
     """explain --step N: one generated step, its cached keys and values shown as the cache."""
     from attnscope.cli.core import emit_walkthrough
-    from attnscope.explain import walkthrough
-    from attnscope.generation import load_generation
+    from attnscope.explain.from_trace import walkthrough
     from attnscope.models import load_model
+    from attnscope.records.generation import load_generation
 
     if args.step is None:
         raise_error("--generation FILE explains one step: give --step N too")
@@ -243,7 +243,7 @@ def run_explain_step(args: argparse.Namespace) -> int:
         model = load_model(args.model or g.model.get("name"))
     else:
         from attnscope.errors import require_text
-        from attnscope.generating import generate
+        from attnscope.tracing.decoding import generate
 
         prompt = require_text(read_text(args), "prompt")
         model = load_model(args.model or DEFAULT_GENERATOR)
@@ -258,7 +258,7 @@ def run_explain_step(args: argparse.Namespace) -> int:
 
 def cache_step(g: GenerationTrace, step: int, layer: int, head: int) -> Any:
     """The walkthrough's step that shows the KV cache the step's query read, and the row it added."""
-    from attnscope.steps import Step
+    from attnscope.explain.steps import Step
 
     pos = g.query_position(step)
     kv = g.trace.kv_head(head)  # grouped-query attention: the k/v head this query head reads

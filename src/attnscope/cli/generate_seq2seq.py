@@ -10,9 +10,9 @@ from attnscope.cli.common import console, print_json
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
-    from attnscope.generation import GeneratedToken
     from attnscope.models import Model
-    from attnscope.seq2seq_generation import Seq2SeqGeneration
+    from attnscope.records.generation import GeneratedToken
+    from attnscope.records.translation import Seq2SeqGeneration
 
 COLUMNS = ("step", "pos", "token", "p", "top alternatives", "source tokens read most")
 GENERATE_NOTE = ("vs generate: each step's attention rows as the model's own generate loop (KV cache) returned them, "
@@ -29,8 +29,8 @@ def run_generate_seq2seq(m: Model, source: str, args: argparse.Namespace, figure
     if sampling:
         raise AttnscopeError(f"{', '.join(sampling)}: generation on an encoder-decoder model ({m.name}) is greedy "
                              "here; drop the sampling flags")
-    from attnscope.report import EXIT_CODES
-    from attnscope.seq2seq_generating import generate_seq2seq
+    from attnscope.records.check_report import EXIT_CODES
+    from attnscope.tracing.seq2seq_decoding import generate_seq2seq
 
     g = generate_seq2seq(source, model=m, max_new_tokens=args.max_new_tokens, alternatives=args.alternatives)
     layer = g.trace.cross.n_layers - 1 if args.layer is None else args.layer
@@ -52,7 +52,7 @@ def _emit(g: Seq2SeqGeneration, layer: int, args: argparse.Namespace) -> None:
     if args.format == "markdown":
         sys.stdout.write(generation_markdown(g, layer, args.head))
         return
-    from attnscope.render import check_summary
+    from attnscope.explain.render import check_summary
 
     out = console()
     out.print(header(g))
@@ -101,7 +101,7 @@ def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None) -> Any:
 
 
 def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None) -> str:
-    from attnscope.render import check_markdown
+    from attnscope.explain.render import check_markdown
 
     lines = [f"**{header(g)}**", "", f"Alignment: {_who(layer, head)}.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

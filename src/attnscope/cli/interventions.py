@@ -181,7 +181,7 @@ def _write_html(path: str, result: Any, m: Any, text: str, max_length: int) -> N
     """The grid's heatmap, with the text's trace for the head and neuron views a click opens; or its figure."""
     from pathlib import Path
 
-    from attnscope.tracing import trace
+    from attnscope.tracing.one_pass import trace
     from attnscope.views.effects import effects_figure, effects_html
 
     out = Path(path)

@@ -11,7 +11,7 @@ from attnscope.cli.common import add_format, add_text_args, console, print_json
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from attnscope.tracing import Trace
+    from attnscope.tracing.one_pass import Trace
 
 # Heavy imports (torch, transformers, scipy) happen inside the commands, so --help is instant.
 BAR_WIDTH = 24

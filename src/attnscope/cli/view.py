@@ -14,7 +14,7 @@ from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
 from attnscope.views.size import MAX_PAGE_MB, PageSize, family_page_size, page_size, validate_page_size
 
 if TYPE_CHECKING:
-    from attnscope.traces import EncoderDecoderTrace, Trace
+    from attnscope.records.trace import EncoderDecoderTrace, Trace
 
 
 def register(sub: Any) -> None:
@@ -144,7 +144,7 @@ def _traced(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
 
 def _size(tr: Trace | EncoderDecoderTrace, layers: list[int] | None, heads: list[int] | None, neuron: str,
           word_level: bool) -> PageSize:
-    from attnscope.traces import EncoderDecoderTrace
+    from attnscope.records.trace import EncoderDecoderTrace
 
     if isinstance(tr, EncoderDecoderTrace):
         if word_level:
@@ -155,7 +155,7 @@ def _size(tr: Trace | EncoderDecoderTrace, layers: list[int] | None, heads: list
 
 def _shape(tr: Trace | EncoderDecoderTrace, attention: str | None) -> str:
     """What the page or figure (of one kind: `attention`) shows, for the line the command prints."""
-    from attnscope.traces import EncoderDecoderTrace
+    from attnscope.records.trace import EncoderDecoderTrace
 
     if not isinstance(tr, EncoderDecoderTrace):
         return f"{tr.n_tokens} tokens, {tr.n_layers} layers x {tr.n_heads} heads"

@@ -137,7 +137,7 @@ def kind_means(m: Model, inputs: dict[str, torch.Tensor]) -> dict[str, list[torc
 def seq2seq_inputs(m: Model, source: str, target: str | None,
                    max_length: int) -> tuple[dict[str, torch.Tensor], list[Token], list[int]]:
     """The source [1, token] and the teacher-forced decoder input [1, target]: inputs, source tokens, labels."""
-    from attnscope.seq2seq import shift_right, validate_encoder_decoder
+    from attnscope.tracing.seq2seq import shift_right, validate_encoder_decoder
 
     validate_encoder_decoder(m)
     if target is None:

@@ -89,7 +89,7 @@ def _half(a: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class Parts:
     """An array given as its items along the first axis, e.g. a trace's [layer, ...] stage as one view per
-    layer into the forward pass's batch (attnscope.arrays): uint8 quantizes the maps where they are, the
+    layer into the forward pass's batch (attnscope.records.arrays): uint8 quantizes the maps where they are, the
     other precisions join them first."""
 
     items: list[np.ndarray]

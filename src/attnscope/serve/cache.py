@@ -18,8 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnscope.records.trace import Trace
 from attnscope.stages import ARRAY_AXES
-from attnscope.traces import Trace
 
 CacheKey = tuple[str, str, str | None, int, bool]  # model, text, pair, max_length, truncate
 _PER_TOKEN = 512  # bytes a Token record and its strings take, about (the arrays dominate)
@@ -45,7 +45,7 @@ class Entry:
 
 
 def _array_bytes(trace: Trace) -> int:
-    """Bytes of every array, without laying out stages still pending in the batch (attnscope.arrays: reading
+    """Bytes of every array, without laying out stages still pending in the batch (attnscope.records.arrays: reading
     one copies it out, and scores are computed): those are counted from their axes as float32."""
     pending = set(getattr(trace.arrays, "pending", list)())
     sizes = {"token": len(trace.tokens), "query": len(trace.tokens), "key": len(trace.key_tokens or trace.tokens),

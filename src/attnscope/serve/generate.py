@@ -63,7 +63,7 @@ def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
 def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[str, Any]], None],
                    stop: threading.Event) -> dict[str, Any]:
     """On a pool worker: generate, emitting each token as it is chosen; returns the view payload."""
-    from attnscope.generating import generate
+    from attnscope.tracing.decoding import generate
     from attnscope.views.generation import generation_payload, token_payload
 
     m = service.model(req.model)

@@ -29,8 +29,8 @@ from attnscope.views.payload import encode_bytes
 from attnscope.views.words import merge, word_groups
 
 if TYPE_CHECKING:
+    from attnscope.records.trace import Trace
     from attnscope.serve.cache import CacheKey
-    from attnscope.traces import Trace
 
 OVERVIEW = 64  # the overview's side at most, in cells: each cell the max of its block of codes
 LAZY_FROM = 2**24  # "auto": maps travel lazily when a source holds more codes than this (16 MiB of uint8)

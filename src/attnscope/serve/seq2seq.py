@@ -21,8 +21,8 @@ from attnscope.stages import ARRAY_AXES
 
 if TYPE_CHECKING:
     from attnscope.models import Model
+    from attnscope.records.trace import EncoderDecoderTrace
     from attnscope.serve.service import Service
-    from attnscope.traces import EncoderDecoderTrace
 
 
 def is_seq2seq(m: Model) -> bool:
@@ -43,8 +43,8 @@ def validate_target(m: Model, req: TraceRequest) -> None:
 
 def seq2seq_body(service: Service, req: TraceRequest, stop: threading.Event) -> bytes:
     """The three kinds' tokens, checks and arrays (JSON), and their payload when asked."""
-    from attnscope.seq2seq import trace_seq2seq
     from attnscope.serve.service import stage_array, to_json
+    from attnscope.tracing.seq2seq import trace_seq2seq
 
     m = service.model(req.model)
     validate_target(m, req)

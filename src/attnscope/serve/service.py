@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.explain import walkthrough
+from attnscope.explain.from_trace import walkthrough
+from attnscope.explain.render import walkthrough_json
 from attnscope.models import Model, describe, load_model
-from attnscope.render import walkthrough_json
 from attnscope.serve import binary, maps, wordmaps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
@@ -26,7 +26,7 @@ from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED, SOURCES
-from attnscope.tracing import Trace, forward_pass
+from attnscope.tracing.one_pass import Trace, forward_pass
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
 from attnscope.views.payload import source_names as payload_sources

@@ -27,7 +27,7 @@ from attnscope.views.payload import encode_bytes
 from attnscope.views.words import word_tokens
 
 if TYPE_CHECKING:
-    from attnscope.traces import Trace
+    from attnscope.records.trace import Trace
 
 # the words payload is built with the lazy one up to this many stored codes (MiniLM at 512 tokens holds 2^24.2:
 # ~0.5 s); above it the map endpoint still serves word maps, and the page shows the words button disabled

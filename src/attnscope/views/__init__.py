@@ -45,7 +45,7 @@ from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
 from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, family_page_size, page_size, validate_page_size
 
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
-    from attnscope.traces import EncoderDecoderTrace, Trace
+    from attnscope.records.trace import EncoderDecoderTrace, Trace
 
     AnyTrace = Trace | EncoderDecoderTrace
 
@@ -107,7 +107,7 @@ def to_html(
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
                "heads": None if show_heads is None else list(show_heads)}
     wants_neuron = view in ("neuron", "all")
-    from attnscope.traces import EncoderDecoderTrace
+    from attnscope.records.trace import EncoderDecoderTrace
 
     if isinstance(trace, EncoderDecoderTrace):
         if word_level:
@@ -165,7 +165,7 @@ def iframe(document: str, height: int = 640) -> str:
 
 def frame_height(trace: AnyTrace, view: str) -> int:
     """A first height for a notebook frame (people can drag it taller): what the view needs, within 320-760 px."""
-    from attnscope.traces import EncoderDecoderTrace
+    from attnscope.records.trace import EncoderDecoderTrace
 
     if isinstance(trace, EncoderDecoderTrace):  # the tallest of its kinds
         return max(frame_height(t, view) for t in trace.kinds.values())

@@ -16,7 +16,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.views.page import _asset, _csp, css, js, json_for_script
 
 if TYPE_CHECKING:
-    from attnscope.traces import Trace
+    from attnscope.records.trace import Trace
 
 BOOT = "\nwindow.attnscope.bootEffects();\n"
 STYLE = """

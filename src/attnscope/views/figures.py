@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
-    from attnscope.traces import EncoderDecoderTrace, Trace
+    from attnscope.records.trace import EncoderDecoderTrace, Trace
 
 FORMATS = ("svg", "png", "pdf")
 FIGURE_VIEWS = ("head", "model", "matrix", "neuron")

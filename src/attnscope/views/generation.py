@@ -20,7 +20,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.views.page import _asset, _csp, json_for_script
 
 if TYPE_CHECKING:
-    from attnscope.generation import GeneratedToken, GenerationTrace
+    from attnscope.records.generation import GeneratedToken, GenerationTrace
 
 SCRIPTS = ("data.js", "generation.js", "export.js")  # export.js: the SVG/PNG download of the step shown
 BOOT = "\nwindow.attnscope.bootGeneration();\n"

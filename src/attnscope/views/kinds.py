@@ -16,12 +16,12 @@ from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
 from attnscope.views.payload import NEURON_BUDGET, NeuronChoice, payload, select
 
 if TYPE_CHECKING:
-    from attnscope.traces import EncoderDecoderTrace, Trace
+    from attnscope.records.trace import EncoderDecoderTrace, Trace
 
 
 def kinds_of(trace: Trace | EncoderDecoderTrace) -> dict[str, Trace] | None:
     """An encoder-decoder trace's three kinds of attention, in order; None for a single trace."""
-    from attnscope.traces import EncoderDecoderTrace
+    from attnscope.records.trace import EncoderDecoderTrace
 
     return trace.kinds if isinstance(trace, EncoderDecoderTrace) else None
 

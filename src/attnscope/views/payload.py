@@ -21,7 +21,7 @@ from attnscope.errors import AttnscopeError, validate_index
 from attnscope.stages import ARRAY_AXES, SOURCE_LABELS, SOURCES
 
 if TYPE_CHECKING:
-    from attnscope.traces import Trace
+    from attnscope.records.trace import Trace
 
 FORMAT = "attnscope.views/1"
 VIEWS = ("head", "model", "neuron", "matrix", "all")

@@ -19,7 +19,7 @@ from attnscope.views.payload import NEURON_BUDGET, NeuronChoice, block_stages, s
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from attnscope.traces import Trace
+    from attnscope.records.trace import Trace
 
 MAX_PAGE_MB = 50.0  # the default limit on a page's size, in MB (10^6 bytes)
 BASE64 = 4 / 3

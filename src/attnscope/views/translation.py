@@ -16,7 +16,7 @@ from attnscope.views.generation import LEVELS, quantize, token_payload
 from attnscope.views.page import _asset, _csp, json_for_script
 
 if TYPE_CHECKING:
-    from attnscope.seq2seq_generation import Seq2SeqGeneration
+    from attnscope.records.translation import Seq2SeqGeneration
 
 SCRIPTS = ("data.js", "translation.js")
 BOOT = "\nwindow.attnscope.bootTranslation();\n"

@@ -18,7 +18,7 @@ from attnscope.tokens import Token
 from attnscope.views.payload import source_names
 
 if TYPE_CHECKING:
-    from attnscope.traces import Trace
+    from attnscope.records.trace import Trace
 
 
 def word_groups(trace: Trace) -> list[list[int]]:

@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
+from attnscope.explain.steps import Step, Walkthrough
 from attnscope.numbers import SCALING_RULE, value
-from attnscope.steps import Step, Walkthrough
 
 X = [[1, 0, 1, 0], [0, 2, 0, 2], [1, 1, 1, 1]]  # [token, d_model] = [3, 4]
 W_K = [[0, 0, 1], [1, 1, 0], [0, 1, 0], [1, 1, 0]]  # [d_model, d_head] = [4, 3]

@@ -1,6 +1,6 @@
 """The generation trace: a decoder writing one token at a time, as a plain record (torch-free).
 
-`attnscope.generate` (attnscope.generating) makes one inside the real `model.generate` loop; views and saved-file
+`attnscope.generate` (attnscope.tracing.decoding) makes one inside the real `model.generate` loop; views and saved-file
 readers use this module without loading torch or transformers.
 
 Step s (0-indexed) writes the token at position P + s (P prompt tokens). It is predicted by the query at
@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from attnscope import report
 from attnscope.errors import AttnscopeError, validate_index
+from attnscope.records import check_report as report
+from attnscope.records.trace import Trace
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token
-from attnscope.traces import Trace
 
 STOP_REASONS = ("eos", "max_new_tokens", "interrupted")
-_META_KEY = "attnscope"  # the metadata key of attnscope.storage's files
-FORMAT_VERSION = 1  # attnscope.storage's format; a generation adds the "generation" entry
+_META_KEY = "attnscope"  # the metadata key of attnscope.records.storage's files
+FORMAT_VERSION = 1  # attnscope.records.storage's format; a generation adds the "generation" entry
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ def _cut(arr: np.ndarray, name: str, n: int) -> np.ndarray:
 
 
 def _file_metadata(g: GenerationTrace) -> dict[str, Any]:
-    """attnscope.storage's metadata of the trace, plus the generation."""
+    """attnscope.records.storage's metadata of the trace, plus the generation."""
     tr = g.trace
     return {
         "format": FORMAT_VERSION, "model": tr.model, "text": tr.text, "pair": tr.pair,
@@ -230,7 +230,7 @@ def save_generation(g: GenerationTrace, path: str | os.PathLike[str]) -> None:
 
 def load_generation(path: str | os.PathLike[str]) -> GenerationTrace:
     """Read a file written by GenerationTrace.save; a plain trace file is an error that says so."""
-    from attnscope.storage import load_trace_and_metadata
+    from attnscope.records.storage import load_trace_and_metadata
 
     p = Path(path)
     tr, meta = load_trace_and_metadata(p)  # validates the file and its format, with one-line errors

@@ -3,7 +3,7 @@
 The model generates with its own loop and its KV cache; attention goes through the registered
 "attnscope" function (attnscope.capture.recording), which hands each call to a StepRecorder. The
 recorder keeps only the rows each step computed (its new queries, new keys and values, and their weight
-rows), never the cache itself, so the trace grows with the rows kept. attnscope.generate_check then
+rows), never the cache itself, so the trace grows with the rows kept. attnscope.verify.decoding then
 verifies every step (see there). The module is not named `generate`: that name is the function,
 `attnscope.generate`.
 """
@@ -23,15 +23,15 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
 from attnscope import maths
-from attnscope.arrays import Pending, TraceArrays
 from attnscope.capture import AttentionCall, attention_modules, recording
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.families import family_of, is_encoder_decoder
-from attnscope.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.models import Model, ModelLike, describe, load_model
+from attnscope.records.arrays import Pending, TraceArrays
+from attnscope.records.generation import Alternative, GeneratedToken, GenerationTrace
+from attnscope.records.trace import Trace
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token, encode
-from attnscope.traces import Trace
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def generate(
 
     Greedy unless temperature, top_k or top_p is given (then sampled; seed makes it repeatable). Stops at
     the model's end-of-sequence token or after max_new_tokens. on_token is called with each new token as
-    soon as it is chosen. verify=True checks every step (attnscope.generate_check). Ctrl-C raises
+    soon as it is chosen. verify=True checks every step (attnscope.verify.decoding). Ctrl-C raises
     GenerationInterrupted carrying the steps finished so far.
     """
     require_text(prompt, "prompt")
@@ -320,7 +320,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
     scaling = [float(s) for s in _scalings(m, n_layers, len(prompt_tokens) + n_steps)]
     tr = Trace(info, prompt, None, [*prompt_tokens, *new], trace_arrays(arrays), scaling)
     if verify:
-        from attnscope.generate_check import verify_generation
+        from attnscope.verify.decoding import verify_generation
 
         ids = [t.id for t in tr.tokens]
         tr.comparisons, tr.unsupported = verify_generation(m, layers, torch.tensor([ids]), len(prompt_tokens), n_steps)
@@ -331,7 +331,7 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
 
 
 def _scalings(m: Model, n_layers: int, n_positions: int) -> list[float]:
-    from attnscope.recompute import layer_params
+    from attnscope.verify.recompute import layer_params
 
     params = layer_params(m.model, n_positions=n_positions)  # the final sequence: dynamic RoPE depends on it
     if params is not None:

@@ -1,6 +1,6 @@
 """An encoder-decoder model translating step by step, as a plain record (torch-free).
 
-`attnscope.seq2seq_generating.generate_seq2seq` makes one: the model generates the target one token at a time
+`attnscope.tracing.seq2seq_decoding.generate_seq2seq` makes one: the model generates the target one token at a time
 with its own `generate` loop and KV cache; the record holds each step's token (probability, alternatives) and an
 EncoderDecoderTrace of the whole generation. Step s (0-indexed) writes target token s + 1 of the decoder's
 sequence (token 0 is the decoder start token); its query is decoder position s, so the trace's row s is that
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from attnscope import report
-from attnscope.generation import GeneratedToken
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.records import check_report as report
+from attnscope.records.generation import GeneratedToken
+from attnscope.records.trace import EncoderDecoderTrace
 
 
 @dataclass

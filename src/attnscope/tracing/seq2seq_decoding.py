@@ -19,13 +19,13 @@ import torch
 
 from attnscope import families
 from attnscope.errors import AttnscopeError, require_text
-from attnscope.generating import validate_settings
-from attnscope.generation import Alternative, GeneratedToken
 from attnscope.models import Model, ModelLike, load_model
-from attnscope.report import Comparison
-from attnscope.seq2seq import trace_seq2seq, validate_encoder_decoder
-from attnscope.seq2seq_generation import Seq2SeqGeneration
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.records.check_report import Comparison
+from attnscope.records.generation import Alternative, GeneratedToken
+from attnscope.records.trace import EncoderDecoderTrace
+from attnscope.records.translation import Seq2SeqGeneration
+from attnscope.tracing.decoding import validate_settings
+from attnscope.tracing.seq2seq import trace_seq2seq, validate_encoder_decoder
 
 
 def generate_seq2seq(source: str, model: ModelLike = None, max_new_tokens: int = 20, alternatives: int = 5,

@@ -1,6 +1,6 @@
 """The Trace: one text's tokens, captured arrays and verification, as a plain record (torch-free).
 
-`attnscope.tracing.trace` makes one from a model; `attnscope.storage` reads and writes them. Views and
+`attnscope.tracing.one_pass.trace` makes one from a model; `attnscope.records.storage` reads and writes them. Views and
 saved-trace readers import this module without loading torch or transformers.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from attnscope import report
 from attnscope.errors import AttnscopeError, validate_index
+from attnscope.records import check_report as report
 from attnscope.tokens import Token
 
 
@@ -175,13 +175,13 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `.safetensors` or `.npz` (arrays by stage name, metadata as JSON)."""
-        from attnscope.storage import save_trace
+        from attnscope.records.storage import save_trace
 
         save_trace(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        from attnscope.storage import load_trace
+        from attnscope.records.storage import load_trace
 
         return load_trace(path)
 
@@ -262,13 +262,13 @@ class EncoderDecoderTrace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `.safetensors` or `.npz`: each kind's arrays prefixed by its name (`cross.weights`)."""
-        from attnscope.storage import save_trace
+        from attnscope.records.storage import save_trace
 
         save_trace(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> EncoderDecoderTrace:
-        from attnscope.storage import load_encoder_decoder
+        from attnscope.records.storage import load_encoder_decoder
 
         return load_encoder_decoder(path)
 

@@ -1,7 +1,7 @@
 """The walkthrough's steps that differ for an encoder-decoder model (T5, BART, mBART, Marian).
 
 Which kind of attention to explain (encoder, decoder or cross), its layer's parameters, where x (and, for
-cross-attention, the memory) comes from, and T5's relative position bias as its own step. `attnscope.explain`
+cross-attention, the memory) comes from, and T5's relative position bias as its own step. `attnscope.explain.from_trace`
 calls these; every number is the trace's own or recomputed here and compared with it.
 """
 
@@ -12,12 +12,12 @@ import torch
 
 from attnscope import families, maths
 from attnscope.errors import AttnscopeError
+from attnscope.explain.steps import Step
 from attnscope.models import ModelLike, load_model
 from attnscope.numbers import error
 from attnscope.placement import on_host
+from attnscope.records.trace import EncoderDecoderTrace, Trace
 from attnscope.stages import ATTENTION_LABELS
-from attnscope.steps import Step
-from attnscope.traces import EncoderDecoderTrace, Trace
 
 DEFAULT_KIND = "cross"  # what an encoder-decoder adds to the other families: each target token reading the source
 

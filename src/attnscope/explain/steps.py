@@ -1,7 +1,7 @@
 """The walkthrough record: Steps and a Walkthrough (torch-free, so the toy and renderers stay light).
 
-`attnscope.explain` fills it from a real trace, `attnscope.toy` from the classic 3-input example;
-`attnscope.render` turns it into text, Markdown or JSON.
+`attnscope.explain.from_trace` fills it from a real trace, `attnscope.explain.toy` from the classic 3-input example;
+`attnscope.explain.render` turns it into text, Markdown or JSON.
 """
 
 from __future__ import annotations

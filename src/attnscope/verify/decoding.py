@@ -19,8 +19,8 @@ from attnscope import maths
 from attnscope.capture import capturing
 from attnscope.families import why_unsupported
 from attnscope.models import Model
-from attnscope.recompute import layer_params
-from attnscope.report import Comparison
+from attnscope.records.check_report import Comparison
+from attnscope.verify.recompute import layer_params
 
 STEP_STAGES = ("q", "k", "v", "weights", "context", "output")
 NO_CACHE_STAGES = ("x", "q", "k", "v", "weights", "context", "output")
@@ -79,7 +79,7 @@ def verify_generation(m: Model, layers: dict[str, list[torch.Tensor]], ids: torc
                       n_steps: int) -> tuple[list[Comparison], str | None]:
     """Both comparisons of a generation; returns (comparisons, why the recompute did not run, if it did not).
 
-    layers: the captured rows (attnscope.generating.assemble); ids: [1, token] the sequence the steps read.
+    layers: the captured rows (attnscope.tracing.decoding.assemble); ids: [1, token] the sequence the steps read.
     """
     errors: dict[tuple[str, str], list[np.ndarray]] = {}  # one [head] or [1] per layer
     params = layer_params(m.model, int(ids.shape[1]) + 1)  # the rotation for the whole sequence

@@ -1,6 +1,6 @@
 """A step-by-step walkthrough of one layer and head, with the model's own numbers.
 
-`walkthrough()` returns data (a list of Steps); `attnscope.render` turns it into text,
+`walkthrough()` returns data (a list of Steps); `attnscope.explain.render` turns it into text,
 Markdown or JSON. Numbers come from the trace's captured arrays; the stages the model
 never materialises (scaled, masked, merged) are derived from them with `attnscope.maths`.
 """
@@ -10,17 +10,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnscope import explain_kinds, maths
+from attnscope import maths
+from attnscope.explain import seq2seq as explain_kinds
+from attnscope.explain.steps import Step, Walkthrough
 from attnscope.models import ModelLike, load_model
 from attnscope.numbers import scaling as scaling_text
 from attnscope.placement import on_host
-from attnscope.recompute import layer_params
+from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ARRAY_AXES
-from attnscope.steps import Step, Walkthrough
-from attnscope.traces import EncoderDecoderTrace
-from attnscope.tracing import Trace
+from attnscope.tracing.one_pass import Trace
+from attnscope.verify.recompute import layer_params
 
-__all__ = ["Step", "Walkthrough", "walkthrough"]  # Step and Walkthrough live in the torch-free attnscope.steps
+__all__ = ["Step", "Walkthrough", "walkthrough"]  # Step and Walkthrough live in the torch-free attnscope.explain.steps
 
 
 def walkthrough(tr: Trace | EncoderDecoderTrace, layer: int = 0, head: int = 0, token: int | None = None,

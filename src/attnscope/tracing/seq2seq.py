@@ -24,10 +24,10 @@ from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
 from attnscope.placement import on_host
-from attnscope.seq2seq_check import KindCapture, verify_kind
-from attnscope.seq2seq_traces import KindResult, kind_traces
+from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.tokens import Token, encode, validate_max_length
-from attnscope.traces import EncoderDecoderTrace
+from attnscope.tracing.seq2seq_rows import KindResult, kind_traces
+from attnscope.verify.seq2seq import KindCapture, verify_kind
 
 MAX_NEW_TOKENS = 20
 

@@ -1,6 +1,6 @@
 """Compare recompute vs capture vs the model's own outputs: max abs error per layer, head and stage.
 
-The results (Comparison, CheckReport) live in the torch-free `attnscope.report`."""
+The results (Comparison, CheckReport) live in the torch-free `attnscope.records.check_report`."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from attnscope.maths import AttentionParams, expand_kv
-from attnscope.recompute import CHUNK_BYTES, PROJECTED_STAGES, RECOMPUTED_STAGES, recompute_layers, row_chunks
-from attnscope.report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
+from attnscope.records.check_report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
+from attnscope.verify.recompute import CHUNK_BYTES, PROJECTED_STAGES, RECOMPUTED_STAGES, recompute_layers, row_chunks
 
 PER_HEAD = ("q", "k", "v", "scores", "weights", "context")  # arrays [layer, head, ...]
 PER_LAYER = ("x", "output")  # arrays [layer, token, d_model]

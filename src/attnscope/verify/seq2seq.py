@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from attnscope import maths
-from attnscope.check import ErrorTable
-from attnscope.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, layer_mask, row_chunks
-from attnscope.report import Comparison
+from attnscope.records.check_report import Comparison
 from attnscope.stages import STAGES
+from attnscope.verify.check import ErrorTable
+from attnscope.verify.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, layer_mask, row_chunks
 
 CHECKED = (*RECOMPUTED_STAGES, "position_bias")  # the stages each layer's recompute keeps
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from attnscope import report
 from attnscope.errors import AttnscopeError
+from attnscope.records import check_report as report
+from attnscope.records.trace import EncoderDecoderTrace, Trace
 from attnscope.stages import ARRAY_AXES, ATTENTION_KINDS
 from attnscope.tokens import Token
-from attnscope.traces import EncoderDecoderTrace, Trace
 
 FORMAT_VERSION = 1
 _META_KEY = "attnscope"
@@ -89,8 +89,8 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def load_trace_and_metadata(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]]:
-    """A saved Trace and its file's metadata (where a generation file keeps its steps: attnscope.generation), read
-    once."""
+    """A saved Trace and its file's metadata (where a generation file keeps its steps:
+    attnscope.records.generation), read once."""
     loaded, meta = _load(Path(path))
     if isinstance(loaded, EncoderDecoderTrace):
         raise AttnscopeError(f"{path} holds an encoder-decoder trace (encoder, decoder and cross-attention): load it "

@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from attnscope.arrays import Pending, TraceArrays
 from attnscope.maths import AttentionParams
-from attnscope.seq2seq_check import KindCapture, KindCheck
+from attnscope.records.arrays import Pending, TraceArrays
+from attnscope.records.trace import Trace
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token
-from attnscope.traces import Trace
+from attnscope.verify.seq2seq import KindCapture, KindCheck
 
 KEY_SIDE = ("k", "v")  # stages whose token axis runs over the keys (the source, for cross-attention)
 

@@ -16,10 +16,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from attnscope.explain.steps import Step, Walkthrough
 from attnscope.numbers import error, value
-from attnscope.report import CheckReport, Comparison
+from attnscope.records.check_report import CheckReport, Comparison
 from attnscope.stages import ATTENTION_LABELS
-from attnscope.steps import Step, Walkthrough
 
 MAX_ROWS = 12  # rows shown of a long matrix unless full
 MD_COLS = 8  # columns shown in Markdown unless full

@@ -1,6 +1,6 @@
 """The result of a check: max errors per layer, head and stage, and the verdict (torch-free).
 
-`attnscope.check` computes them; saved traces, views and the web app read them from here.
+`attnscope.verify.check` computes them; saved traces, views and the web app read them from here.
 """
 
 from __future__ import annotations

@@ -9,17 +9,17 @@ from typing import Any, overload
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from attnscope import check as checking
 from attnscope import families
-from attnscope.arrays import row_arrays
 from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError
 from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
 from attnscope.placement import on_host
-from attnscope.recompute import layer_params
+from attnscope.records.arrays import row_arrays
+from attnscope.records.trace import Trace
 from attnscope.tokens import Encoded, encode, validate_max_length
-from attnscope.traces import Trace
+from attnscope.verify import check as checking
+from attnscope.verify.recompute import layer_params
 
 
 @overload
