@@ -24,7 +24,7 @@ def _imported_after(code: str) -> set[str]:
 
 @pytest.mark.parametrize("module", ["attnscope", "attnscope.stages", "attnscope.records.check_report",
                                     "attnscope.records.trace", "attnscope.records.generation",
-                                    "attnscope.records.translation", "attnscope.records.storage",
+                                    "attnscope.records.translation", "attnscope.records.files",
                                     "attnscope.tokens", "attnscope.views", "attnscope.explain",
                                     "attnscope.explain.steps", "attnscope.explain.toy", "attnscope.records",
                                     "attnscope.tracing", "attnscope.verify", "attnscope.rollout", "attnscope.errors"])
@@ -38,17 +38,31 @@ def test_rendering_a_saved_trace_needs_no_torch(tmp_path: Path) -> None:
     saved = tmp_path / "t.safetensors"
     attnscope.trace("time flies like an arrow").save(saved)
     loaded = _imported_after(
-        "from attnscope.records.storage import load_trace\nfrom attnscope.views import to_html\n"
+        "from attnscope.records.trace import load_trace\nfrom attnscope.views import to_html\n"
         f"html = to_html(load_trace({str(saved)!r}))\nassert '<html' in html and 'flies' in html"
     )
     assert not loaded & set(HEAVY)
 
 
-def _top_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
-    """attnscope modules that `name` imports when it is imported (not inside functions or TYPE_CHECKING)."""
+def _runs(tree: ast.AST) -> list[ast.AST]:
+    """Every node of the tree but those under `if TYPE_CHECKING:` (imports for annotations never run)."""
+    nodes: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """attnscope modules that `name` imports when it runs: at module level or inside functions."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for node in _runs(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -61,23 +75,57 @@ def _top_level_imports(path: Path, name: str, known: set[str]) -> set[str]:
     return {m for m in found if m in known and m != name}
 
 
-def test_no_import_circles() -> None:
-    """The graph of module-level imports between attnscope's modules has no cycle."""
+def _graph() -> dict[str, set[str]]:
     root = Path(attnscope.__file__).parent
     files = {("attnscope." + ".".join(f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): f
              for f in root.rglob("*.py")}
-    graph = {name: _top_level_imports(f, name, set(files)) for name, f in files.items()}
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    return {name: _imports(f, name, set(files)) for name, f in files.items()}
 
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of two or more modules (Tarjan), each as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
         for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                pytest.fail("import circle: " + " -> ".join([*path[path.index(nxt):], nxt]))
-            if nxt not in state:
-                visit(nxt, [*path, nxt])
-        state[node] = 2
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
 
     for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+        if name not in index:
+            visit(name)
+    return groups
+
+
+def test_circle_finder_finds_a_circle_hidden_in_a_function(tmp_path: Path) -> None:
+    hidden = tmp_path / "b.py"
+    hidden.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import x.c\n"
+                      "def f():\n    import x.a\n", encoding="utf-8")
+    assert _imports(hidden, "x.b", {"x.a", "x.b", "x.c"}) == {"x.a"}
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles() -> None:
+    """The graph of every import between attnscope's modules that can run, those inside functions included,
+    has no cycle. Imports under TYPE_CHECKING only name types for annotations (a view names the record it
+    draws) and never run, so they are not edges."""
+    assert _circles(_graph()) == []

@@ -16,7 +16,7 @@ MOVED = {
     "attnscope.seq2seq_generation": "attnscope.records.translation",
     "attnscope.report": "attnscope.records.check_report",
     "attnscope.arrays": "attnscope.records.arrays",
-    "attnscope.storage": "attnscope.records.storage",
+    "attnscope.storage": "attnscope.records.trace",
     "attnscope.seq2seq": "attnscope.tracing.seq2seq",
     "attnscope.generating": "attnscope.tracing.decoding",
     "attnscope.seq2seq_generating": "attnscope.tracing.seq2seq_decoding",

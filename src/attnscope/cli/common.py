@@ -85,6 +85,19 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False, allow_nan=True) + "\n")
 
 
+def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
+    """Print a walkthrough (explain, explain --step, the toy) as text, Markdown or JSON."""
+    from attnscope.explain.render import walkthrough_json, walkthrough_markdown, walkthrough_renderables
+
+    if fmt == "json":
+        print_json(walkthrough_json(w))
+    elif fmt == "markdown":
+        sys.stdout.write(walkthrough_markdown(w, full))
+    else:
+        out = console()
+        out.print(*walkthrough_renderables(w, width=out.width, full=full))
+
+
 def rich_steps_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[str]]) -> Any:
     """A rich table of generation steps (this and `attnscope generate` of encoder-decoder models): numbers right."""
     from rich.markup import escape

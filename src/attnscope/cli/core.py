@@ -6,7 +6,15 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_format, add_text_args, console, model_of, print_json, read_text
+from attnscope.cli.common import (
+    add_format,
+    add_text_args,
+    console,
+    emit_walkthrough,
+    model_of,
+    print_json,
+    read_text,
+)
 from attnscope.cli.generate import add_step_args
 from attnscope.errors import AttnscopeError
 from attnscope.records.trace import EncoderDecoderTrace
@@ -136,18 +144,6 @@ def run_toy(args: argparse.Namespace) -> int:
 
     emit_walkthrough(toy_walkthrough(scale=not args.no_scale, causal=args.causal), args.format, full=True)
     return 0
-
-
-def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:
-    from attnscope.explain.render import walkthrough_json, walkthrough_markdown, walkthrough_renderables
-
-    if fmt == "json":
-        print_json(walkthrough_json(w))
-    elif fmt == "markdown":
-        sys.stdout.write(walkthrough_markdown(w, full))
-    else:
-        out = console()
-        out.print(*walkthrough_renderables(w, width=out.width, full=full))
 
 
 def run_trace(args: argparse.Namespace) -> int:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.cli.common import add_format, console, print_json, read_text, rich_steps_table
+from attnscope.cli.common import add_format, console, emit_walkthrough, print_json, read_text, rich_steps_table
 
 if TYPE_CHECKING:
     from attnscope.records.generation import GeneratedToken, GenerationTrace
@@ -229,7 +229,6 @@ def generation_json(g: GenerationTrace, layer: int, head: int | None) -> dict[st
 
 def run_explain_step(args: argparse.Namespace) -> int:
     """explain --step N: one generated step, its cached keys and values shown as the cache."""
-    from attnscope.cli.core import emit_walkthrough
     from attnscope.explain.from_trace import walkthrough
     from attnscope.models import load_model
     from attnscope.records.generation import load_generation

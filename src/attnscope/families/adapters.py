@@ -198,10 +198,8 @@ def _t5_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
 
 def _bart_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     """BART, mBART, Marian: q_proj, k_proj, v_proj, out_proj with biases, scores scaled by 1/sqrt(d_head)."""
-    from attnscope.families import attention_kind  # the module's place in the model (the package imports this one)
-
-    cfg: Any = model.config
-    heads = cfg.encoder_attention_heads if attention_kind(model, m) == "encoder" else cfg.decoder_attention_heads
+    cfg: Any = model.config  # the decoder's self- and cross-attention modules say is_decoder, the encoder's not
+    heads = cfg.decoder_attention_heads if m.is_decoder else cfg.encoder_attention_heads
     return _linear_params(m.q_proj, m.k_proj, m.v_proj, m.out_proj, int(heads))
 
 

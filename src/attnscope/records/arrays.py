@@ -1,21 +1,20 @@
-"""A trace's arrays: one text's stages laid out [layer, ...], cut from the padded batch on first use.
+"""A trace's arrays: one text's stages laid out [layer, ...], cut from the padded batch on first use (torch-free).
 
 A forward pass leaves each stage as one [batch, ...] tensor per layer. `TraceArrays` keeps
 those tensors and copies a text's rows into a contiguous numpy array [layer, ...] (padding
 cut off, axes in ARRAY_AXES) the first time the stage is read. Checking a trace needs none
 of these copies, so `attnscope check` never pays for them; a view or a saved file pays once.
-Once every stage is read, the trace holds only its own arrays, not the batch.
+Once every stage is read, the trace holds only its own arrays, not the batch. `token_index` is the one rule
+for cutting a text's tokens out of any stage (tracing.rows cuts batches with it, records.generation a prefix).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, MutableMapping
-from functools import partial
 from typing import Any
 
 import numpy as np
-import torch
 
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 
@@ -82,49 +81,13 @@ class TraceArrays(MutableMapping[str, np.ndarray]):
         return f"TraceArrays({list(self._items)}, pending={self.pending()})"
 
 
-def row_arrays(layers: dict[str, list[torch.Tensor]], row: int, n_tokens: int) -> TraceArrays:
-    """One text of a padded batch. layers maps stage -> per-layer [batch, ...] tensors; scores, when
-    absent, are q k^T of the text's own q and k."""
-    arrays = TraceArrays({stage: Pending(_cut(ts, stage, row, n_tokens), _parts(ts, stage, row, n_tokens))
-                          for stage, ts in layers.items()})
-    if "scores" not in layers and "q" in layers and "k" in layers:
-        arrays._items["scores"] = Pending(partial(_scores, arrays))
-    return arrays
+KEY_SIDE = ("k", "v")  # stages whose token axis runs over the keys (the source's tokens, for cross-attention)
 
 
-def _scores(arrays: TraceArrays) -> np.ndarray:
-    """q k^T: [layer, head, query, d_head] x [layer, head, d_head, key] -> [layer, head, query, key]
-    (k [layer, kv_head, key, d_head] repeated for the query heads that share each k/v head)."""
-    q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1) if k.shape[1] != q.shape[1] else k
-    out = np.empty((*q.shape[:-1], k.shape[-2]), dtype=arrays["q"].dtype)
-    torch.matmul(q, k.transpose(-1, -2), out=torch.from_numpy(out))
-    return out
+def token_index(stage: str, n_query: int, n_key: int | None = None) -> tuple[slice, ...]:
+    """The first tokens on every token axis of a stage's array (its ARRAY_AXES): n_query on the queries' side,
+    n_key (default n_query) on the keys' side (the "key" axis, and the token axis of k and v)."""
+    def length(axis: str) -> int:
+        return n_query if n_key is None or (axis != "key" and stage not in KEY_SIDE) else n_key
 
-
-def _index(stage: str, row: int, n_tokens: int) -> tuple[int | slice, ...]:
-    """One text's part of a layer's [batch, ...] tensor: its row, its first n_tokens on every token axis."""
-    return (row, *(slice(0, n_tokens) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage][1:]))
-
-
-def _parts(layers: list[torch.Tensor], stage: str, row: int, n_tokens: int) -> Callable[[], list[np.ndarray]]:
-    """Views of one stage of one text, one per layer (nothing copied)."""
-    index = _index(stage, row, n_tokens)
-    return lambda: [t[index].numpy() for t in layers]
-
-
-def _cut(layers: list[torch.Tensor], stage: str, row: int, n_tokens: int) -> Callable[[], np.ndarray]:
-    """A loader of one stage of one text: [layer, ...] with its first n_tokens on every token axis."""
-    index = _index(stage, row, n_tokens)
-
-    def load() -> np.ndarray:
-        first = layers[0][index]
-        # numpy allocates big arrays on transparent huge pages where Linux offers them, which makes
-        # this copy several times faster than into a fresh torch tensor (page faults dominate)
-        out = np.empty((len(layers), *first.shape), dtype=first.numpy().dtype)
-        dst = torch.from_numpy(out)
-        for i, t in enumerate(layers):
-            dst[i].copy_(t[index])
-        return out
-
-    return load
+    return tuple(slice(0, length(a)) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage])

@@ -12,7 +12,6 @@ token written is never read back), in the arrays and stage names of any Trace.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,13 +21,13 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.records import check_report as report
-from attnscope.records.trace import Trace
-from attnscope.stages import ARRAY_AXES, TOKEN_AXES
+from attnscope.records import files
+from attnscope.records.arrays import token_index
+from attnscope.records.trace import Trace, file_arrays, file_metadata, load_trace_and_metadata
+from attnscope.stages import ARRAY_AXES
 from attnscope.tokens import Token
 
 STOP_REASONS = ("eos", "max_new_tokens", "interrupted")
-_META_KEY = "attnscope"  # the metadata key of attnscope.records.storage's files
-FORMAT_VERSION = 1  # attnscope.records.storage's format; a generation adds the "generation" entry
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ class GenerationTrace:
         n = self.query_position(step) + 1
         tr = self.trace
         kept = [name for name in tr.arrays if name in ARRAY_AXES and name != "flow"]  # flow mixes later rows in
-        arrays = {name: _cut(tr.arrays[name], name, n) for name in kept}
+        arrays = {name: tr.arrays[name][token_index(name, n)] for name in kept}
         sub = Trace(tr.model, tr.text, None, tr.tokens[:n], arrays, tr.scaling, comparisons=tr.comparisons,
                     unsupported=tr.unsupported)
         sub.saved_check = tr.saved_check
@@ -186,52 +185,14 @@ class GenerationTrace:
                 f"steps={self.n_steps}, stopped={self.stopped!r})")
 
 
-def _cut(arr: np.ndarray, name: str, n: int) -> np.ndarray:
-    """The first n positions on every token axis of a [layer, ...] array."""
-    index = tuple(slice(0, n) if axis in TOKEN_AXES else slice(None) for axis in ARRAY_AXES[name])
-    return arr[index]
-
-
-def _file_metadata(g: GenerationTrace) -> dict[str, Any]:
-    """attnscope.records.storage's metadata of the trace, plus the generation."""
-    tr = g.trace
-    return {
-        "format": FORMAT_VERSION, "model": tr.model, "text": tr.text, "pair": tr.pair,
-        "tokens": [t.to_dict() for t in tr.tokens], "scaling": tr.scaling, "truncated": tr.truncated,
-        "unsupported": tr.unsupported, "axes": {k: list(v) for k, v in ARRAY_AXES.items()},
-        "check": tr.check().to_dict(), "generation": g.metadata(),
-    }
-
-
 def save_generation(g: GenerationTrace, path: str | os.PathLike[str]) -> None:
-    p = Path(path)
-    if p.suffix not in (".safetensors", ".npz"):
-        raise AttnscopeError(f"cannot save a generation as {p.name!r}: use a .safetensors or .npz file name")
-    if not p.parent.is_dir():
-        raise AttnscopeError(f"cannot write {p}: {p.parent} is not a directory (create it first)")
-    arrays = {k: np.ascontiguousarray(g.trace.arrays[k]) for k in g.trace.arrays}
-    arrays["input_ids"] = np.asarray([t.id for t in g.trace.tokens], dtype=np.int64)
-    meta = json.dumps(_file_metadata(g))
-    try:
-        if p.suffix == ".safetensors":
-            from safetensors import SafetensorError
-            from safetensors.numpy import save_file
-
-            try:
-                save_file(arrays, str(p), metadata={_META_KEY: meta})
-            except SafetensorError as exc:  # its I/O errors are not OSErrors
-                raise AttnscopeError(f"cannot write {p}: {exc}") from exc
-        else:
-            tokens = np.asarray(g.trace.token_strings, dtype=np.str_)
-            np.savez_compressed(p, **arrays, tokens=tokens, __meta__=np.asarray([meta]))  # type: ignore[arg-type]
-    except OSError as exc:
-        raise AttnscopeError(f"cannot write {p}: {exc.strerror or exc}") from exc
+    """The trace's file (records.trace.file_arrays and file_metadata) with the generation in its metadata."""
+    meta = {**file_metadata(g.trace), "generation": g.metadata()}
+    files.write(Path(path), file_arrays(g.trace), meta, {"tokens": g.trace.token_strings}, what="a generation")
 
 
 def load_generation(path: str | os.PathLike[str]) -> GenerationTrace:
     """Read a file written by GenerationTrace.save; a plain trace file is an error that says so."""
-    from attnscope.records.storage import load_trace_and_metadata
-
     p = Path(path)
     tr, meta = load_trace_and_metadata(p)  # validates the file and its format, with one-line errors
     gen = meta.get("generation")

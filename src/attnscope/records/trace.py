@@ -1,7 +1,10 @@
 """The Trace: one text's tokens, captured arrays and verification, as a plain record (torch-free).
 
-`attnscope.tracing.one_pass.trace` makes one from a model; `attnscope.records.storage` reads and writes them. Views and
-saved-trace readers import this module without loading torch or transformers.
+`attnscope.tracing.one_pass.trace` makes one from a model; `Trace.save` and `load_trace` write and read them (the
+file format is records.files: arrays named by stage, with the axes of `attnscope.stages.ARRAY_AXES`, plus
+`input_ids` [token]; an encoder-decoder trace keeps its three kinds apart by prefix: `encoder.weights`,
+`cross.memory`, ..., its metadata one entry per kind under "kinds"). Views and saved-trace readers import this
+module without loading torch or transformers.
 """
 
 from __future__ import annotations
@@ -9,12 +12,15 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.records import check_report as report
+from attnscope.records import files
+from attnscope.stages import ARRAY_AXES, ATTENTION_KINDS
 from attnscope.tokens import Token
 
 
@@ -175,14 +181,10 @@ class Trace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `.safetensors` or `.npz` (arrays by stage name, metadata as JSON)."""
-        from attnscope.records.storage import save_trace
-
         save_trace(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Trace:
-        from attnscope.records.storage import load_trace
-
         return load_trace(path)
 
     def __repr__(self) -> str:
@@ -262,16 +264,113 @@ class EncoderDecoderTrace:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write `.safetensors` or `.npz`: each kind's arrays prefixed by its name (`cross.weights`)."""
-        from attnscope.records.storage import save_trace
-
         save_trace(self, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> EncoderDecoderTrace:
-        from attnscope.records.storage import load_encoder_decoder
-
         return load_encoder_decoder(path)
 
     def __repr__(self) -> str:
         return (f"EncoderDecoderTrace(model={self.model.get('name')!r}, source_tokens={self.encoder.n_tokens}, "
                 f"target_tokens={self.decoder.n_tokens}, layers={self.encoder.n_layers}/{self.decoder.n_layers})")
+
+
+# Files (records.files): what a trace's arrays and metadata hold.
+def file_metadata(tr: Trace) -> dict[str, Any]:
+    """A trace's metadata in its file: the record's fields, the axes, and its check."""
+    return {
+        "format": files.FORMAT_VERSION,
+        "model": tr.model,
+        "text": tr.text,
+        "pair": tr.pair,
+        "tokens": [t.to_dict() for t in tr.tokens],
+        "scaling": tr.scaling,
+        "truncated": tr.truncated,
+        "unsupported": tr.unsupported,
+        "axes": {k: list(v) for k, v in ARRAY_AXES.items()},
+        "check": tr.check().to_dict(),
+        **({} if tr.attention == "self" else {"attention": tr.attention}),
+        **({} if tr.key_tokens is None else {"key_tokens": [t.to_dict() for t in tr.key_tokens]}),
+    }
+
+
+def file_arrays(tr: Trace, prefix: str = "") -> dict[str, np.ndarray]:
+    """A trace's arrays by stage name, plus input_ids [token]; prefix names an encoder-decoder's kind."""
+    arrays = {prefix + k: np.ascontiguousarray(v) for k, v in tr.arrays.items()}
+    arrays[prefix + "input_ids"] = np.asarray([t.id for t in tr.tokens], dtype=np.int64)
+    return arrays
+
+
+def save_trace(tr: Trace | EncoderDecoderTrace, path: str | os.PathLike[str]) -> None:
+    """Write a trace, or an encoder-decoder trace (its kinds' arrays prefixed by kind: `cross.weights`)."""
+    if isinstance(tr, EncoderDecoderTrace):
+        arrays: dict[str, np.ndarray] = {}
+        for kind, t in tr.kinds.items():
+            arrays.update(file_arrays(t, f"{kind}."))
+        meta: dict[str, Any] = {"format": files.FORMAT_VERSION, "model": tr.model, "source": tr.source,
+                                "target": tr.target, "kinds": {kind: file_metadata(t) for kind, t in tr.kinds.items()}}
+        tokens = {f"{kind}.tokens": [tok.text for tok in t.tokens] for kind, t in tr.kinds.items()}
+    else:
+        arrays, meta, tokens = file_arrays(tr), file_metadata(tr), {"tokens": tr.token_strings}
+    files.write(Path(path), arrays, meta, tokens)
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """A saved Trace (an encoder-decoder file: one line saying to use load_encoder_decoder)."""
+    return load_trace_and_metadata(path)[0]
+
+
+def load_trace_and_metadata(path: str | os.PathLike[str]) -> tuple[Trace, dict[str, Any]]:
+    """A saved Trace and its file's metadata (where a generation file keeps its steps:
+    attnscope.records.generation), read once."""
+    loaded, meta = _load(Path(path))
+    if isinstance(loaded, EncoderDecoderTrace):
+        raise AttnscopeError(f"{path} holds an encoder-decoder trace (encoder, decoder and cross-attention): load it "
+                             "with attnscope.EncoderDecoderTrace.load")
+    return loaded, meta
+
+
+def load_encoder_decoder(path: str | os.PathLike[str]) -> EncoderDecoderTrace:
+    """A saved EncoderDecoderTrace (a plain trace's file: one line saying so)."""
+    loaded = load(path)
+    if not isinstance(loaded, EncoderDecoderTrace):
+        raise AttnscopeError(f"{path} holds a trace of one kind of attention, not an encoder-decoder trace: load it "
+                             "with attnscope.Trace.load")
+    return loaded
+
+
+def load(path: str | os.PathLike[str]) -> Trace | EncoderDecoderTrace:
+    """Whichever the file holds: a Trace, or an EncoderDecoderTrace."""
+    return _load(Path(path))[0]
+
+
+def _load(p: Path) -> tuple[Trace | EncoderDecoderTrace, dict[str, Any]]:
+    """What the file holds, and its metadata."""
+    arrays, meta = files.read(p)
+    try:
+        loaded = _encoder_decoder_from(arrays, meta) if "kinds" in meta else _trace_from(arrays, meta)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AttnscopeError(f"{p} is not an attnscope trace: {type(exc).__name__} {exc}") from exc
+    return loaded, meta
+
+
+def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> EncoderDecoderTrace:
+    kinds = []
+    for kind in ATTENTION_KINDS:
+        prefix = f"{kind}."
+        own = {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
+        kinds.append(_trace_from(own, meta["kinds"][kind]))
+    return EncoderDecoderTrace(meta["model"], meta["source"], meta.get("target"), *kinds)
+
+
+def _trace_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Trace:
+    tokens = [Token(**t) for t in meta["tokens"]]
+    stages = {k: v for k, v in arrays.items() if k in ARRAY_AXES}
+    keys = [Token(**t) for t in meta["key_tokens"]] if meta.get("key_tokens") is not None else None
+    tr = Trace(meta["model"], meta["text"], meta.get("pair"), tokens, stages, list(meta["scaling"]),
+               bool(meta.get("truncated", False)), unsupported=meta.get("unsupported"),
+               attention=str(meta.get("attention", "self")), key_tokens=keys)
+    tr.saved_check = meta.get("check")
+    if tr.saved_check is not None:
+        report.report_from_dict(tr.saved_check)  # validate now, not when a view asks
+    return tr

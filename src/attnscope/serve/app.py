@@ -33,7 +33,7 @@ from attnscope.serve.api import (
     head_fields,
     trace_fields,
 )
-from attnscope.serve.fields import RequestError, parse_body, parse_json
+from attnscope.serve.fields import RequestError, parse_body, read_json
 from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
 from attnscope.serve.interventions import ablate_fields, patch_fields
@@ -179,19 +179,6 @@ async def _disconnected(request: Request) -> None:
     """Return once the client has hung up (the body is read: receive() now waits for the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing (413) as soon as it is over the limit, before reading it all."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of {limit}: send less text")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise RequestError(413, f"the body is over the limit of {limit} bytes: send less text")
-    return parse_json(bytes(body))
 
 
 async def _request_error(_request: Request, exc: Exception) -> Response:

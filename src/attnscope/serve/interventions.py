@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
-from attnscope.serve.fields import Field, parse_body
+from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -137,15 +137,11 @@ def routes(settings: Settings, service: Service, run: Run, a_fields: list[Field]
     p_fields validate their bodies (ablate_fields, patch_fields: the app's OpenAPI document shows the same)."""
 
     async def ablate(request: Request) -> Response:
-        from attnscope.serve.app import read_json
-
         req = AblateRequest(**parse_body(await read_json(request, settings.max_body_bytes), a_fields))
         body = await run(request, lambda r, stop: ablate_body(service, r, stop), req)
         return Response(body, media_type="application/json")
 
     async def patch(request: Request) -> Response:
-        from attnscope.serve.app import read_json
-
         req = PatchRequest(**parse_body(await read_json(request, settings.max_body_bytes), p_fields))
         body = await run(request, lambda r, stop: patch_body(service, r, stop), req)
         return Response(body, media_type="application/json")

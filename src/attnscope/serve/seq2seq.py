@@ -16,6 +16,7 @@ import numpy as np
 from attnscope import families
 from attnscope.errors import AttnscopeError
 from attnscope.serve.api import TraceRequest
+from attnscope.serve.encode import encode_array, stage_array, to_json
 from attnscope.serve.pool import checkpoint
 from attnscope.stages import ARRAY_AXES
 
@@ -43,7 +44,6 @@ def validate_target(m: Model, req: TraceRequest) -> None:
 
 def seq2seq_body(service: Service, req: TraceRequest, stop: threading.Event) -> bytes:
     """The three kinds' tokens, checks and arrays (JSON), and their payload when asked."""
-    from attnscope.serve.service import stage_array, to_json
     from attnscope.tracing.seq2seq import trace_seq2seq
 
     m = service.model(req.model)
@@ -66,7 +66,6 @@ def seq2seq_body(service: Service, req: TraceRequest, stop: threading.Event) -> 
 
 
 def _kind(t: Any, arrays: dict[str, np.ndarray], encoding: str) -> dict[str, Any]:
-    from attnscope.serve.service import encode_array
 
     return {"tokens": [x.to_dict() for x in t.tokens], "key_tokens": [x.to_dict() for x in t.keys],
             "truncated": t.truncated, "check": t.check().to_dict(),
@@ -74,7 +73,6 @@ def _kind(t: Any, arrays: dict[str, np.ndarray], encoding: str) -> dict[str, Any
 
 
 def _payload(ed: EncoderDecoderTrace) -> bytes:
-    from attnscope.serve.service import to_json
     from attnscope.views.kinds import family_payload
 
     return to_json(family_payload(ed.kinds, (ed.source, ed.target_text), neuron="none", attention="cross"))

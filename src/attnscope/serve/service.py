@@ -5,7 +5,6 @@ Everything here is blocking and returns response bytes, so the event loop only m
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 import threading
@@ -22,6 +21,7 @@ from attnscope.models import Model, describe, load_model
 from attnscope.serve import binary, maps, wordmaps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
+from attnscope.serve.encode import encode_array, stage_array, to_json
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
@@ -186,23 +186,6 @@ def load_models(specs: tuple[str, ...]) -> dict[str, Model]:
     return out
 
 
-def stage_array(tr: Trace, stage: str) -> np.ndarray:
-    """A stage's array; rollout, flow and norms are computed on request where installed."""
-    if stage in tr.arrays:
-        return tr.arrays[stage]
-    try:
-        if stage == "rollout":
-            return tr.rollout()
-        if stage == "flow":
-            return tr.flow()
-        if stage in ("norm_head", "norm_layer"):
-            return tr.norms()[stage]
-    except ImportError as exc:
-        raise AttnscopeError(f"stage {stage!r} is not available in this installation of attnscope") from exc
-    raise AttnscopeError(f"this trace has no {stage!r} array ({tr.model.get('architecture')}): "
-                         f"ask for {', '.join(tr.arrays)}")
-
-
 def response_array(tr: Trace, stage: str, req: TraceRequest) -> np.ndarray | binary.Parts:
     """A stage for a response; uint8 maps still in the forward pass's batch are quantized where they are
     (binary.Parts), which spares laying them out (8 ms of 20 for MiniLM's weights at 256 tokens)."""
@@ -232,14 +215,6 @@ class Budget:
                                  f"{self.max_bytes / 2**20:.0f} MiB: ask for fewer stages or a smaller max_length")
 
 
-def encode_array(a: np.ndarray, axes: tuple[str, ...], encoding: str) -> dict[str, Any]:
-    """One array with its axes: base64 of little-endian float32 (C order), or nested lists."""
-    f32 = np.ascontiguousarray(a, dtype="<f4")
-    data: Any = base64.b64encode(f32.tobytes()).decode("ascii") if encoding == "base64" else f32.tolist()
-    return {"axes": list(axes), "shape": list(f32.shape), "dtype": "float32", "encoding": encoding,
-            "data": data}
-
-
 def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
     """The views' payload (attnscope.views.payload) as JSON: raw weights plus the `optional` sources, and
     their word-level payload when some word has several pieces (views.words).
@@ -261,12 +236,3 @@ def views_payload(e: Entry, optional: tuple[str, ...]) -> bytes:
                                                                           "word_of": words.unit.tolist()}
         e.payloads[optional] = to_json(data)
     return e.payloads[optional]
-
-
-def to_json(body: Any) -> bytes:
-    """Strict JSON: a NaN or infinity from the model is a server error, never hidden."""
-    try:
-        text = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except ValueError as exc:
-        raise ArithmeticError(f"the model produced NaN or infinite numbers; cannot send them as JSON: {exc}") from exc
-    return text.encode("utf-8")

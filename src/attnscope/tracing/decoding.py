@@ -22,16 +22,15 @@ from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from attnscope import maths
 from attnscope.capture import AttentionCall, attention_modules, recording
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.families import family_of, is_encoder_decoder
 from attnscope.models import Model, ModelLike, describe, load_model
-from attnscope.records.arrays import Pending, TraceArrays
+from attnscope.records.arrays import Pending, TraceArrays, token_index
 from attnscope.records.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.records.trace import Trace
-from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token, encode
+from attnscope.tracing import rows
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +144,7 @@ class StepRecorder:
         """The arrays of the first n_rows positions (copied only when the generation stopped early)."""
         out = {}
         for stage, a in self.arrays.items():
-            index = tuple(slice(0, n_rows) if axis in TOKEN_AXES else slice(None) for axis in ARRAY_AXES[stage])
-            out[stage] = a if n_rows == self.max_rows else np.ascontiguousarray(a[index])
+            out[stage] = a if n_rows == self.max_rows else np.ascontiguousarray(a[token_index(stage, n_rows)])
         return out
 
 
@@ -347,12 +345,7 @@ def per_layer(arrays: dict[str, np.ndarray]) -> dict[str, list[torch.Tensor]]:
 
 def trace_arrays(arrays: dict[str, np.ndarray]) -> TraceArrays:
     """The trace's arrays, with scores (q k^T) computed when first read."""
-    def scores() -> np.ndarray:
-        q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])  # [layer, head|kv_head, token, d_head]
-        k = maths.expand_kv(k, int(q.shape[1]) // int(k.shape[1]))  # the k/v head each query head reads
-        return (q @ k.transpose(-1, -2)).numpy()  # [layer, head, query, key]
-
-    return TraceArrays({**arrays, "scores": Pending(scores)})
+    return TraceArrays({**arrays, "scores": Pending(lambda: rows.scores(arrays))})
 
 
 __all__ = ["MAX_NEW_TOKENS", "GenerationInterrupted", "GenerationTrace", "generate"]

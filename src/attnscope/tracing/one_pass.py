@@ -15,9 +15,9 @@ from attnscope.errors import AttnscopeError
 from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
 from attnscope.placement import on_host
-from attnscope.records.arrays import row_arrays
 from attnscope.records.trace import Trace
 from attnscope.tokens import Encoded, encode, validate_max_length
+from attnscope.tracing.rows import row_arrays
 from attnscope.verify import check as checking
 from attnscope.verify.recompute import layer_params
 

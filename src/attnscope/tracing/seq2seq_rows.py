@@ -7,21 +7,15 @@ target, source]. Each side is cut to its own length (padding dropped) the first 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-import torch
 
 from attnscope.maths import AttentionParams
 from attnscope.records.arrays import Pending, TraceArrays
 from attnscope.records.trace import Trace
-from attnscope.stages import ARRAY_AXES, TOKEN_AXES
 from attnscope.tokens import Token
+from attnscope.tracing import rows
 from attnscope.verify.seq2seq import KindCapture, KindCheck
-
-KEY_SIDE = ("k", "v")  # stages whose token axis runs over the keys (the source, for cross-attention)
 
 
 @dataclass
@@ -57,26 +51,8 @@ def kind_traces(traced: list[KindResult], row: int, source_tokens: list[Token], 
 
 def row_arrays(kc: KindCapture, row: int, n_query: int, n_key: int) -> TraceArrays:
     """One row's stages [layer, ...] (memory [key, d_model]), each side cut to its length; scores from q, k."""
-    items: dict[str, np.ndarray | Pending] = {
-        stage: Pending(_cut(ts, stage, row, n_query, n_key)) for stage, ts in kc.layers.items()}
+    more = {}
     if kc.memory is not None:
         memory = kc.memory[0]  # every cross layer reads the same encoder output
-        items["memory"] = Pending(lambda: memory[row, :n_key].numpy().copy())
-    items["scores"] = Pending(lambda: _scores(arrays))
-    arrays = TraceArrays(items)
-    return arrays
-
-
-def _cut(layers: list[torch.Tensor], stage: str, row: int, n_query: int, n_key: int) -> Callable[[], np.ndarray]:
-    def length(axis: str) -> int:
-        return n_key if axis == "key" or stage in KEY_SIDE else n_query
-
-    index = (row, *(slice(0, length(a)) if a in TOKEN_AXES else slice(None) for a in ARRAY_AXES[stage][1:]))
-    return lambda: np.stack([t[index].numpy() for t in layers])
-
-
-def _scores(arrays: TraceArrays) -> np.ndarray:
-    """q k^T: [layer, head, query, d_head] x [layer, kv_head, key, d_head] -> [layer, head, query, key]."""
-    q, k = torch.from_numpy(arrays["q"]), torch.from_numpy(arrays["k"])
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1) if k.shape[1] != q.shape[1] else k
-    return torch.matmul(q, k.transpose(-1, -2)).numpy()
+        more["memory"] = Pending(lambda: memory[row, :n_key].numpy().copy())
+    return rows.row_arrays(kc.layers, row, n_query, n_key, more)

@@ -25,7 +25,7 @@ Layers, heads and tokens are 0-indexed everywhere, as in the trace.
 Sources: every [query, key] array in `trace.arrays` (raw "weights" first, then "norm_head",
 "rollout", "norm_layer", "flow" when computed) is offered in the views' source switch.
 
-Encoder-decoder traces (traces.EncoderDecoderTrace): one page carries the encoder, decoder and
+Encoder-decoder traces (records.trace.EncoderDecoderTrace): one page carries the encoder, decoder and
 cross-attention payloads (views/kinds.py) and a selector in every view switches among them.
 Cross-attention's queries are the target tokens and its keys the source tokens ("key_tokens").
 """
@@ -36,10 +36,10 @@ import html
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from attnscope.errors import AttnscopeError
-from attnscope.views.kinds import family_payload
+from attnscope.views.kinds import family_payload, is_encoder_decoder
 from attnscope.views.page import bundle, css, js, page
 from attnscope.views.payload import VIEWS, NeuronChoice, neuron_block, payload
 from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, family_page_size, page_size, validate_page_size
@@ -47,7 +47,7 @@ from attnscope.views.size import MAX_PAGE_MB, PageTooLarge, family_page_size, pa
 if TYPE_CHECKING:  # rendering a saved trace imports neither torch nor transformers
     from attnscope.records.trace import EncoderDecoderTrace, Trace
 
-    AnyTrace = Trace | EncoderDecoderTrace
+    AnyTrace: TypeAlias = Trace | EncoderDecoderTrace
 
 REPR_VIEW = "all"
 
@@ -107,9 +107,7 @@ def to_html(
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
                "heads": None if show_heads is None else list(show_heads)}
     wants_neuron = view in ("neuron", "all")
-    from attnscope.records.trace import EncoderDecoderTrace
-
-    if isinstance(trace, EncoderDecoderTrace):
+    if is_encoder_decoder(trace):
         if word_level:
             raise AttnscopeError("word_level is not available for an encoder-decoder trace: leave it False")
         texts = (trace.source, trace.decoder.text if trace.target is None else trace.target)
@@ -165,9 +163,7 @@ def iframe(document: str, height: int = 640) -> str:
 
 def frame_height(trace: AnyTrace, view: str) -> int:
     """A first height for a notebook frame (people can drag it taller): what the view needs, within 320-760 px."""
-    from attnscope.records.trace import EncoderDecoderTrace
-
-    if isinstance(trace, EncoderDecoderTrace):  # the tallest of its kinds
+    if is_encoder_decoder(trace):  # the tallest of its kinds
         return max(frame_height(t, view) for t in trace.kinds.values())
     rows = max(trace.n_tokens, trace.n_keys)  # cross-attention: the longer of target and source
     needs = {"head": 20 * rows + 190, "neuron": 22 * rows + 240, "matrix": 640, "model": 66 * trace.n_layers + 200}

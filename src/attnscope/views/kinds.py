@@ -16,14 +16,20 @@ from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
 from attnscope.views.payload import NEURON_BUDGET, NeuronChoice, payload, select
 
 if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
+
     from attnscope.records.trace import EncoderDecoderTrace, Trace
+
+
+def is_encoder_decoder(trace: Trace | EncoderDecoderTrace) -> TypeIs[EncoderDecoderTrace]:
+    """An encoder-decoder trace holds its three kinds; a Trace is one kind. Told by that, not by isinstance:
+    records call views (Trace.to_html), so views never import records when they run."""
+    return hasattr(trace, "kinds")
 
 
 def kinds_of(trace: Trace | EncoderDecoderTrace) -> dict[str, Trace] | None:
     """An encoder-decoder trace's three kinds of attention, in order; None for a single trace."""
-    from attnscope.records.trace import EncoderDecoderTrace
-
-    return trace.kinds if isinstance(trace, EncoderDecoderTrace) else None
+    return trace.kinds if is_encoder_decoder(trace) else None
 
 
 def validate_kinds(kinds: Mapping[str, Trace], attention: str | None) -> str:
