@@ -82,7 +82,8 @@ def _expected(tok: object, texts: list[str], pairs: list[str | None], max_length
             word = None if special[i] or word_ids[i] is None else \
                 words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
             start, end = (None, None) if special[i] else tuple(offsets[i])
-            row_tokens.append(Token(i, strings[i], ids[i], start, end, bool(special[i]), word, segments[i]))
+            row_tokens.append(Token(index=i, text=strings[i], id=ids[i], start=start, end=end, special=bool(special[i]),
+                                    word=word, segment=segments[i]))
         out.append(row_tokens)
     return out
 

@@ -10,10 +10,9 @@ Names are imported on first use, so `import attnscope` (and the CLI's --help) st
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from attnscope import _moved
+from attnscope import _lazy, _moved
 
 __version__ = "0.1.0"
 _moved.install()  # old module paths (attnscope.traces, attnscope.report, ...) load the moved modules
@@ -73,10 +72,7 @@ if TYPE_CHECKING:
     from attnscope.tracing.seq2seq_decoding import generate_seq2seq
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'attnscope' has no attribute {name!r}")
+__getattr__ = _lazy.exports("attnscope", _EXPORTS)
 
 
 def __dir__() -> list[str]:

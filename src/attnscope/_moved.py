@@ -29,6 +29,7 @@ MOVED = {
     "attnscope.steps": "attnscope.explain.steps",
     "attnscope.render": "attnscope.explain.render",
     "attnscope.toy": "attnscope.explain.toy",
+    "attnscope.stats.report": "attnscope.stats.report_page",
 }
 
 

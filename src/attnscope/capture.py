@@ -145,28 +145,37 @@ def recording(model: PreTrainedModel, recorder: Recorder) -> Iterator[None]:
 def capturing(model: PreTrainedModel) -> Iterator[LayerCapture]:
     """Capture q, k, v, weights and context per layer, plus x and output where the family is known."""
     cap = LayerCapture()
+    with hooked(model, cap, cap.x.append, cap.output.append):
+        yield cap
+
+
+@contextlib.contextmanager
+def hooked(model: PreTrainedModel, recorder: Recorder, on_x: Callable[[torch.Tensor], None],
+           on_output: Callable[[torch.Tensor], None]) -> Iterator[None]:
+    """Attention calls go to the recorder; each layer's attention input x [batch, token, d_model] to on_x and,
+    where the family is known, its output projection's result [batch, token, d_model] to on_output (detached)."""
     handles = []
     fam = family_of(model)
     for mod in attention_modules(model):
-        handles.append(mod.register_forward_pre_hook(_x_hook(cap), with_kwargs=True))
+        handles.append(mod.register_forward_pre_hook(_x_hook(on_x), with_kwargs=True))
         if fam is not None:
             proj = fam.out_proj(model, mod)
-            handles.append(proj.register_forward_hook(lambda _m, _i, out: cap.output.append(out.detach())))
+            handles.append(proj.register_forward_hook(lambda _m, _i, out: on_output(out.detach())))
     try:
-        with recording(model, cap):
-            yield cap
+        with recording(model, recorder):
+            yield
     finally:
         for h in handles:
             h.remove()
 
 
-def _x_hook(cap: LayerCapture) -> Callable[..., None]:
+def _x_hook(on_x: Callable[[torch.Tensor], None]) -> Callable[..., None]:
     def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         x = args[0] if args else kwargs["hidden_states"]
-        cap.x.append(x.detach())
+        on_x(x.detach())
 
     return hook
 
 
 __all__ = ["ATTENTION_NAME", "AttentionCall", "LayerCapture", "Recorder", "attention_function",
-           "attention_implementation", "attention_modules", "capturing", "recording"]
+           "attention_implementation", "attention_modules", "capturing", "hooked", "recording"]

@@ -269,3 +269,16 @@ def describe(model: Model) -> dict[str, Any]:
         "dtype": dtype_name(model.dtype),
         "device": str(model.device),
     }
+
+
+def describe_capture(model: Model, q: torch.Tensor | None, k: torch.Tensor | None, x: torch.Tensor | None,
+                     layers: int, causal: bool) -> dict[str, Any]:
+    """describe(model) plus what every trace records of a capture: the family, where x comes from, causality,
+    and the sizes read off a layer's q [..., head, token, d_head], k [..., kv_head, token, d_head], x [..., d_model].
+    Producers add what only they know (the rotation, the pre-attention norm, the kind of attention)."""
+    fam = families.family_of(model.model)
+    return {**describe(model), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
+            "causal": causal, "layers": layers,
+            "d_head": int(q.shape[-1]) if q is not None else None,
+            "kv_heads": int(k.shape[-3]) if k is not None else None,  # query head h reads k/v head h // (heads / kv)
+            "d_model": int(x.shape[-1]) if x is not None else None}

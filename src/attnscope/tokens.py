@@ -16,18 +16,19 @@ if TYPE_CHECKING:  # the Token record is read by views of saved traces, without 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Token:
-    """One token of a traced text. Offsets index the text of its segment (0: text, 1: pair)."""
+    """One token of a traced text. Offsets index the text of its segment (0: text, 1: pair); a token with no
+    place in a text (generated, or given as ids) has none."""
 
     index: int
     text: str
     id: int
-    start: int | None
-    end: int | None
-    special: bool
-    word: int | None  # word index over the whole input (pieces of one word share it)
-    segment: int  # 0 for the first text, 1 for the pair
+    start: int | None = None
+    end: int | None = None
+    special: bool = False
+    word: int | None = None  # word index over the whole input (pieces of one word share it)
+    segment: int = 0  # 0 for the first text, 1 for the pair
 
     def to_dict(self) -> dict[str, Any]:
         # its fields are plain values: a shallow dict is dataclasses.asdict without its deep copy (30x faster,
@@ -175,5 +176,6 @@ def _tokens_of(enc: Any, n: int, type_ids: bool) -> list[Token]:
         if not is_special and word_ids[i] is not None:
             word = words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
         start, end = (None, None) if is_special else offsets[i]
-        out.append(Token(i, strings[i], ids[i], start, end, is_special, word, segments[i]))
+        out.append(Token(index=i, text=strings[i], id=ids[i], start=start, end=end, special=is_special, word=word,
+                         segment=segments[i]))
     return out

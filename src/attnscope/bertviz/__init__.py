@@ -105,7 +105,7 @@ def _kinds(given: dict[str, Any], tokens: dict[str, Any], prettify: bool) -> dic
 
 
 def _tokens(tokens: Sequence[str], segment_b: int) -> list[Token]:
-    return [Token(i, str(t), -1, None, None, bool(_SPECIAL.match(str(t))), None, int(i >= segment_b))
+    return [Token(index=i, text=str(t), id=-1, special=bool(_SPECIAL.match(str(t))), segment=int(i >= segment_b))
             for i, t in enumerate(tokens)]
 
 
@@ -127,7 +127,8 @@ def trace_from_attention(weights: np.ndarray, tokens: Sequence[str], sentence_b_
     text = " ".join(t.text for t in toks[:b])
     pair = " ".join(t.text for t in toks[b:]) if sentence_b_start is not None else None
     keys = None if key_tokens is None else _tokens(key_tokens, len(key_tokens))
-    return Trace(info, text, pair, toks, {"weights": weights}, [], unsupported=UNVERIFIED, attention=attention,
+    return Trace(model=info, text=text, pair=pair, tokens=toks, arrays={"weights": weights}, scaling=[],
+                 unsupported=UNVERIFIED, attention=attention,
                  key_tokens=keys)
 
 

@@ -156,7 +156,7 @@ def _checkpointed(out: str) -> str:
 
 
 def _print_summary(out: str, result: RunResult, run_info: dict[str, Any], written: Written) -> None:
-    from attnscope.stats.report import report_text
+    from attnscope.stats.report_page import report_text
 
     state = result.state
     if result.resumed_from == state.documents:

@@ -8,8 +8,7 @@ this package loads neither torch nor the walkthrough until a name is used.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from attnscope import _lazy
 
 _EXPORTS = {
     "walkthrough": "attnscope.explain.from_trace",
@@ -18,7 +17,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'attnscope.explain' has no attribute {name!r}")
+__getattr__ = _lazy.exports("attnscope.explain", _EXPORTS)

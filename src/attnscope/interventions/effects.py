@@ -88,7 +88,7 @@ def prepare(m: Model, text: str, target: str | None = None, max_length: int = 25
     if inputs["input_ids"].shape[1] > m.max_positions:
         raise AttnscopeError(f"text and target are {inputs['input_ids'].shape[1]} tokens, over the "
                              f"{m.max_positions} positions {m.name} reads: shorten them")
-    extra = [Token(n + i, s, t, None, None, False, None, 0)
+    extra = [Token(index=n + i, text=s, id=t)
              for i, (t, s) in enumerate(zip(ids, m.tokenizer.convert_ids_to_tokens(ids), strict=True))]
     return Probe(m, kind, inputs, tokens + extra, ids, [n - 1 + i for i in range(len(ids))])
 

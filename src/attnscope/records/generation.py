@@ -102,7 +102,7 @@ class GenerationTrace:
     @property
     def tokens(self) -> list[Token]:
         """Every token of the final sequence: the prompt's, then each step's."""
-        new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in self.steps]
+        new = [Token(index=s.position, text=s.text, id=s.id, special=s.special) for s in self.steps]
         return [*self.prompt_tokens, *new]
 
     def query_position(self, step: int) -> int:
@@ -139,7 +139,8 @@ class GenerationTrace:
         tr = self.trace
         kept = [name for name in tr.arrays if name in ARRAY_AXES and name != "flow"]  # flow mixes later rows in
         arrays = {name: tr.arrays[name][token_index(name, n)] for name in kept}
-        sub = Trace(tr.model, tr.text, None, tr.tokens[:n], arrays, tr.scaling, comparisons=tr.comparisons,
+        sub = Trace(model=tr.model, text=tr.text, pair=None, tokens=tr.tokens[:n], arrays=arrays, scaling=tr.scaling,
+                    comparisons=tr.comparisons,
                     unsupported=tr.unsupported)
         sub.saved_check = tr.saved_check
         return sub

@@ -24,7 +24,7 @@ from attnscope.stages import ARRAY_AXES, ATTENTION_KINDS
 from attnscope.tokens import Token
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Trace:
     """One text's attention in every layer and head, as the model computed it.
 
@@ -195,7 +195,7 @@ class Trace:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class EncoderDecoderTrace:
     """An encoder-decoder model (T5, BART, Marian) on a source and a target: its three kinds of attention.
 
@@ -355,20 +355,21 @@ def _load(p: Path) -> tuple[Trace | EncoderDecoderTrace, dict[str, Any]]:
 
 
 def _encoder_decoder_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> EncoderDecoderTrace:
-    kinds = []
+    kinds = {}
     for kind in ATTENTION_KINDS:
         prefix = f"{kind}."
         own = {k.removeprefix(prefix): v for k, v in arrays.items() if k.startswith(prefix)}
-        kinds.append(_trace_from(own, meta["kinds"][kind]))
-    return EncoderDecoderTrace(meta["model"], meta["source"], meta.get("target"), *kinds)
+        kinds[kind] = _trace_from(own, meta["kinds"][kind])
+    return EncoderDecoderTrace(model=meta["model"], source=meta["source"], target=meta.get("target"), **kinds)
 
 
 def _trace_from(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> Trace:
     tokens = [Token(**t) for t in meta["tokens"]]
     stages = {k: v for k, v in arrays.items() if k in ARRAY_AXES}
     keys = [Token(**t) for t in meta["key_tokens"]] if meta.get("key_tokens") is not None else None
-    tr = Trace(meta["model"], meta["text"], meta.get("pair"), tokens, stages, list(meta["scaling"]),
-               bool(meta.get("truncated", False)), unsupported=meta.get("unsupported"),
+    tr = Trace(model=meta["model"], text=meta["text"], pair=meta.get("pair"), tokens=tokens, arrays=stages,
+               scaling=list(meta["scaling"]), truncated=bool(meta.get("truncated", False)),
+               unsupported=meta.get("unsupported"),
                attention=str(meta.get("attention", "self")), key_tokens=keys)
     tr.saved_check = meta.get("check")
     if tr.saved_check is not None:

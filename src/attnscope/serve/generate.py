@@ -4,7 +4,7 @@ Lines: {"event": "start", ...} once, with what the view needs before any step (m
 {"event": "token", ...} for each step as soon as its token is chosen (token, probability, top
 alternatives); then {"event": "done", ...} with the whole generation view payload (every step's attention
 rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun.
-Bounded like the other endpoints: max_new_tokens (at most MAX_NEW_TOKENS), the prompt's characters and
+Bounded like the other endpoints: max_new_tokens (at most REQUEST_NEW_TOKENS), the prompt's characters and
 tokens, the pool's queue and deadline (a job past it, or whose client left, stops at its next token).
 """
 
@@ -25,7 +25,7 @@ from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
 
-MAX_NEW_TOKENS = 64  # per request
+REQUEST_NEW_TOKENS = 64  # the most new tokens one request to /api/generate may ask for
 NDJSON = "application/x-ndjson"
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 1000
@@ -48,7 +48,7 @@ def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("model", "string", "A decoder this server serves (GET /api/models); null for the default.",
               nullable=True, enum=tuple(models)),
         Field("max_new_tokens", "integer", "At most this many new tokens (stops at end of sequence).",
-              default=16, minimum=1, maximum=MAX_NEW_TOKENS),
+              default=16, minimum=1, maximum=REQUEST_NEW_TOKENS),
         Field("temperature", "number", "Sample at this temperature (null: greedy unless top_k or top_p is set).",
               nullable=True, minimum=0, exclusive_minimum=True, maximum=MAX_TEMPERATURE),
         Field("top_k", "integer", "Sample from the k most probable tokens only (null: all).", nullable=True,

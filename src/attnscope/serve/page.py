@@ -13,7 +13,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from attnscope.serve.generate import MAX_NEW_TOKENS
+from attnscope.serve.generate import REQUEST_NEW_TOKENS
 from attnscope.views import css as views_css
 from attnscope.views import js as views_js
 from attnscope.views.generation import STYLE as GENERATION_STYLE
@@ -117,7 +117,7 @@ every step (layers, heads and tokens are 0-indexed)</p></header>
 <section id="sv-views" class="sv-views" aria-label="attention views"></section>
 <aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
 </div>
-{_generate_panel(max_chars, MAX_NEW_TOKENS)}
+{_generate_panel(max_chars, REQUEST_NEW_TOKENS)}
 <script type="application/json" id="sv-config">{config}</script>
 <script>{scripts[0]}</script>
 <script>{scripts[1]}</script>

@@ -151,7 +151,7 @@ class Written:
 def write_outputs(state: StatsState, model: Model, outdir: str | Path, source: dict[str, Any],
                   run: dict[str, Any], settings: Settings | None = None) -> Written:
     """Write every output file into outdir; returns their paths and the summary."""
-    from attnscope.stats.report import report_html
+    from attnscope.stats.report_page import report_html
 
     out = Path(outdir)
     written = [out / "heads.parquet", out / "heads.csv"]

@@ -10,8 +10,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from attnscope import _lazy
 
 _EXPORTS = {
     "trace": "attnscope.tracing.one_pass",
@@ -22,7 +21,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'attnscope.tracing' has no attribute {name!r}")
+__getattr__ = _lazy.exports("attnscope.tracing", _EXPORTS)

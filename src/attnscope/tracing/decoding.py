@@ -18,14 +18,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
 from transformers.generation.streamers import BaseStreamer
 
-from attnscope.capture import AttentionCall, attention_modules, recording
+from attnscope.capture import AttentionCall, attention_modules, hooked
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.families import family_of, is_encoder_decoder
-from attnscope.models import Model, ModelLike, describe, load_model
+from attnscope.models import Model, ModelLike, describe_capture, load_model
 from attnscope.records.arrays import Pending, TraceArrays, token_index
 from attnscope.records.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.records.trace import Trace
@@ -34,7 +33,7 @@ from attnscope.tracing import rows
 
 log = logging.getLogger(__name__)
 
-MAX_NEW_TOKENS = 1024
+NEW_TOKENS_LIMIT = 1024  # the most new tokens generate() writes in one call
 
 
 class GenerationInterrupted(KeyboardInterrupt):
@@ -48,8 +47,8 @@ class GenerationInterrupted(KeyboardInterrupt):
 def validate_settings(max_new_tokens: int, temperature: float | None, top_k: int | None, top_p: float | None,
                       alternatives: int) -> None:
     """One-line errors for sampling settings out of range (before any model is loaded)."""
-    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{MAX_NEW_TOKENS}",
+    if not 1 <= max_new_tokens <= NEW_TOKENS_LIMIT:
+        raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{NEW_TOKENS_LIMIT}",
                              parameter="max_new_tokens")
     if temperature is not None and not 0 < temperature < math.inf:  # inf would divide every logit into 0
         raise AttnscopeError(f"temperature {temperature} is out of range: use a finite number above 0 (1 samples "
@@ -150,28 +149,9 @@ class StepRecorder:
 
 @contextlib.contextmanager
 def recording_steps(model: PreTrainedModel, recorder: StepRecorder) -> Iterator[None]:
-    """Route attention through the recorder and hook x (attention input) and output per layer."""
-    fam = family_of(model)
-    handles = []
-    for mod in attention_modules(model):
-        handles.append(mod.register_forward_pre_hook(_x_hook(recorder), with_kwargs=True))
-        if fam is not None:
-            proj = fam.out_proj(model, mod)
-            handles.append(proj.register_forward_hook(lambda _m, _i, out: recorder.on_output(out[0].detach())))
-    try:
-        with recording(model, recorder):
-            yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _x_hook(recorder: StepRecorder) -> Callable[..., None]:
-    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        x = args[0] if args else kwargs["hidden_states"]
-        recorder.on_x(x[0].detach())  # [new, d_model]
-
-    return hook
+    """Route attention through the recorder and hook x (attention input) and output per layer (batch row 0)."""
+    with hooked(model, recorder, lambda x: recorder.on_x(x[0]), lambda out: recorder.on_output(out[0])):
+        yield  # on_x and on_output get [new, d_model]
 
 
 class _Distribution(LogitsProcessor):
@@ -308,15 +288,13 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
         return None
     arrays = recorder.cut(len(prompt_tokens) + n_steps - 1)
     layers = per_layer(arrays)
-    new = [Token(s.position, s.text, s.id, None, None, s.special, None, 0) for s in steps.steps[: n_steps - 1]]
+    new = [Token(index=s.position, text=s.text, id=s.id, special=s.special) for s in steps.steps[: n_steps - 1]]
     fam = family_of(m.model)
-    info = {**describe(m), "family": fam.name if fam else None, "x_source": fam.x_source if fam else None,
-            "pre_norm": fam.pre_attention is not None if fam else None,
-            "causal": True, "layers": n_layers, "d_head": int(layers["q"][0].shape[-1]),
-            "kv_heads": int(layers["k"][0].shape[1]),  # query head h reads k/v head h // (heads / kv_heads)
-            "d_model": int(layers["x"][0].shape[-1])}
+    info = describe_capture(m, layers["q"][0], layers["k"][0], layers["x"][0], n_layers, causal=True)
+    info["pre_norm"] = fam.pre_attention is not None if fam else None
     scaling = [float(s) for s in _scalings(m, n_layers, len(prompt_tokens) + n_steps)]
-    tr = Trace(info, prompt, None, [*prompt_tokens, *new], trace_arrays(arrays), scaling)
+    tr = Trace(model=info, text=prompt, pair=None, tokens=[*prompt_tokens, *new], arrays=trace_arrays(arrays),
+               scaling=scaling)
     if verify:
         from attnscope.verify.decoding import verify_generation
 
@@ -348,4 +326,4 @@ def trace_arrays(arrays: dict[str, np.ndarray]) -> TraceArrays:
     return TraceArrays({**arrays, "scores": Pending(lambda: rows.scores(arrays))})
 
 
-__all__ = ["MAX_NEW_TOKENS", "GenerationInterrupted", "GenerationTrace", "generate"]
+__all__ = ["NEW_TOKENS_LIMIT", "GenerationInterrupted", "GenerationTrace", "generate"]

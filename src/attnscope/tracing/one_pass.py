@@ -13,7 +13,7 @@ from attnscope import families
 from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError
 from attnscope.maths import AttentionParams
-from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe, load_model
+from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe_capture, load_model
 from attnscope.placement import on_host
 from attnscope.records.trace import Trace
 from attnscope.tokens import Encoded, encode, validate_max_length
@@ -85,8 +85,9 @@ class ForwardPass:
         lengths = [len(t) for t in self.enc.tokens]
         pairs = self.pairs or [None] * len(self.texts)
         return [
-            Trace(self.info, t, p, self.enc.tokens[row], row_arrays(self.layers, row, lengths[row]), self.scaling,
-                  self.enc.truncated[row], comparisons=table.comparisons(row) if table else [],
+            Trace(model=self.info, text=t, pair=p, tokens=self.enc.tokens[row],
+                  arrays=row_arrays(self.layers, row, lengths[row]), scaling=self.scaling,
+                  truncated=self.enc.truncated[row], comparisons=table.comparisons(row) if table else [],
                   unsupported=self.unsupported, output_projection=w_o)
             for row, (t, p) in enumerate(zip(self.texts, pairs, strict=True))
         ]
@@ -189,19 +190,13 @@ def _x_from_hidden(m: Model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | None) -> dict[str, Any]:
-    info = describe(m)
     rope = params[0].rope if params else None
     fam = families.family_of(m.model)
-    q, k = (cap.calls[0].q, cap.calls[0].k) if cap.calls else (None, None)
+    first = cap.calls[0] if cap.calls else None
+    info = describe_capture(m, first.q if first else None, first.k if first else None, cap.x[0] if cap.x else None,
+                            len(cap.calls), families.is_causal(m.model, first.module if first else None))
     info.update(
-        family=fam.name if fam else None,
-        x_source=fam.x_source if fam else None,
         pre_norm=fam.pre_attention is not None if fam else None,  # a norm before the attention (else after it)
-        causal=families.is_causal(m.model, cap.calls[0].module if cap.calls else None),
-        d_head=int(q.shape[-1]) if q is not None else None,
-        d_model=int(cap.x[0].shape[-1]) if cap.x else None,
-        kv_heads=int(k.shape[1]) if k is not None else None,  # query head h reads k/v head h // (heads / kv_heads)
-        layers=len(cap.calls),
         rope=rope.kind if rope else None,  # the rotation's variant (default, linear, dynamic, llama3, yarn)
         d_rot=rope.d_rot if rope else None,  # how many dims of each head rotate (partial rotary: fewer than d_head)
     )

@@ -22,14 +22,14 @@ from transformers import PreTrainedTokenizerBase
 from attnscope import families
 from attnscope.capture import LayerCapture, capturing
 from attnscope.errors import AttnscopeError, require_text
-from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
+from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe_capture, load_model
 from attnscope.placement import on_host
 from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.tokens import Token, encode, validate_max_length
 from attnscope.tracing.seq2seq_rows import KindResult, kind_traces
 from attnscope.verify.seq2seq import KindCapture, verify_kind
 
-MAX_NEW_TOKENS = 20
+DEFAULT_NEW_TOKENS = 20  # a target generated when none is given: this many tokens at most, by default
 
 
 @dataclass
@@ -68,7 +68,7 @@ def trace_seq2seq(
     recompute: bool = True,
     device: DeviceLike = None,
     dtype: DtypeLike = None,
-    max_new_tokens: int = MAX_NEW_TOKENS,
+    max_new_tokens: int = DEFAULT_NEW_TOKENS,
 ) -> EncoderDecoderTrace | list[EncoderDecoderTrace]:
     """Run an encoder-decoder model on a source and a target (teacher-forced) and trace its three kinds of
     attention: encoder self-attention, decoder causal self-attention, cross-attention (target -> source).
@@ -94,10 +94,12 @@ def trace_seq2seq(
         dec = teacher_forced(m, targets, max_length, truncate)
     traced = _traced(m, src.inputs["input_ids"], src.inputs["attention_mask"], dec, recompute)
     info = {k: v for k, v in traced[0].info.items() if k not in ("attention", "causal")}
-    out = [EncoderDecoderTrace(info, s, None if dec.generated else t,
-                               *kind_traces(traced, row, src.tokens[row], dec.tokens[row], s, t,
-                                            (src.truncated[row], dec.truncated[row])))
-           for row, (s, t) in enumerate(zip(sources, dec.texts, strict=True))]
+    out = []
+    for row, (s, t) in enumerate(zip(sources, dec.texts, strict=True)):
+        encoder, decoder, cross = kind_traces(traced, row, src.tokens[row], dec.tokens[row], s, t,
+                                              (src.truncated[row], dec.truncated[row]))
+        out.append(EncoderDecoderTrace(model=info, source=s, target=None if dec.generated else t, encoder=encoder,
+                                       decoder=decoder, cross=cross))
     return out[0] if single else out
 
 
@@ -188,7 +190,7 @@ def _until_end(seq: list[int], ends: set[int]) -> list[int]:
 def _special_token(tok: PreTrainedTokenizerBase, token_id: int, index: int) -> Token:
     """A decoder token known by its id only (the start token, a generated token)."""
     special = token_id in set(tok.all_special_ids)
-    return Token(index, str(tok.convert_ids_to_tokens(token_id)), token_id, None, None, special, None, 0)
+    return Token(index=index, text=str(tok.convert_ids_to_tokens(token_id)), id=token_id, special=special)
 
 
 def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: Targets,
@@ -217,15 +219,9 @@ def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: T
 
 def _info(m: Model, kc: KindCapture) -> dict[str, Any]:
     """The model's description, with the sizes and causality of one kind of attention."""
-    from attnscope.models import describe
-
-    fam = families.family_of(m.model)
-    q, k = kc.layers["q"][0], kc.layers["k"][0]
-    info = describe(m)
-    info.update(family=fam.name if fam else None, x_source=fam.x_source if fam else None,
-                causal=kc.kind == "decoder", attention=kc.kind, heads=int(q.shape[1]), d_head=int(q.shape[-1]),
-                kv_heads=int(k.shape[1]), layers=len(kc.layers["q"]), d_model=int(kc.layers["x"][0].shape[-1]),
-                rope=None, d_rot=None)
+    q, k, x = kc.layers["q"][0], kc.layers["k"][0], kc.layers["x"][0]
+    info = describe_capture(m, q, k, x, len(kc.layers["q"]), causal=kc.kind == "decoder")
+    info.update(attention=kc.kind, heads=int(q.shape[1]), rope=None, d_rot=None)
     return info
 
 
@@ -290,4 +286,4 @@ def _x_from_hidden(m: Model, kind: str, layer: int, hidden: torch.Tensor) -> tor
     return hidden if norm is None else norm(hidden)
 
 
-__all__ = ["MAX_NEW_TOKENS", "trace_seq2seq", "validate_encoder_decoder"]
+__all__ = ["DEFAULT_NEW_TOKENS", "trace_seq2seq", "validate_encoder_decoder"]

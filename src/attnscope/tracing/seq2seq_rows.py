@@ -39,9 +39,9 @@ def kind_traces(traced: list[KindResult], row: int, source_tokens: list[Token], 
         queries = source_tokens if kc.kind == "encoder" else target_tokens
         keys = target_tokens if kc.kind == "decoder" else source_tokens
         out.append(Trace(
-            r.info, source if kc.kind == "encoder" else target, None, queries,
-            row_arrays(kc, row, len(queries), len(keys)), r.scaling,
-            truncated[0] if kc.kind == "encoder" else truncated[1],
+            model=r.info, text=source if kc.kind == "encoder" else target, pair=None, tokens=queries,
+            arrays=row_arrays(kc, row, len(queries), len(keys)), scaling=r.scaling,
+            truncated=truncated[0] if kc.kind == "encoder" else truncated[1],
             comparisons=r.check.comparisons(row) if r.check is not None else [],
             unsupported=r.unsupported, output_projection=[p.w_o.numpy() for p in r.params] if r.params else None,
             attention=kc.kind, key_tokens=keys if kc.kind == "cross" else None,

@@ -201,7 +201,7 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
         for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES, table.needs_scores):
             if layer not in w_o_norms:
                 w_o_norms[layer] = params[layer].w_o.T.norm(dim=1)  # |W_O[:, j]| along the stored rows: faster
-            done |= _compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
+            done |= compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
     for stage, ref in reference.items():
         for layer in range(n_layers):
             if (stage, layer) not in done:
@@ -212,10 +212,12 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
 Layers = dict[str, list[torch.Tensor]]  # stage -> one [batch, ...] tensor per layer
 
 
-def _compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_norms: torch.Tensor, layer: int,
+def compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_norms: torch.Tensor, layer: int,
                    rows: slice, rec: dict[str, torch.Tensor]) -> set[tuple[str, int]]:
-    """Every recomputed stage of some rows of one layer against the capture; where the model returned the very
-    tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with the model."""
+    """Every recomputed stage of some rows of one layer against the capture (the one stage dispatch: scores as
+    q k^T of the captured q and k, output relative to |context| |W_O|, the rest elementwise); where the model
+    returned the very tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with
+    the model. w_o_norms: |W_O[:, j]| [d_model]."""
     done = set()
     attended = "weights" in rec  # a chunk's attention, not the layer's projections
     for stage in (s for s in RECOMPUTED_STAGES if s in rec or (s == "scores" and attended)):

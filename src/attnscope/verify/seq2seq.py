@@ -17,7 +17,7 @@ import torch
 from attnscope import maths
 from attnscope.records.check_report import Comparison
 from attnscope.stages import STAGES
-from attnscope.verify.check import ErrorTable
+from attnscope.verify.check import ErrorTable, compare_chunk
 from attnscope.verify.recompute import CHUNK_BYTES, RECOMPUTED_STAGES, layer_mask, row_chunks
 
 CHECKED = (*RECOMPUTED_STAGES, "position_bias")  # the stages each layer's recompute keeps
@@ -76,18 +76,12 @@ def _recompute(cap: KindCapture, params: list[maths.AttentionParams], table: Err
     bias_errors = np.zeros((len(params), params[0].n_heads)) if params[0].relative_bias is not None else None
     for layer, p in enumerate(params):
         mask = _mask(cap, p, n_query)  # [batch, 1, query, key] or None
+        w_o_norms = p.w_o.T.norm(dim=1)  # |W_O[:, j]| [d_model]
         for rows in row_chunks(p.n_heads * n_query * n_key, n_rows, CHUNK_BYTES):
             memory = cap.memory[layer][rows] if cap.memory is not None else None
             rec = maths.multi_head_attention(x[layer][rows], p, None if mask is None else mask[rows], keep=CHECKED,
                                              in_place=True, memory=memory)
-            for stage in RECOMPUTED_STAGES:  # in stage order: the table knows q's and k's errors before the scores
-                if stage == "scores":  # the trace's scores are q k^T of its q and k
-                    table.add_scores(layer, rows, layers["q"][layer][rows], layers["k"][layer][rows], rec[stage])
-                elif stage == "output":
-                    table.add_output(layer, rows, layers["context"][layer][rows], p.w_o.norm(dim=0),
-                                     layers[stage][layer][rows], rec[stage])
-                else:
-                    table.add_rows(stage, "recompute", layer, rows, layers[stage][layer][rows], rec[stage])
+            compare_chunk(table, layers, {}, w_o_norms, layer, rows, rec)
         if bias_errors is not None:  # the model's bias [1, head, query, key] is the same for every row
             captured = layers["position_bias"][layer][0].float()
             recomputed = maths.relative_position_bias(n_query, n_key, p.relative_bias)  # type: ignore[arg-type]

@@ -34,7 +34,8 @@ def _word_token(trace: Trace, unit: int, pieces: list[int]) -> Token:
     first, last = trace.tokens[pieces[0]], trace.tokens[pieces[-1]]
     text = trace.text if first.segment == 0 else (trace.pair or "")
     shown = first.text if len(pieces) == 1 or first.start is None or last.end is None else text[first.start:last.end]
-    return Token(unit, shown, first.id, first.start, last.end, first.special, first.word, first.segment)
+    return Token(index=unit, text=shown, id=first.id, start=first.start, end=last.end, special=first.special,
+                 word=first.word, segment=first.segment)
 
 
 def merge(maps: np.ndarray, groups: list[list[int]]) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""report.html: one self-contained page (inline CSS, images as data: URLs, nothing fetched)."""
+"""report.html and the terminal summary of a stats run: one self-contained page (inline CSS, images as data: URLs,
+nothing fetched)."""
 
 from __future__ import annotations
 
