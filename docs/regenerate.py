@@ -115,10 +115,25 @@ def parse_commands(body: str) -> list[Command]:
     return commands
 
 
+def fenced(text: str) -> list[tuple[int, int]]:
+    """The spans of fenced code blocks: a marker shown inside one (as in these docs' own help) is not run."""
+    spans, opened, fence = [], -1, ""
+    for m in re.finditer(r"^(`{3,})[^\n]*$", text, re.M):
+        if opened < 0:
+            opened, fence = m.start(), m.group(1)
+        elif m.group(1) == fence and m.group(0).strip() == fence:
+            spans.append((opened, m.end()))
+            opened = -1
+    return spans
+
+
 def find_examples(page: Path) -> list[Example]:
     text = page.read_text()
     examples = []
+    inside = fenced(text)
     for m in MARKER.finditer(text):
+        if any(a <= m.start() < b for a, b in inside):
+            continue
         inline = (m.group("inline") or "")[1:].strip()
         start = m.end()
         end = text.index("\n```", start - 1) + 1
