@@ -88,9 +88,9 @@ def _tiny(name: str) -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def seq2seq(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
-    """Tiny random-weight encoder-decoder models by family (tests/seq2seq_support.py: T5, BART, mBART, Marian,
+    """Tiny random-weight encoder-decoder models by family (tests/support/seq2seq.py: T5, BART, mBART, Marian,
     eager attention in every stack), built once each."""
-    from seq2seq_support import tiny_seq2seq
+    from tests.support.seq2seq import tiny_seq2seq
 
     cache: dict[str, attnscope.Model] = {}
 
@@ -104,9 +104,9 @@ def seq2seq(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
 
 @pytest.fixture(scope="session")
 def t5_dir(tmp_path_factory: pytest.TempPathFactory, minilm: attnscope.Model) -> str:
-    """A tiny random-weight T5 (tests/seq2seq_support.py) saved with the bundled tokenizer, for the CLI and the
+    """A tiny random-weight T5 (tests/support/seq2seq.py) saved with the bundled tokenizer, for the CLI and the
     web app, which load models by path. Read-only."""
-    from seq2seq_support import build
+    from tests.support.seq2seq import build
 
     where = tmp_path_factory.mktemp("t5")
     build("t5").save_pretrained(where)  # type: ignore[operator]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from serve_support import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, start_server
+
+from tests.support.serve import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, start_server
 
 
 @pytest.fixture(scope="session")

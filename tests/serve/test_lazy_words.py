@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from serve_support import Server
 
 import attnscope
 from attnscope.records.trace import Trace
@@ -22,6 +21,7 @@ from attnscope.serve import binary
 from attnscope.serve.maps import WordLevel, overview
 from attnscope.serve.wordmaps import from_codes
 from attnscope.views.words import merge, word_groups, word_trace
+from tests.support.serve import Server
 
 # 310 tokens, 156 words: every word of the sentence but "the" and "." is split into pieces or joined by "'"
 TEXT = " ".join(["The lighthouse keeper's unforgettable phosphorescence mesmerised weatherbeaten fishermen."] * 14)

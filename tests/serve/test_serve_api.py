@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from serve_support import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, decode
 
 import attnscope
 from attnscope.explain.from_trace import walkthrough
 from attnscope.explain.render import walkthrough_json
 from attnscope.stages import ARRAY_AXES, DERIVED
 from attnscope.views import neuron_block
+from tests.support.serve import MAX_BODY, MAX_CHARS, MAX_TOKENS, Server, decode
 
 TOL = 1e-5
 ROUNDING = re.compile(r"\d\.\de-\d\d")  # a measured float32 difference, e.g. 5.2e-08

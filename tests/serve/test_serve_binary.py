@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
-from serve_support import Server
 
 import attnscope
 from attnscope.serve import binary
 from attnscope.views.payload import quantize
+from tests.support.serve import Server
 
 TEXT = "The cat <b>sat</b> on the mat."
 STAGES = ["weights", "q", "scores", "context"]

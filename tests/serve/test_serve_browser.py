@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import ARTIFACTS, MAX_TOKENS, Server
 
 import attnscope
+from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 
 pytestmark = pytest.mark.browser
 

@@ -11,10 +11,10 @@ import httpx
 import pytest
 import torch
 import transformers as T
-from serve_support import ARTIFACTS, Server, start_server
 
 import attnscope
 from attnscope.tracing.decoding import generate
+from tests.support.serve import ARTIFACTS, Server, start_server
 
 PROMPT = "time flies like an arrow"
 

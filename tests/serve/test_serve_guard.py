@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from serve_support import Server, start_server
+
+from tests.support.serve import Server, start_server
 
 EXPLAIN = json.dumps({"text": "The cat sat.", "layer": 3, "head": 7}).encode()
 JSON_TYPE = {"Content-Type": "application/json"}

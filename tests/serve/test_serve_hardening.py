@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_support import Server, start_server
-from test_serve_limits import SLOW, slow_text, wait_for
+
+from tests.serve.test_serve_limits import SLOW, slow_text, wait_for
+from tests.support.serve import Server, start_server
 
 HEADER_S = 1.0  # the tight server's header and body deadlines
 CONNECTIONS = 6

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from serve_support import Server
+
+from tests.support.serve import Server
 
 pytestmark = pytest.mark.browser
 

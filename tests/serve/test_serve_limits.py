@@ -9,7 +9,8 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_support import Server, start_server
+
+from tests.support.serve import Server, start_server
 
 # Attention flow over ~60 tokens takes seconds (a max-flow per token pair): a request far past the deadline.
 SLOW = {"stages": [], "payload": True, "sources": ["flow"]}

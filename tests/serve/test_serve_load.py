@@ -11,7 +11,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from serve_support import ARTIFACTS, MAX_BODY, Server
+
+from tests.support.serve import ARTIFACTS, MAX_BODY, Server
 
 REQUESTS = 300
 CLIENTS = 16

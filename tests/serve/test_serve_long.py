@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from serve_support import Server, decode
 
 import attnscope
 from attnscope.serve import binary
 from attnscope.serve.binary import quantize_maps
 from attnscope.serve.maps import LAZY_FROM, overview
 from attnscope.views.payload import quantize
+from tests.support.serve import Server, decode
 
 TEXT = "The old lighthouse keeper watched the storm roll in across the bay, counting waves."
 

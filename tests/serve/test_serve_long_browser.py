@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from serve_support import Server, decode
 
 from attnscope.serve import binary
+from tests.support.serve import Server, decode
 
 pytestmark = pytest.mark.browser
 

@@ -14,13 +14,14 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import positive_data_acceptance
-from serve_support import Server
+
+from tests.support.serve import Server
 
 EXAMPLES = 25
 OPERATIONS = [("/api/trace", "POST"), ("/api/explain", "POST"), ("/api/neuron", "POST"), ("/api/models", "GET"),
               ("/healthz", "GET")]
 # generate streams, ablate and patch run the model over and over: only their refusals are fuzzed here (a valid
-# body is served in tests/serve/test_serve_generate.py and tests/test_interventions_serve.py)
+# body is served in tests/serve/test_serve_generate.py and tests/serve/test_serve_interventions.py)
 REFUSED_ONLY = [("/api/generate", "POST"), ("/api/ablate", "POST"), ("/api/patch", "POST")]
 MAP = ("/api/trace/{id}/map", "GET")  # a made-up id is 404: its refusals are tested in test_serve_long.py
 # Valid by the schema yet impossible for this text: more tokens than max_length with truncate=false, and

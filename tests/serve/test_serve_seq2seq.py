@@ -1,7 +1,7 @@
 """POST /api/trace on an encoder-decoder model: text is the source, `target` the decoder's text (null: generated);
 the answer holds each kind's tokens, check and arrays; a target for another model is 422 in one line. And the page.
 
-The real app serving a random-weight T5 (tests/seq2seq_support.py) and the bundled MiniLM: in process with
+The real app serving a random-weight T5 (tests/support/seq2seq.py) and the bundled MiniLM: in process with
 starlette's TestClient for the API, under uvicorn on a loopback port (as `attnscope serve` runs it) for the page
 in headless Chromium.
 """

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_support import ARTIFACTS, Server, start_server
+
+from tests.support.serve import ARTIFACTS, Server, start_server
 
 WARM_UP = 300
 SOAK = 2000

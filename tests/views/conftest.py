@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from views_support import ARTIFACTS
 
 import attnscope
 from attnscope.tracing.one_pass import Trace, trace
+from tests.support.views import ARTIFACTS
 
 PAIR = ("The cat sat on the mat.", "It was tired.")
 
@@ -23,7 +23,7 @@ def pair_trace(minilm: attnscope.Model) -> Trace:
 
 
 # One Chromium per test module: Playwright's sync API allows one session per thread, and other
-# modules (tests/test_views_beyond.py) start their own.
+# modules (tests/views/test_views_beyond.py) start their own.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     from attnscope.views.browser import chromium

@@ -15,7 +15,7 @@ import pytest
 import attnscope
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
-from cli_support import run
+from tests.support.cli import run
 
 pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"

@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from views_support import NEXT_FRAME, decode_source, page_payload
 
 import attnscope
 from attnscope.bertviz import trace_from_attention
@@ -20,6 +19,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 from attnscope.views.size import page_size
+from tests.support.views import NEXT_FRAME, decode_source, page_payload
 
 pytestmark = pytest.mark.browser
 N = 2048

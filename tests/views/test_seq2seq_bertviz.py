@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from seq2seq_data import bart
-from views_support import decode_source, page_payload
 
 import attnscope
 from attnscope.bertviz import EMPTY_OUTPUTS, UNVERIFIED, head_view, model_view
 from attnscope.errors import AttnscopeError
+from tests.support.seq2seq_traces import bart
+from tests.support.views import decode_source, page_payload
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import bart_trace, t5_trace
 
 import attnscope
 from attnscope import numbers
 from attnscope.bertviz import head_view
 from attnscope.records.trace import EncoderDecoderTrace
+from tests.support.seq2seq_traces import bart_trace, t5_trace
 
 pytestmark = pytest.mark.browser
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import bart_trace
 
 import attnscope
 from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ATTENTION_LABELS
 from attnscope.views.browser import AS_FIGURE
+from tests.support.seq2seq_traces import bart_trace
 
 pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"

@@ -8,14 +8,14 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from seq2seq_data import bart_trace
 
 import attnscope
 from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.stages import ATTENTION_LABELS
 from attnscope.views import to_html
 from attnscope.views.size import SCRIPT_BYTES, PageTooLarge, family_page_size, page_size
-from cli_support import run
+from tests.support.cli import run
+from tests.support.seq2seq_traces import bart_trace
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"  # 8 source tokens, 7 decoder tokens
 NS = "{http://www.w3.org/2000/svg}"

@@ -9,12 +9,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from seq2seq_data import TARGET, bart_trace, t5_trace
-from views_support import decode_source, page_payload, unpack
 
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.records.trace import EncoderDecoderTrace
+from tests.support.seq2seq_traces import TARGET, bart_trace, t5_trace
+from tests.support.views import decode_source, page_payload, unpack
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from views_support import decode_block, decode_source, page_payload
 
 import attnscope
 from attnscope.bertviz import UNVERIFIED, head_view, model_view
 from attnscope.errors import AttnscopeError
 from attnscope.views import HTMLPage
+from tests.support.views import decode_block, decode_source, page_payload
 
 
 def run(model: attnscope.Model, *texts: str) -> tuple[tuple[torch.Tensor, ...], list[str], Any]:

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from views_support import NEXT_FRAME
 
 import attnscope
 from attnscope.bertviz import head_view
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import bundle, neuron_block, payload, to_html
 from attnscope.views.page import json_for_script
+from tests.support.views import NEXT_FRAME
 
 pytestmark = pytest.mark.browser
 

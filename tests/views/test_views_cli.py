@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from views_support import decode_source, page_payload
 
 import attnscope
 from attnscope.tracing.one_pass import trace
-from cli_support import run
+from tests.support.cli import run
+from tests.support.views import decode_source, page_payload
 
 
 def test_view_writes_one_self_contained_page(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model,

@@ -9,9 +9,9 @@ from typing import Any
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from views_support import ARTIFACTS
 
 from attnscope.views.browser import READY
+from tests.support.views import ARTIFACTS
 
 CELLS = [
     'import attnscope\ntr = attnscope.trace("time flies like an arrow")\ntr',

@@ -9,13 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
-from views_support import DATA_BLOCK, page_payload
 
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import HTMLPage, bundle, css, js, repr_html, show, to_html
 from attnscope.views.page import json_for_script
+from tests.support.views import DATA_BLOCK, page_payload
 
 HOSTILE = '</script><img src=x onerror=alert(1)> "><svg onload=alert(1)> <!-- & \u2028'
 

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from views_support import decode_block, decode_source
 
 import attnscope
 from attnscope.errors import AttnscopeError
@@ -16,6 +15,7 @@ from attnscope.rollout import rollout
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_BUDGET, quantize
+from tests.support.views import decode_block, decode_source
 
 
 def source(data: dict, name: str) -> dict:

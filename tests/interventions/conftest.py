@@ -1,5 +1,4 @@
-"""The intervention tests' models: with a language-model head, and one of every family (a fixture module: it
-holds no tests)."""
+"""The intervention tests' models: with a language-model head, and one of every family."""
 
 from __future__ import annotations
 
@@ -9,13 +8,7 @@ import pytest
 import torch
 
 import attnscope
-from test_families import _build, _configs
-
-# every decoder and encoder family check supports (tests/test_interventions.py asserts it, naming the exclusions)
-EVERY_FAMILY = ("bert", "roberta", "electra", "distilbert", "albert", "gpt2", "llama", "mistral", "qwen2", "qwen3",
-                "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss", "modernbert")
-# every encoder-decoder family check supports: their gates (by kind) are tested in tests/test_interventions_seq2seq.py
-EVERY_ENCODER_DECODER = ("t5", "bart", "mbart", "marian")
+from tests.support.families import build_model, modern_configs
 
 
 @pytest.fixture(scope="session")
@@ -46,15 +39,15 @@ def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
 def any_family(tiny_model: Callable[[str], attnscope.Model],
                minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
     """any_family("gemma2") -> a tiny random-weight model of that family: conftest's tiny models for the
-    first families, test_families' configs for the modern ones (RoPE, GQA, windows, sinks, QK-norm). Eager
+    first families, tests/support/families.py for the modern ones (RoPE, GQA, windows, sinks, QK-norm). Eager
     attention, as load_model loads a model: the gates edit the eager attention, so "untouched" means that."""
     cache: dict[str, attnscope.Model] = {}
 
     def get(name: str) -> attnscope.Model:
-        if name not in _configs():
+        if name not in modern_configs():
             return tiny_model(name)
         if name not in cache:
-            model = _build(_configs()[name]())
+            model = build_model(modern_configs()[name]())
             model.config._attn_implementation = "eager"
             cache[name] = attnscope.load_model(model, tokenizer=minilm.tokenizer)
         return cache[name]

@@ -13,11 +13,9 @@ import pytest
 import torch
 
 import attnscope
-import test_interventions_models
 from attnscope.interventions.importance import CHECKPOINT, ImportanceSettings, Sums, accumulate
 from attnscope.stats.sources import Source
 
-lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
 SETTINGS = ImportanceSettings(batch_size=4, checkpoint_every=1)  # 12 sentences: 3 batches, a checkpoint after each
 SOURCE = {"kind": "test"}
 TOL = 1e-6
@@ -26,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the local baselines 
 
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[object]:
-    """A local Ray with 2 CPUs, or the one this session already has (tests/stats_ray starts one per session)."""
+    """A local Ray with 2 CPUs, or the one this session already has (tests/stats/distributed starts one per session)."""
     ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
     if ray.is_initialized():
         yield ray

@@ -10,10 +10,8 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.stats import RunResult, Settings, Source, run
-
-# 80 sentences in 3 chunks of at most 32 (4 batches of 8): several chunks, buckets and a short last batch
-SETTINGS = Settings(batch_size=8, limit=80, chunk_batches=4, checkpoint_every=2)
+from attnscope.stats import RunResult, Source, run
+from tests.support.distributed import SETTINGS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +28,6 @@ def ray_runtime() -> Iterator[object]:
         yield ray
     finally:
         ray.shutdown()
-
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 import attnscope
-import test_interventions_models
 from attnscope.capture import intervening
 from attnscope.errors import AttnscopeError
 from attnscope.interventions.gates import HeadEdit
@@ -29,7 +28,6 @@ from attnscope.interventions.importance import (
 from attnscope.interventions.importance_report import importance
 from attnscope.tokens import encode
 
-lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
 TEXTS = ["the cat sat on the mat", "dogs bark", "a bird sings in the tree at dawn", "rain"]
 EPS = 1e-5
 HEADS = [(0, 0), (0, 3), (1, 2)]

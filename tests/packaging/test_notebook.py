@@ -11,7 +11,7 @@ from types import ModuleType
 import nbformat
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NOISE = re.compile(r"Warning|Loading weights|it/s\]|Traceback|Error")  # warnings, loading bars, failures
 
 

@@ -11,7 +11,7 @@ import pytest
 
 import attnscope
 from attnscope.cli.main import main
-from cli_support import run
+from tests.support.cli import run
 
 
 def test_explain_text(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import attnscope
-import test_interventions_models
 from attnscope import families, maths
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
@@ -19,14 +18,13 @@ from attnscope.interventions.effects import outputs, prepare
 from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, mean_contexts, ones, run
 from attnscope.tokens import encode
 from attnscope.verify.recompute import layer_params
+from tests.support.interventions import EVERY_ENCODER_DECODER, EVERY_FAMILY
 
-FAMILIES = test_interventions_models.EVERY_FAMILY
-# gated by kind (encoder, decoder, cross) in tests/test_interventions_seq2seq.py
-GATED_BY_KIND = test_interventions_models.EVERY_ENCODER_DECODER
+FAMILIES = EVERY_FAMILY
+# gated by kind (encoder, decoder, cross) in tests/interventions/test_seq2seq.py
+GATED_BY_KIND = EVERY_ENCODER_DECODER
 TEXTS = ["the cat sat on the mat", "dogs bark"]
 TOL = 1e-5
-lm_heads = test_interventions_models.lm_heads  # the fixtures, shared by the intervention tests
-any_family = test_interventions_models.any_family
 
 
 @pytest.mark.parametrize("family", list(GATED_BY_KIND))
@@ -35,7 +33,7 @@ def test_encoder_decoder_models_are_refused_by_patch_knockout_importance(minilm:
     from attnscope.interventions.importance_report import importance
     from attnscope.interventions.knockout import knockout
     from attnscope.interventions.patch import patch
-    from seq2seq_support import tiny_seq2seq
+    from tests.support.seq2seq import tiny_seq2seq
 
     m = tiny_seq2seq(family, minilm)
     for call in (lambda: patch("the cat", "a dog", model=m), lambda: knockout("the cat sat", [2], [1], model=m),

@@ -1,6 +1,6 @@
 """Encoder-decoder models (T5, BART, mBART, Marian): the three kinds of attention captured, recomputed, verified.
 
-Random-weight models from small configs with the bundled MiniLM tokenizer (tests/seq2seq_support.py).
+Random-weight models from small configs with the bundled MiniLM tokenizer (tests/support/seq2seq.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import attnscope
 from attnscope.errors import AttnscopeError
 from attnscope.records.check_report import tolerance_for
-from seq2seq_support import FAMILIES
+from tests.support.seq2seq import FAMILIES
 
 SOURCES = ["the cat sat on the mat near the door", "hello"]
 TARGETS = ["die katze sass", "guten tag lieber freund wie geht es dir"]

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 import attnscope
-import test_interventions_models
 from attnscope import families
 from attnscope.capture import capturing, intervening
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
 from attnscope.interventions.seq2seq import kind_edit, kind_gates, kind_means, layout, seq2seq_inputs, seq2seq_measures
-from cli_support import run as _run
-from cli_support import saved
-from test_interventions import assert_zeroed_head_is_the_others_projected
+from tests.interventions.test_gates import assert_zeroed_head_is_the_others_projected
+from tests.support.cli import run as _run
+from tests.support.cli import saved
+from tests.support.interventions import EVERY_ENCODER_DECODER
 
-FAMILIES = test_interventions_models.EVERY_ENCODER_DECODER
+FAMILIES = EVERY_ENCODER_DECODER
 SOURCE, TARGET = "the cat sat on the mat", "a dog ran"
 TOL = 1e-5
 
@@ -138,8 +138,6 @@ def test_one_kind_models_take_plain_heads(tiny_model: Callable[[str], attnscope.
 @pytest.fixture(scope="module")
 def marian_dir(seq2seq: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
     return saved(seq2seq("marian"), tmp_path_factory, "marian")
-
-
 
 
 def test_cli_ablate_by_kind(capsys: pytest.CaptureFixture[str], seq2seq: Callable[[str], attnscope.Model],

@@ -18,43 +18,11 @@ from attnscope.capture import capturing
 from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.verify.recompute import RECOMPUTED_STAGES, layer_mask, recompute_layers
+from tests.support.families import SMALL, WINDOW, build_model, modern_configs
 
 TOL = attnscope.TOLERANCE
-WINDOW = 4  # tokens: every text below is longer, so the sliding layers hide keys
 LONG = "the quick brown fox jumps over the lazy dog while the cat sleeps"
 SHORT = "a short one"
-SMALL: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                             vocab_size=30522, pad_token_id=0, bos_token_id=101, eos_token_id=102)
-
-
-def _configs() -> dict[str, Callable[[], Any]]:
-    import transformers as T
-
-    gqa = dict(SMALL, num_key_value_heads=2)
-    return {
-        "llama": lambda: T.LlamaConfig(**gqa),
-        "mistral": lambda: T.MistralConfig(**gqa, sliding_window=WINDOW),
-        "qwen2": lambda: T.Qwen2Config(**gqa, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
-        "qwen3": lambda: T.Qwen3Config(**dict(SMALL, num_key_value_heads=1), head_dim=8),  # MQA + QK-norm per head
-        "gemma2": lambda: T.Gemma2Config(**gqa, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
-                                         attn_logit_softcapping=5.0),
-        "phi3": lambda: T.Phi3Config(**gqa, partial_rotary_factor=0.5, sliding_window=WINDOW),
-        "gpt_neox": lambda: T.GPTNeoXConfig(**SMALL),  # rotary_pct 0.25: partial rotary
-        "olmo2": lambda: T.Olmo2Config(**gqa),  # QK-norm over the whole projection
-        "gpt_oss": lambda: T.GptOssConfig(**dict(gqa, intermediate_size=64), head_dim=16, sliding_window=WINDOW,
-                                          num_local_experts=2, num_experts_per_tok=1),  # sinks, YaRN
-        "modernbert": lambda: T.ModernBertConfig(**dict(SMALL, num_hidden_layers=3), local_attention=2 * WINDOW,
-                                                 global_attn_every_n_layers=2, cls_token_id=101, sep_token_id=102),
-    }
-
-
-def _build(config: Any, head: str = "") -> torch.nn.Module:
-    import transformers as T
-
-    torch.manual_seed(0)
-    cls = getattr(T, f"{type(config).__name__.removesuffix('Config')}{head or 'Model'}")
-    model: torch.nn.Module = cls(config)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +31,13 @@ def modern(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
 
     def get(name: str) -> attnscope.Model:
         if name not in cache:
-            cache[name] = attnscope.load_model(_build(_configs()[name]()), tokenizer=minilm.tokenizer)
+            cache[name] = attnscope.load_model(build_model(modern_configs()[name]()), tokenizer=minilm.tokenizer)
         return cache[name]
 
     return get
 
 
-@pytest.mark.parametrize("family", list(_configs()))
+@pytest.mark.parametrize("family", list(modern_configs()))
 def test_every_stage_of_every_family_is_verified(family: str, modern: Callable[[str], attnscope.Model]) -> None:
     m = modern(family)
     long, short = attnscope.trace([LONG, SHORT], model=m)  # one padded batch: SHORT is padded
@@ -129,7 +97,7 @@ def test_rope_scaling_variants_match_the_model(rope: dict[str, Any], minilm: att
 
     cfg = T.LlamaConfig(**SMALL, num_key_value_heads=2, max_position_embeddings=16,
                         rope_parameters={"rope_theta": 10000.0, **rope})
-    model = _build(cfg)
+    model = build_model(cfg)
     n = 40  # past max_position_embeddings: dynamic scaling changes its frequencies
     pos = torch.arange(n)[None]
     cos, sin = model.rotary_emb(torch.zeros(1, n, 64), pos)  # the model's own tables [1, token, d_rot]
@@ -140,7 +108,7 @@ def test_rope_scaling_variants_match_the_model(rope: dict[str, Any], minilm: att
 
 
 def test_layers_of_one_type_share_one_rotation() -> None:
-    cfg = _configs()["modernbert"]()  # global, local, global: two rope thetas
+    cfg = modern_configs()["modernbert"]()  # global, local, global: two rope thetas
     ropes = families.layer_ropes(cfg, 40)
     for layer, r in enumerate(ropes):
         alone = families.rope(cfg, layer, 40)
@@ -154,7 +122,7 @@ def test_an_unsupported_step_is_named_and_never_passes(minilm: attnscope.Model) 
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
             "original_max_position_embeddings": 8}
     cfg = T.Phi3Config(**SMALL, num_key_value_heads=2, max_position_embeddings=32, rope_parameters=rope)
-    m = attnscope.load_model(_build(cfg), tokenizer=minilm.tokenizer)
+    m = attnscope.load_model(build_model(cfg), tokenizer=minilm.tokenizer)
     tr = attnscope.trace(SHORT, model=m, max_length=32)
     report = tr.check()
     assert tr.unsupported is not None and tr.unsupported.startswith("RoPE scaling 'longrope'")
@@ -178,7 +146,7 @@ def test_the_check_catches_a_wrong_rotation(modern: Callable[[str], attnscope.Mo
 
 @pytest.mark.parametrize(("config", "head"), [("llama", "ForCausalLM"), ("modernbert", "ForMaskedLM")])
 def test_head_models_are_read_like_base_models(config: str, head: str, minilm: attnscope.Model) -> None:
-    model = _build(_configs()[config](), head)
+    model = build_model(modern_configs()[config](), head)
     assert families.base_of(model) is not model
     tr = attnscope.trace(LONG, model=attnscope.load_model(model, tokenizer=minilm.tokenizer))
     report = tr.check()
@@ -209,7 +177,7 @@ def test_cli_unverified_family_exits_3(tmp_path: Path, minilm: attnscope.Model,
 
     torch.manual_seed(0)
     cfg = T.Starcoder2Config(**SMALL, num_key_value_heads=2)
-    code = main(["check", "The capital of France is", "--model", _save(_build(cfg), minilm, tmp_path)])
+    code = main(["check", "The capital of France is", "--model", _save(build_model(cfg), minilm, tmp_path)])
     out = capsys.readouterr().out
     assert code == 3 and "PASS" not in out
     assert "NOT VERIFIED: no attnscope adapter for model type 'starcoder2'" in out

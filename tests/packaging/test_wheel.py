@@ -12,7 +12,7 @@ import pytest
 
 import attnscope
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONSTRAINTS = REPO / "constraints.txt"
 
 

@@ -9,20 +9,18 @@ import pytest
 import torch
 
 import attnscope
-import test_interventions_models
 from attnscope import families, maths
 from attnscope.errors import AttnscopeError
 from attnscope.interventions.gates import HeadEdit, contexts, edited_capture, run
 from attnscope.interventions.knockout import knockout
 from attnscope.interventions.patch import patch, patch_rows
 from attnscope.tokens import encode
+from tests.support.interventions import EVERY_FAMILY
 
 TOL = 1e-5
-lm_heads = test_interventions_models.lm_heads  # the fixtures, shared by the intervention tests
-any_family = test_interventions_models.any_family
 
 
-@pytest.mark.parametrize("family", test_interventions_models.EVERY_FAMILY)
+@pytest.mark.parametrize("family", EVERY_FAMILY)
 def test_patching_a_run_with_its_own_activations_changes_nothing(
         any_family: Callable[[str], attnscope.Model], family: str) -> None:
     m = any_family(family)

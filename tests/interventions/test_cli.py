@@ -9,20 +9,15 @@ from pathlib import Path
 import pytest
 
 import attnscope
-import test_interventions_models
 from attnscope.interventions import ablate
-from cli_support import run as _run
-from cli_support import saved
-
-lm_heads = test_interventions_models.lm_heads  # the fixture, shared by the intervention tests
+from tests.support.cli import run as _run
+from tests.support.cli import saved
 
 
 @pytest.fixture(scope="module")
 def gpt2_dir(lm_heads: Callable[[str], attnscope.Model], tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random-weight GPT-2 with its LM head, saved as a checkpoint directory for --model."""
     return saved(lm_heads("gpt2"), tmp_path_factory, "gpt2")
-
-
 
 
 def test_ablate_json_on_minilm(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model) -> None:

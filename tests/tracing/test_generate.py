@@ -28,7 +28,7 @@ from attnscope.tracing.decoding import (
     recording_steps,
 )
 from attnscope.verify.decoding import verify_generation
-from cli_support import saved
+from tests.support.cli import saved
 
 PROMPT = "time flies like an arrow"
 

@@ -1,7 +1,7 @@
 """generate on encoder-decoder models: the translation step by step, each new token's cross-attention over the
 source (the alignment), every step's rows from the model's own generate loop compared with the verified trace.
 
-Random-weight T5 and Marian with the bundled MiniLM tokenizer (tests/seq2seq_support.py).
+Random-weight T5 and Marian with the bundled MiniLM tokenizer (tests/support/seq2seq.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.records.translation import Seq2SeqGeneration
 from attnscope.tracing.seq2seq_decoding import generate_seq2seq
-from seq2seq_support import tiny_seq2seq
+from tests.support.seq2seq import tiny_seq2seq
 
 SOURCE = "the cat sat on the mat"
 

@@ -17,8 +17,7 @@ import attnscope
 from attnscope.stats import Progress, RunResult, Source, run
 from attnscope.stats.distributed import run as run_ray
 from attnscope.stats.state import StatsState
-
-from .conftest import SETTINGS
+from tests.support.distributed import SETTINGS
 
 pytestmark = pytest.mark.usefixtures("ray_runtime")
 

@@ -1,7 +1,7 @@
 """explain on encoder-decoder models: the cross-attention walkthrough (q from the decoder, k and v from the encoder's
 output), T5's relative position bias as its own step, the kinds chosen with attention=/--attention.
 
-Random-weight T5 and BART with the bundled MiniLM tokenizer (tests/seq2seq_support.py).
+Random-weight T5 and BART with the bundled MiniLM tokenizer (tests/support/seq2seq.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from attnscope.cli.main import main
 from attnscope.errors import AttnscopeError
 from attnscope.explain.from_trace import walkthrough
 from attnscope.explain.render import to_text, walkthrough_json, walkthrough_markdown, walkthrough_renderables
-from seq2seq_support import tiny_seq2seq
+from tests.support.seq2seq import tiny_seq2seq
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
 CROSS = ["tokens", "x", "memory", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights", "context",

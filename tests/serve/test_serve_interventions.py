@@ -3,17 +3,13 @@ library's, the grid comes with its heatmap payload, and bad input is a one-line 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 import attnscope
 from attnscope.interventions import ablate
-
-sys.path.insert(0, str(Path(__file__).resolve().parent / "serve"))
-from serve_support import Server, start_server  # the serve tests' helper
+from tests.support.serve import Server, start_server
 
 TEXT = "The cat sat on the mat."
 

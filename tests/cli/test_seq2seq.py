@@ -1,6 +1,6 @@
 """The CLI on encoder-decoder models: `attnscope check SOURCE --target TARGET --model M` and `trace ... -o FILE`.
 
-The model is a random-weight T5 saved to a temporary checkpoint directory (tests/seq2seq_support.py).
+The model is a random-weight T5 saved to a temporary checkpoint directory (tests/support/seq2seq.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import attnscope
-from cli_support import run
+from tests.support.cli import run
 
 SOURCE, TARGET = "the cat sat on the mat", "die katze sass"
 
