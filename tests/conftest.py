@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import fnmatch
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +25,77 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # The first 500 sentences of UD English EWT dev, kept in the repo with its license (tests/data/ud-english-ewt).
 UD_DEV = Path(__file__).resolve().parent / "data" / "ud-english-ewt" / "en_ewt-ud-dev-500.conllu"
+
+
+# --- markers: applied here only, registered in pyproject.toml; `make test-fast` deselects every one of them ---
+# A test gets a folder's, a file's or a test's markers by its path under tests/ (fnmatch: "serve/*" is a folder,
+# "file.py::name*" one test with its parameters), and a fixture's markers when it asks for that fixture, directly
+# or through another one.
+MARKED_PATHS: dict[str, tuple[str, ...]] = {
+    "packaging/*": ("packaging",),
+    "stats/distributed/*": ("ray",),
+    "serve/test_serve_load.py": ("soak",),
+    "serve/test_serve_soak.py": ("soak",),
+    "serve/test_serve_hardening.py::test_healthz_reports_memory_and_a_ceiling_refuses_work": ("server",),
+    # Chromium: every test of these files, and the tests below (the fixture `browser` marks the rest)
+    "serve/test_serve_browser.py": ("browser",),
+    "serve/test_serve_layout.py": ("browser",),
+    "serve/test_serve_long_browser.py": ("browser",),
+    "views/test_effects.py": ("browser",),
+    "views/test_export_effects.py": ("browser",),
+    "views/test_export_generation.py": ("browser",),
+    "views/test_figures.py": ("browser",),
+    "views/test_figures_select.py": ("browser",),
+    "views/test_long.py": ("browser",),
+    "views/test_seq2seq_browser.py": ("browser",),
+    "views/test_seq2seq_export.py": ("browser",),
+    "views/test_views_beyond.py": ("browser",),
+    "views/test_views_browser.py": ("browser",),
+    "views/test_views_layout.py": ("browser",),
+    "serve/test_lazy_words.py::test_words_button_switches_head_matrix_and_model_views_and_back": ("browser",),
+    "serve/test_serve_generate.py::test_page_generates_live_and_stops": ("browser",),
+    "serve/test_serve_seq2seq.py::test_the_page_asks_an_encoder_decoder_model_for_a_target": ("browser", "server"),
+    "tracing/test_generate.py::test_generation_view_in_a_browser": ("browser",),
+    "tracing/test_seq2seq_generate.py::test_translation_view_shades_the_source_by_each_steps_alignment": ("browser",),
+    "views/test_seq2seq_view_cli.py::test_view_writes_a_cross_attention_figure": ("browser",),
+    "views/test_views_cli.py::test_png_is_a_picture_of_the_page": ("browser",),
+    # SmolLM2 asked for by name
+    "test_tokens.py::*smollm2*": ("smollm2",),
+}
+MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
+    "smollm2": ("smollm2",),
+    "shared_cache": ("smollm2",),  # test_models.py: converts SmolLM2's GGUF into a fresh cache
+    "browser": ("browser",),  # one Chromium per module: views/conftest.py, views/test_views_beyond.py
+    "ray_runtime": ("ray",),
+    # the servers: serve/conftest.py's two shared ones, and those of one module each
+    "server": ("server",),
+    "long_server": ("server",),
+    "gen_server": ("server",),  # serve/test_serve_generate.py
+    "tight": ("server",),  # serve/test_serve_hardening.py, serve/test_serve_limits.py
+    "locked": ("server",),  # serve/test_serve_guard.py
+    "soaked": ("server",),  # serve/test_serve_soak.py
+}
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks every collected test from MARKED_PATHS and MARKED_FIXTURES."""
+    for pattern in MARKED_PATHS:
+        if not (TESTS / pattern.split("::")[0].removesuffix("/*")).exists():
+            raise pytest.UsageError(f"tests/conftest.py marks {pattern}, which does not exist")
+    for item in items:
+        if not item.path.is_relative_to(TESTS):
+            continue
+        where = f"{item.path.relative_to(TESTS).as_posix()}::{item.nodeid.partition('::')[2]}"
+        names = {m for pattern, marks in MARKED_PATHS.items() if _matches(where, pattern) for m in marks}
+        names.update(m for fixture in getattr(item, "fixturenames", ()) for m in MARKED_FIXTURES.get(fixture, ()))
+        for name in sorted(names):
+            item.add_marker(name)
+
+
+def _matches(where: str, pattern: str) -> bool:
+    """A file matches its tests, a test its parameters: "f.py" matches "f.py::t", "f.py::t" matches "f.py::t[a]"."""
+    return fnmatch.fnmatchcase(where, pattern) or where.startswith((f"{pattern}::", f"{pattern}["))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -182,7 +182,6 @@ def word_requests(page: Any) -> list[str]:
     return [u for u in page.requests if "/map?" in u and "level=words" in u]
 
 
-@pytest.mark.browser
 def test_words_button_switches_head_matrix_and_model_views_and_back(page: Any, lazy: dict[str, Any],
                                                                     http: httpx.Client) -> None:
     word_of = lazy["word_level"]["word_of"]

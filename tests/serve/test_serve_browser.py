@@ -12,8 +12,6 @@ import pytest
 import attnscope
 from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 
-pytestmark = pytest.mark.browser
-
 # Hostile on purpose: both must show up as literal text and run nothing.
 TEXT = "The cat </script><img src=x onerror=alert(1)> sat."
 PAIR = '"><svg onload=alert(2)> It slept.'

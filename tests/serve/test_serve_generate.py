@@ -104,7 +104,6 @@ WATCH = """() => {
 }"""
 
 
-@pytest.mark.browser
 def test_page_generates_live_and_stops(gen_server: Server, decoder_dir: Path) -> None:
     from attnscope.views.browser import chromium
 

@@ -10,8 +10,6 @@ import pytest
 
 from tests.support.serve import Server
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="module")
 def app(server: Server) -> Iterator[Any]:

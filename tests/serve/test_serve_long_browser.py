@@ -17,8 +17,6 @@ import pytest
 from attnscope.serve import binary
 from tests.support.serve import Server, decode
 
-pytestmark = pytest.mark.browser
-
 TOKENS = 512
 TEXT = " ".join(["The keeper counted the waves that broke over the harbour wall before dawn."] * 40)
 NEXT_FRAME = "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"

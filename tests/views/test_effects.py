@@ -14,7 +14,6 @@ from attnscope.interventions import ablate
 from attnscope.views.browser import READY, chromium
 from attnscope.views.effects import effects_html, effects_payload
 
-pytestmark = pytest.mark.browser
 TEXT = "the <b>cat</b> sat"
 LAYER = 'select[aria-label="layer (0-indexed)"]'
 

@@ -13,7 +13,6 @@ import pytest
 import attnscope
 from attnscope.cli.main import main
 
-pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
 
 

@@ -18,7 +18,6 @@ from attnscope.records.generation import GenerationTrace
 from attnscope.tracing.decoding import generate
 from attnscope.views.generation import generation_figure
 
-pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
 PROMPT = "time flies like an arrow & <fruit>"
 

@@ -17,7 +17,6 @@ from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 from tests.support.cli import run
 
-pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
 HOSTILE = "The cat <script>alert(1)</script> & 'dogs' sat."
 ROOT = "document.getElementById('attnscope-root')"

@@ -14,7 +14,6 @@ import attnscope
 from attnscope.tracing.one_pass import Trace, trace
 from attnscope.views import to_html
 
-pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
 FIGURE = "() => window.attnscope.figureSVG(document.getElementById('attnscope-root'))"
 

@@ -42,7 +42,6 @@ def test_to_a_word_sum_from_a_word_mean(pieces: Trace) -> None:
     assert np.abs(merged.sum(-1) - 1).max() <= 1e-5  # a word's row is still a distribution
 
 
-@pytest.mark.browser
 def test_the_words_toggle_swaps_tokens_and_words(open_page: Callable[..., object], pieces: Trace) -> None:
     opened = open_page(to_html(pieces, "all", layer=3, word_level=True), "words-toggle")
     page = opened.page  # type: ignore[attr-defined]

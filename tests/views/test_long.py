@@ -21,7 +21,6 @@ from attnscope.views import to_html
 from attnscope.views.size import page_size
 from tests.support.views import NEXT_FRAME, decode_source, page_payload
 
-pytestmark = pytest.mark.browser
 N = 2048
 PEAK = 0.9
 CANVAS = "canvas.as-matrix"

@@ -16,8 +16,6 @@ from attnscope.bertviz import head_view
 from attnscope.records.trace import EncoderDecoderTrace
 from tests.support.seq2seq_traces import bart_trace, t5_trace
 
-pytestmark = pytest.mark.browser
-
 KIND = "select.as-attention"
 LAYER = 'select[aria-label="layer (0-indexed)"]'
 QUERY = 'select[aria-label="query token (0-indexed)"]'

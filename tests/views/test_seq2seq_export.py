@@ -17,7 +17,6 @@ from attnscope.stages import ATTENTION_LABELS
 from attnscope.views.browser import AS_FIGURE
 from tests.support.seq2seq_traces import bart_trace
 
-pytestmark = pytest.mark.browser
 NS = "{http://www.w3.org/2000/svg}"
 ROOT = "document.getElementById('attnscope-root')"
 CROSS = ATTENTION_LABELS["cross"]  # "cross-attention (target -> source)"

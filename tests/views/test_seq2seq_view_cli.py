@@ -55,7 +55,6 @@ def test_bad_input_is_one_line_and_exit_2(t5_dir: str, capsys: pytest.CaptureFix
     assert not Path(out).exists()
 
 
-@pytest.mark.browser
 def test_view_writes_a_cross_attention_figure(t5_dir: str, capsys: pytest.CaptureFixture[str],
                                               tmp_path: Path) -> None:
     out = tmp_path / "cross.svg"

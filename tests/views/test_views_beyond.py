@@ -16,8 +16,6 @@ from attnscope.tracing.one_pass import Trace, trace
 from attnscope.verify.recompute import layer_params
 from attnscope.views.browser import READY, chromium
 
-pytestmark = pytest.mark.browser
-
 TEXT = "The cat sat on the mat."
 SOURCE = 'select[aria-label="what to draw"]'
 LAYER = 'select[aria-label="layer (0-indexed)"]'

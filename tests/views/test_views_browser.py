@@ -17,8 +17,6 @@ from attnscope.views import bundle, neuron_block, payload, to_html
 from attnscope.views.page import json_for_script
 from tests.support.views import NEXT_FRAME
 
-pytestmark = pytest.mark.browser
-
 LAYER = 'select[aria-label="layer (0-indexed)"]'
 QUERY = 'select[aria-label="query token (0-indexed)"]'
 LISTEN = ("() => { window.picked = [];"

@@ -52,7 +52,6 @@ def test_bad_options_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str],
     assert not (tmp_path / "v.html").exists()
 
 
-@pytest.mark.browser
 def test_png_is_a_picture_of_the_page(capsys: pytest.CaptureFixture[str], minilm: attnscope.Model,
                                       tmp_path: Path) -> None:
     out = tmp_path / "v.png"

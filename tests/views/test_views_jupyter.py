@@ -42,7 +42,6 @@ def test_each_cell_shows_one_sandboxed_frame(outputs: list[str]) -> None:
     assert '"view":"all"' in inner[0] and '"view":"neuron"' in inner[1] and '"view":"head"' in inner[2]
 
 
-@pytest.mark.browser
 def test_frames_draw_isolated_from_the_notebook(outputs: list[str], browser: Any,
                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
     page = browser.new_page(viewport={"width": 1200, "height": 900})

@@ -12,8 +12,6 @@ from attnscope.tracing.one_pass import Trace
 from attnscope.views import bundle, payload, to_html
 from attnscope.views.page import json_for_script
 
-pytestmark = pytest.mark.browser
-
 OVERFLOW = ("() => [...document.querySelectorAll('.as-neuron-parts > div')].map(d => "
             "[d.scrollWidth - d.clientWidth, d.getBoundingClientRect().right])")
 
