@@ -272,8 +272,7 @@ class Fixtures:
         self.makers: dict[str, Callable[[Path], None]] = {
             "tiny-t5": lambda d: _save_tiny(d, "t5"), "tiny-marian": lambda d: _save_tiny(d, "marian"),
             "tiny-starcoder2": lambda d: _save_tiny(d, "starcoder2"), "tiny-bloom": lambda d: _save_tiny(d, "bloom"),
-            "long.txt": lambda d: (d / "long.txt").write_text("The quick brown fox jumps over the lazy dog. " * 60),
-            "tests": lambda d: (d / "tests").mkdir() or (d / "tests" / "data").symlink_to(ROOT / "tests" / "data"),
+            "long.txt": _long_text, "tests": _test_data,
         }
 
     def make(self, argv: list[str], scratch: Path) -> None:
@@ -281,6 +280,17 @@ class Fixtures:
             name = arg.split("/")[0]
             if name in self.makers and not (scratch / name).exists():
                 self.makers[name](scratch)
+
+
+def _long_text(scratch: Path) -> None:
+    """long.txt: one sentence repeated, well over 512 tokens."""
+    (scratch / "long.txt").write_text("The quick brown fox jumps over the lazy dog. " * 60)
+
+
+def _test_data(scratch: Path) -> None:
+    """tests/data: the repository's own (the UD English EWT slice), as a reader of a clone has it."""
+    (scratch / "tests").mkdir()
+    (scratch / "tests" / "data").symlink_to(ROOT / "tests" / "data")
 
 
 fixtures = Fixtures()
@@ -308,8 +318,9 @@ attnscope.load_model().tokenizer.save_pretrained(where)
 
 def _save_tiny(scratch: Path, family: str) -> None:
     """A random-weight model (seed 0, the tests' sizes) saved with the bundled tokenizer as tiny-FAMILY."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
     subprocess.run([str(BIN / "python"), "-c", TINY_MAKER, family, str(scratch / f"tiny-{family}")],
-                   check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"})
+                   check=True, capture_output=True, env=env)
 
 
 # ---- comparing and writing
