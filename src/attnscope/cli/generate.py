@@ -188,7 +188,8 @@ def steps_table(g: GenerationTrace, layer: int, head: int | None) -> Any:
 
 
 MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "
-           "weight row), relative to the row's scale above")
+           "weight row), relative to the row's scale above; no-cache context and output relative to the size of "
+           "their sums' terms (max |v| read; |merged| |W_O[:, j]|), which the two passes add in other orders")
 
 
 def check_overview(g: GenerationTrace) -> Any:

@@ -197,13 +197,22 @@ def _header(w: Walkthrough) -> str:
 
 
 def check_line(w: Walkthrough) -> str:
+    """The head's verdict and the whole trace's, each said once: a head can match while another layer fails."""
     c = w.check
     if c.get("unsupported"):
         return f"check: {c['unsupported']}; captured numbers shown as the model produced them"
-    verdict = "OK" if c.get("ok") else "FAILED"
-    return (f"check: {verdict}: every stage of layer {w.layer} head {w.head} recomputed from the layer's "
-            f"weights matches the model's forward pass: max error {error(c.get('head_max_error') or 0.0)} "
-            f"(tolerance {error(c.get('tolerance', 0.0))}; whole trace {error(c.get('max_error') or 0.0)})")
+    tolerance = float(c.get("tolerance", 0.0))
+    head_error = c.get("head_max_error")
+    head_ok = head_error is not None and head_error <= tolerance  # NaN is not <=: not OK
+    if head_ok:
+        head = (f"OK: every stage of layer {w.layer} head {w.head} recomputed from the layer's weights matches the "
+                "model's forward pass")
+    else:
+        head = (f"FAILED: a stage of layer {w.layer} head {w.head} recomputed from the layer's weights differs from "
+                "the model's forward pass")
+    whole = "PASS" if c.get("ok") else "FAIL (attnscope check shows where)"
+    return (f"check: {head}: max error {error(head_error or 0.0)} (tolerance {error(tolerance)}); whole trace: "
+            f"{whole}, max error {error(c.get('max_error') or 0.0)}")
 
 
 def _md_table(name: str, cells: Cells, full: bool) -> list[str]:

@@ -7,7 +7,8 @@
    of the prefill, one row per later step) is compared with the same row of that pass.
 Both are max errors per layer and head, like `attnscope check`, against the same tolerance 1e-5, measured
 as |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every weight row),
-relative to the row's scale above (see max_error).
+relative to the row's scale above (see max_error). The no-cache context and output are sums whose two
+computations add their terms in other orders: they are measured relative to the size of those terms (_scale).
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def verify_generation(m: Model, layers: dict[str, list[torch.Tensor]], ids: torc
                 errors.setdefault((stage, "recompute"), []).append(max_error(layers[stage][layer], rec[stage]))
     full = no_cache_forward(m, ids)
     for stage in NO_CACHE_STAGES:
-        errors[(stage, "no-cache")] = [max_error(a, b) for a, b in zip(layers[stage], full[stage], strict=True)]
+        errors[(stage, "no-cache")] = [
+            max_error(layers[stage][layer], full[stage][layer], _scale(stage, full, layer, params))
+            for layer in range(len(full[stage]))]
     heads = int(layers["q"][0].shape[1])
     for (stage, _), errs in errors.items():
         if stage in ("k", "v"):  # [kv_head] -> [head]: an error counts for every query head that reads it
@@ -102,21 +105,69 @@ def verify_generation(m: Model, layers: dict[str, list[torch.Tensor]], ids: torc
     return [Comparison(st, src, np.stack(errs), relative=True) for (st, src), errs in errors.items()], unsupported
 
 
-def max_error(captured: torch.Tensor, other: torch.Tensor) -> np.ndarray:
-    """|a - b| / max(1, the row's largest |b|): the max per head ([head] for [1, head, token, width]) or over
-    all ([1] for [1, token, d_model]). A row is one token's vector (a head's q, k, v or context; x; output)
-    or one query's weights.
+def max_error(captured: torch.Tensor, other: torch.Tensor, scale: torch.Tensor | None = None) -> np.ndarray:
+    """|a - b| / scale: the max per head ([head] for [1, head, token, width]) or over all ([1] for
+    [1, token, d_model]). scale (broadcast to the arrays) defaults to max(1, the row's largest |b|), a row being
+    one token's vector (a head's q, k, v or context; x; output) or one query's weights.
 
     Absolute for rows of numbers up to 1 (every weight), relative to the row's scale above: float32 resolves
     1.5e-5 at 181 (SmolLM2's largest attention outputs), so no two float32 computations of a row holding such
     numbers agree within an absolute 1e-5. NaN stays NaN.
     """
     a, b = captured.float(), other.float()
-    scale = b.abs().amax(dim=-1, keepdim=True).clamp_(min=1.0)  # [..., token, 1]
+    if scale is None:
+        scale = b.abs().amax(dim=-1, keepdim=True).clamp_(min=1.0)  # [..., token, 1]
     diff = (a - b).abs_().div_(scale)
     if diff.dim() == 4:  # [1, head, token, ...]
         return diff[0].flatten(1).amax(1).numpy().astype(np.float64)
     return diff.amax().reshape(1).numpy().astype(np.float64)
+
+
+def _scale(stage: str, full: dict[str, list[torch.Tensor]], layer: int,
+           params: list[maths.AttentionParams] | None) -> torch.Tensor | None:
+    """The no-cache comparison's scale for a sum: what float32 rounding of that sum is proportional to.
+
+    A cached and an uncached forward pass add the same products in different orders (other matrix shapes,
+    other kernels), so their sums differ by rounding that grows with the sum of the |terms|, not with |the sum|:
+    - context_t = sum_k w_tk v_k: its terms are at most max |v_k| (the weights sum to 1), so the scale is
+      max(1, the largest |v| among the keys row t reads) [1, head, token, 1];
+    - output_tj = sum_i merged_ti W_O[i, j]: its terms sum to at most |merged_t| |W_O[:, j]| (Cauchy-Schwarz),
+      the scale `attnscope check` uses for the output too [1, token, d_model].
+    - q, k, v = x W (+ b), per element j: terms at most |x_t| |W[:, j]| (+ |b_j|); a rotation (RoPE) mixes two
+      elements of a head, so q and k take twice the largest of their head's [1, head, token, 1]. After a
+      QK-norm, q and k keep the row's scale.
+    Every other stage (x, weights): the row's largest |b| (max_error's default). A difference of 1e-5 of these
+    scales, far above float32's 1.2e-7 per rounding, is still a failure.
+    """
+    if stage in ("q", "k", "v") and params is not None:
+        return _projection_scale(stage, full["x"][layer], params[layer])
+    if stage == "context":
+        v = full["v"][layer].float().abs().amax(dim=-1)  # [1, kv_head, key]
+        seen = torch.cummax(v, dim=-1).values  # [1, kv_head, token]: over the keys 0..t each row reads
+        seen = maths.expand_kv(seen[..., None], int(full["q"][layer].shape[1]) // int(v.shape[1]))
+        return seen.clamp_(min=1.0)  # [1, head, token, 1]
+    if stage == "output" and params is not None:
+        context = full["context"][layer].float()  # [1, head, token, d_head]
+        merged = context.transpose(1, 2).flatten(2).norm(dim=-1, keepdim=True)  # [1, token, 1]
+        scale: torch.Tensor = (merged * params[layer].w_o.float().norm(dim=0)).clamp_(min=1.0)
+        return scale  # [1, token, d_model]
+    return None
+
+
+def _projection_scale(stage: str, x: torch.Tensor, p: maths.AttentionParams) -> torch.Tensor | None:
+    """|x_t| |W[:, j]| + |b_j| split into heads [1, head|kv_head, token, d_head] (see _scale); None after a QK-norm."""
+    w, b, norm = {"q": (p.w_q, p.b_q, p.q_norm), "k": (p.w_k, p.b_k, p.k_norm), "v": (p.w_v, p.b_v, None)}[stage]
+    if norm is not None:
+        return None
+    heads = p.n_heads if stage == "q" else p.kv_heads
+    size = x.float().norm(dim=-1, keepdim=True) * w.float().norm(dim=0)  # [1, token, head * d_head]
+    if b is not None:
+        size = size + b.float().abs()
+    size = maths.split_heads(size, heads)  # [1, head, token, d_head]
+    if stage != "v" and p.rope is not None:  # a rotated element holds terms of two columns of its head
+        size = 2 * size.amax(dim=-1, keepdim=True)
+    scale: torch.Tensor = size.clamp_(min=1.0)
+    return scale
 
 
 @torch.no_grad()
