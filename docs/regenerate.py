@@ -230,6 +230,8 @@ def run_one(command: Command, scratch: Path) -> tuple[int, str]:
     env.pop("FORCE_COLOR", None)
     done = subprocess.run(argv, cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=1800)
+    if "Traceback (most recent call last):" in done.stdout:
+        raise RuntimeError(f"`{command.shown}` crashed:\n{done.stdout[-2000:]}")
     return done.returncode, "\n".join(line.rstrip() for line in done.stdout.splitlines())
 
 
