@@ -36,6 +36,7 @@ long.txt (one sentence repeated), and tests/data (the repository's own).
     .venv/bin/python docs/regenerate.py -k smollm2        # only examples whose commands contain this
     .venv/bin/python docs/regenerate.py --check           # exit 1 and show a diff if any example is stale
     .venv/bin/python docs/regenerate.py --list            # the examples, without running them
+    .venv/bin/python docs/regenerate.py --exact -k stats  # rewrite `vary:` text too (a time measured when quiet)
 """
 
 from __future__ import annotations
@@ -334,7 +335,8 @@ def masked(text: str, example: Example) -> str:
     return text
 
 
-def regenerate(examples: list[Example], scratch: Path, check: bool) -> tuple[list[Example], list[Example]]:
+def regenerate(examples: list[Example], scratch: Path, check: bool, exact: bool = False,
+               ) -> tuple[list[Example], list[Example]]:
     """Run each example; write the new blocks (unless check); return the stale ones and those that failed."""
     stale: list[tuple[Example, str]] = []
     failed: list[Example] = []
@@ -346,7 +348,7 @@ def regenerate(examples: list[Example], scratch: Path, check: bool) -> tuple[lis
             print(f"ERROR {time.monotonic() - began:6.1f} s  {example.title}\n      {error}", flush=True)
             failed.append(example)
             continue
-        same = masked(new, example) == masked(example.text, example)
+        same = new == example.text if exact else masked(new, example) == masked(example.text, example)
         print(f"{'ok   ' if same else 'STALE'} {time.monotonic() - began:6.1f} s  {example.title}", flush=True)
         if not same:
             stale.append((example, new))
@@ -382,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="contains", help="only examples whose commands contain this text")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if an example is stale")
     parser.add_argument("--list", action="store_true", help="list the examples without running them")
+    parser.add_argument("--exact", action="store_true",
+                        help="compare `vary:` text too, so a new time or size is written (on a quiet machine)")
     args = parser.parse_args(argv)
     examples = [e for p in pages(args.pages) for e in find_examples(p)]
     if args.contains:
@@ -392,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="attnscope-docs-") as scratch:
-        stale, failed = regenerate(examples, Path(scratch), args.check)
+        stale, failed = regenerate(examples, Path(scratch), args.check, args.exact)
     verb = "stale" if args.check else "rewritten"
     print(f"{len(examples)} examples: {len(stale)} {verb}, {len(failed)} failed, in {time.monotonic() - began:.0f} s")
     return 1 if failed or (args.check and stale) else 0
