@@ -61,6 +61,18 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "views/test_views_cli.py::test_png_is_a_picture_of_the_page": ("browser",),
     # SmolLM2 asked for by name
     "test_tokens.py::*smollm2*": ("smollm2",),
+    # over ~5 s each on 2 cores (the seconds measured): corpus runs through the CLI, real signals, a Jupyter kernel
+    "stats/test_stats_cli.py::test_resume_after_a_kill_gives_the_same_numbers": ("slow",),  # 42
+    "stats/test_stats_cli.py::test_an_error_part_way_keeps_the_documents_before_it": ("slow",),  # 20
+    "stats/test_stats_cli.py::test_ctrl_c_checkpoints_and_says_how_to_continue": ("slow",),  # 16
+    "stats/test_stats_cli.py::test_the_terminal_summary_agrees_with_the_files": ("slow",),  # 7
+    "stats/test_norm_metrics.py::test_stats_command_adds_the_norm_columns_with_norms": ("slow",),  # 12
+    "stats/test_norm_metrics.py::test_norms_on_the_command_line_are_for_that_run_only": ("slow",),  # 7
+    "stats/test_stats_engine.py::test_batching_bucketing_and_padding_do_not_change_numbers": ("slow",),  # 10
+    "stats/test_stats_engine.py::test_merged_halves_equal_the_whole": ("slow",),  # 5.5
+    "tracing/test_generate.py::test_cli_real_sigint_keeps_what_was_generated": ("slow",),  # 7
+    "test_models.py::test_unavailable_model_fails_fast_naming_it": ("slow",),  # 6
+    "views/test_views_jupyter.py::test_each_cell_shows_one_sandboxed_frame": ("slow",),  # 7, the kernel
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
