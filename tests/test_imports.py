@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import attnscope
+from attnscope._moved import MOVED
 
 HEAVY = ("torch", "transformers")
 
@@ -129,3 +132,52 @@ def test_no_import_circles() -> None:
     has no cycle. Imports under TYPE_CHECKING only name types for annotations (a view names the record it
     draws) and never run, so they are not edges."""
     assert _circles(_graph()) == []
+
+
+ROOT = Path(__file__).resolve().parents[1]
+_FROM = re.compile(r"from (attnscope(?:\.\w+)*) import \(?([\w, ]+)")
+_DOTTED = re.compile(r"(?<![\w/.-])attnscope(?:\.\w+)+")
+_JAVASCRIPT = {"attnscope.figureReady"}  # the pages' own JavaScript (window.attnscope), not Python
+
+
+def _documented_paths() -> set[str]:
+    """Every attnscope name the README and the docs show: `from attnscope.x import a, b` and attnscope.x.y."""
+    found: set[str] = set()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        for module, names in _FROM.findall(text):
+            found.update(f"{module}.{n.split(' as ')[0].strip()}" for n in names.split(",") if n.strip())
+        found.update(_DOTTED.findall(text))
+    return found - _JAVASCRIPT
+
+
+def _resolve(path: str) -> object:
+    """The object a dotted path names: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(path)
+
+
+def test_every_path_the_docs_show_imports() -> None:
+    paths = _documented_paths()
+    assert len(paths) > 30  # the README and docs name many; an empty set would mean the scan broke
+    broken = []
+    for path in sorted(paths):
+        try:
+            _resolve(path)
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{path}: {exc}")
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_module_paths_load_the_moved_modules(old: str) -> None:
+    """Code written against the flat layout keeps working: the old name is the new module itself."""
+    assert importlib.import_module(old) is importlib.import_module(MOVED[old])

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from safetensors import SafetensorError
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -203,6 +204,9 @@ def _load_from(where: str, name: str, local_only: bool, dtype: torch.dtype = tor
         if local_only and not Path(where).exists():
             raise
         raise AttnscopeError(f"could not load model {name!r}: {_first_line(exc)}") from exc
+    except SafetensorError as exc:  # a damaged weights file: safetensors' error is neither OSError nor ValueError
+        raise AttnscopeError(f"could not load model {name!r}: its weights file is damaged or truncated "
+                             f"({_first_line(exc)}): download or copy the checkpoint again") from exc
     model.eval()
     return Model(name=name, model=model, tokenizer=_load_tokenizer(where, local_only))
 

@@ -10,6 +10,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
+from attnscope.numbers import is_count
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +30,7 @@ def validate_dtype_name(dtype: str) -> str:
 def validate_device_name(device: str) -> str:
     """cpu, mps, cuda or cuda:N by name (whether it is present is resolve_device's question)."""
     kind, _, index = device.partition(":")
-    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+    if kind not in DEVICES or (index and (kind != "cuda" or not is_count(index))):
         raise AttnscopeError(f"device={device!r} is not supported: use cpu, cuda, cuda:N or mps", parameter="device")
     return device
 

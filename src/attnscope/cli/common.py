@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from attnscope.errors import AttnscopeError, read_path
+from attnscope.numbers import finite_or_null, parse_float, parse_int
 from attnscope.placement import DTYPES, validate_device_name
 
 if TYPE_CHECKING:
@@ -23,6 +25,8 @@ def add_text_args(p: argparse.ArgumentParser, pair: bool = True) -> None:
     """TEXT or --text-file, with the model options every traced command takes."""
     p.add_argument("text", nargs="?", metavar="TEXT", help="the sentence to trace")
     p.add_argument("--text-file", metavar="PATH", help="read TEXT from a UTF-8 file instead")
+    p.add_argument("--max-text-mb", type=real, default=MAX_TEXT_MB, metavar="MB",
+                   help=f"refuse a --text-file larger than this (default {MAX_TEXT_MB})")
     if pair:
         p.add_argument("--pair", metavar="TEXT_B", help="a second sentence (segment B)")
     add_model_args(p, placement=True)
@@ -33,7 +37,7 @@ def add_model_args(p: argparse.ArgumentParser, placement: bool = False) -> None:
     p.add_argument("--model", metavar="M", default=None,
                    help="Hugging Face id, local checkpoint directory or .gguf file, or smollm2 (the bundled "
                         "SmolLM2-135M-Instruct) (default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--max-length", type=int, default=256, metavar="N",
+    p.add_argument("--max-length", type=integer, default=256, metavar="N",
                    help="maximum tokens, special tokens included (default 256)")
     p.add_argument("--no-truncate", action="store_true", help="make over-long text an error instead of truncating")
     if placement:
@@ -42,6 +46,22 @@ def add_model_args(p: argparse.ArgumentParser, placement: bool = False) -> None:
         p.add_argument("--dtype", choices=DTYPES, default=None,
                        help="float32 (default), bfloat16 or float16; the check's tolerance follows it "
                             "(1e-5, 0.66, 0.082: docs/models.md)")
+
+
+def integer(text: str) -> int:
+    """argparse type: an integer in ASCII digits (numbers.parse_int)."""
+    try:
+        return parse_int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def real(text: str) -> float:
+    """argparse type: a decimal number in ASCII (numbers.parse_float); range checks follow."""
+    try:
+        return parse_float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _device(name: str) -> str:
@@ -67,14 +87,28 @@ def read_text(args: argparse.Namespace) -> str:
     if args.text_file and args.text is not None:
         raise AttnscopeError("give TEXT or --text-file, not both")
     if args.text_file:
-        return read_text_file(args.text_file)
+        return read_text_file(args.text_file, getattr(args, "max_text_mb", MAX_TEXT_MB))
     if args.text is None:
         raise AttnscopeError("no text given: pass TEXT or --text-file PATH")
     return str(args.text)
 
 
-def read_text_file(path: str) -> str:
-    return read_path(path, lambda p: p.read_text(encoding="utf-8"), "a text file").strip("\n")
+MAX_TEXT_MB = 10  # --max-text-mb: a text file read whole (a sentence, a prompt, a reference list)
+
+
+def read_text_file(path: str, max_mb: float = MAX_TEXT_MB) -> str:
+    """A UTF-8 text file, refused past max_mb without reading further (/dev/zero would never end)."""
+    limit = int(max_mb * 2**20)
+
+    def read(p: Path) -> str:
+        with p.open("rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise AttnscopeError(f"cannot read {p}: it is over the limit of {max_mb:g} MB for a text file: give a "
+                                 "shorter text, or raise --max-text-mb")
+        return data.decode("utf-8")
+
+    return read_path(path, read, "a text file").strip("\n")
 
 
 def console() -> Console:
@@ -82,7 +116,8 @@ def console() -> Console:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False, allow_nan=True) + "\n")
+    """Strict JSON on stdout: NaN and infinities as null (numbers.finite_or_null)."""
+    sys.stdout.write(json.dumps(finite_or_null(data), ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def emit_walkthrough(w: Any, fmt: str, full: bool = False) -> None:

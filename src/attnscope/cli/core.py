@@ -11,6 +11,7 @@ from attnscope.cli.common import (
     add_text_args,
     console,
     emit_walkthrough,
+    integer,
     model_of,
     print_json,
     read_text,
@@ -29,9 +30,9 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     p = sub.add_parser("explain", help="walk through one layer and head step by step with real numbers")
     add_text_args(p)
-    p.add_argument("--layer", type=int, default=0, help="layer, 0-indexed (default 0)")
-    p.add_argument("--head", type=int, default=0, help="head, 0-indexed (default 0)")
-    p.add_argument("--token", type=int, default=None,
+    p.add_argument("--layer", type=integer, default=0, help="layer, 0-indexed (default 0)")
+    p.add_argument("--head", type=integer, default=0, help="head, 0-indexed (default 0)")
+    p.add_argument("--token", type=integer, default=None,
                    help="focus on one query token (0-indexed): adds its weighted values and their sum")
     p.add_argument("--full", action="store_true", help="print every row and column (wide tables in blocks)")
     add_target_args(p)
@@ -71,7 +72,7 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="TARGET", default=None,
                    help="encoder-decoder models (T5, BART, Marian): the target, fed to the decoder teacher-forced "
                         "(default: generated greedily from TEXT, the source)")
-    p.add_argument("--max-new-tokens", type=int, default=20, metavar="N",
+    p.add_argument("--max-new-tokens", type=integer, default=20, metavar="N",
                    help="encoder-decoder models without --target: generate at most N target tokens (default 20)")
 
 
@@ -91,6 +92,10 @@ def traced_any(args: argparse.Namespace) -> Trace | EncoderDecoderTrace:
             raise AttnscopeError(f"--target is for encoder-decoder models (T5, BART, Marian): {m.name} "
                                  f"({m.architecture}) is not one, so trace TEXT alone (drop --target)")
         return traced(args)
+    if getattr(args, "pair", None) is not None:
+        raise AttnscopeError(f"--pair is a second sentence for an encoder (BERT-style segments): {m.name} "
+                             f"({m.architecture}) is an encoder-decoder, which reads TEXT as its source and --target "
+                             "as its target: drop --pair")
     from attnscope.tracing.seq2seq import trace_seq2seq
 
     target: str | None = args.target

@@ -8,7 +8,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from attnscope.cli.common import add_format, console, emit_walkthrough, print_json, read_text, rich_steps_table
+from attnscope.cli.common import (
+    MAX_TEXT_MB,
+    add_format,
+    console,
+    emit_walkthrough,
+    integer,
+    print_json,
+    read_text,
+    real,
+    rich_steps_table,
+)
 
 if TYPE_CHECKING:
     from attnscope.records.generation import GeneratedToken, GenerationTrace
@@ -22,24 +32,26 @@ def register(sub: Any) -> None:
     p.add_argument("text", nargs="?", metavar="PROMPT",
                    help="the prompt to continue (an encoder-decoder model: the source to translate)")
     p.add_argument("--text-file", metavar="PATH", help="read PROMPT from a UTF-8 file instead")
+    p.add_argument("--max-text-mb", type=real, default=MAX_TEXT_MB, metavar="MB",
+                   help=f"refuse a --text-file larger than this (default {MAX_TEXT_MB})")
     p.add_argument("--model", metavar="M", default=DEFAULT_GENERATOR,
                    help=f"a causal LM, or an encoder-decoder (T5, BART, Marian: greedy, each step's alignment over "
                         f"the source): Hugging Face id or local checkpoint (default {DEFAULT_GENERATOR})")
-    p.add_argument("--max-new-tokens", type=int, default=20, metavar="N", help="at most N new tokens (default 20)")
-    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T")
-    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample from the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, metavar="P", help="sample from the top-P probability mass")
-    p.add_argument("--seed", type=int, default=None, metavar="S", help="seed for sampling (repeatable runs)")
-    p.add_argument("--layer", type=int, default=None, metavar="L",
+    p.add_argument("--max-new-tokens", type=integer, default=20, metavar="N", help="at most N new tokens (default 20)")
+    p.add_argument("--temperature", type=real, default=None, metavar="T", help="sample at temperature T")
+    p.add_argument("--top-k", type=integer, default=None, metavar="K", help="sample from the K most likely tokens")
+    p.add_argument("--top-p", type=real, default=None, metavar="P", help="sample from the top-P probability mass")
+    p.add_argument("--seed", type=integer, default=None, metavar="S", help="seed for sampling (repeatable runs)")
+    p.add_argument("--layer", type=integer, default=None, metavar="L",
                    help="layer for the most attended tokens, 0-indexed (default: the last)")
-    p.add_argument("--head", type=int, default=None, metavar="H",
+    p.add_argument("--head", type=integer, default=None, metavar="H",
                    help="one head for the most attended tokens, 0-indexed (default: mean over heads)")
-    p.add_argument("--alternatives", type=int, default=3, metavar="K", help="top alternatives shown per step")
+    p.add_argument("--alternatives", type=integer, default=3, metavar="K", help="top alternatives shown per step")
     p.add_argument("-o", "--output", metavar="FILE", help="save the generation trace: FILE.safetensors or FILE.npz; "
                    "or one step of the generation view as a figure: FILE.svg, FILE.png or FILE.pdf")
-    p.add_argument("--step", type=int, default=None, metavar="N",
+    p.add_argument("--step", type=integer, default=None, metavar="N",
                    help="the step a figure shows, 0-indexed (default: the last); its layer and head: --layer, --head")
-    p.add_argument("--scale", type=float, default=2.0, help="png figure: pixels per SVG pixel (default 2)")
+    p.add_argument("--scale", type=real, default=2.0, help="png figure: pixels per SVG pixel (default 2)")
     p.add_argument("--html", metavar="FILE", help="write the generation view (a self-contained page)")
     add_format(p)
     p.set_defaults(func=run_generate)
@@ -47,8 +59,9 @@ def register(sub: Any) -> None:
 
 def add_step_args(p: argparse.ArgumentParser) -> None:
     """explain's options for one generated step."""
-    p.add_argument("--step", type=int, default=None, metavar="N",
-                   help="explain generation step N (0-indexed) of TEXT as a prompt, or of --generation FILE")
+    p.add_argument("--step", type=integer, default=None, metavar="N",
+                   help="explain generation step N (0-indexed) of TEXT as a prompt, or of --generation FILE; "
+                        f"without --model, TEXT is continued by {DEFAULT_GENERATOR} (a decoder: MiniLM cannot write)")
     p.add_argument("--generation", metavar="FILE", default=None, help="a generation saved by `generate -o FILE`")
 
 
@@ -58,7 +71,7 @@ def run_generate(args: argparse.Namespace) -> int:
     prompt = require_text(read_text(args), "prompt")
     from attnscope.tracing.decoding import GenerationInterrupted, generate, validate_settings
 
-    validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives)
+    validate_settings(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.alternatives, args.seed)
     figure = _figure_format(args)
     from attnscope import families
     from attnscope.models import load_model
@@ -236,6 +249,8 @@ def run_explain_step(args: argparse.Namespace) -> int:
 
     if args.step is None:
         raise_error("--generation FILE explains one step: give --step N too")
+    if args.step < 0:
+        raise_error(f"--step {args.step} is out of range: steps are counted from 0")
     if args.generation is not None:
         if args.text is not None or args.text_file:
             raise_error("give TEXT or --generation FILE, not both")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from attnscope.cli.common import add_format, add_model_args, add_text_args, model_of, print_json, read_text
+from attnscope.cli.common import add_format, add_model_args, add_text_args, integer, model_of, print_json, read_text
 from attnscope.errors import AttnscopeError, require_text
 
 # torch, transformers and the interventions are imported when a command runs, so --help stays instant.
@@ -76,17 +76,17 @@ def _register_importance(sub: Any) -> None:
     p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
     p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
     add_model_args(p)
-    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="documents per batch (default 8)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="read only the first N documents")
-    p.add_argument("--sample", type=int, default=16, metavar="N",
+    p.add_argument("--batch-size", type=integer, default=8, metavar="N", help="documents per batch (default 8)")
+    p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
+    p.add_argument("--sample", type=integer, default=16, metavar="N",
                    help="documents for the pruning curve and the one-head ablations (default 16)")
-    p.add_argument("--checkpoint-every", type=int, default=10, metavar="N",
+    p.add_argument("--checkpoint-every", type=integer, default=10, metavar="N",
                    help="write a checkpoint every N batches (default 10)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="compute the gradients here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
     p.add_argument("--address", metavar="ADDR",
                    help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
-    p.add_argument("--workers", type=int, metavar="N",
+    p.add_argument("--workers", type=integer, metavar="N",
                    help="--engine ray: worker processes, each holding the model once (default: one per node)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")

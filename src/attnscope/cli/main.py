@@ -42,6 +42,7 @@ def error_line(exc: AttnscopeError) -> str:
         flag = flag_of(exc.parameter)
         text = re.sub(rf"(?<![\w-]){re.escape(exc.parameter)}(?:(=)|(?!\w))",
                       lambda m: flag + (" " if m.group(1) else ""), text)
+        text = text.replace(f"{flag} True", flag)  # `resume=True` reads `--resume`, a switch
     return text
 
 

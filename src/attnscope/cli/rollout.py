@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_format, add_text_args, console, print_json
+from attnscope.cli.common import add_format, add_text_args, console, integer, print_json
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -21,7 +21,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("rollout", help="attention rollout: how much each input token reaches a token, across layers")
     add_text_args(p)
     _add_token(p)
-    p.add_argument("--layer", type=int, default=None,
+    p.add_argument("--layer", type=integer, default=None,
                    help="rollout after this layer, 0-indexed (default: the top layer)")
     add_format(p)
     p.set_defaults(func=run_rollout)
@@ -29,14 +29,14 @@ def register(sub: Any) -> None:
     p = sub.add_parser("flow", help="attention flow: max-flow from a top-layer token to each input token")
     add_text_args(p)
     _add_token(p)
-    p.add_argument("--max-tokens", type=int, default=64, metavar="N",
+    p.add_argument("--max-tokens", type=integer, default=64, metavar="N",
                    help="refuse longer texts: the cost grows like tokens^4 (default 64)")
     add_format(p)
     p.set_defaults(func=run_flow)
 
 
 def _add_token(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--token", type=int, default=None, metavar="I",
+    p.add_argument("--token", type=integer, default=None, metavar="I",
                    help="the query token, 0-indexed (default: [CLS] = 0, or the last token for causal models)")
 
 

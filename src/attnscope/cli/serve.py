@@ -9,6 +9,7 @@ import socket
 import sys
 from typing import Any
 
+from attnscope.cli.common import integer, real
 from attnscope.errors import AttnscopeError
 
 LOOPBACK = "127.0.0.1"
@@ -17,24 +18,24 @@ LOOPBACK = "127.0.0.1"
 def register(sub: Any) -> None:
     p = sub.add_parser("serve", help="a local web page and JSON API to trace, view and explain attention")
     p.add_argument("--host", default=LOOPBACK, help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=integer, default=8000, help="port (default 8000; 0 picks a free one)")
     p.add_argument("--model", metavar="M", nargs="+", action="extend", default=None,
                    help="models to serve, the first is the default (default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--max-tokens", type=int, default=256, metavar="N", help="tokens per trace (default 256)")
-    p.add_argument("--max-chars", type=int, default=10_000, metavar="N",
+    p.add_argument("--max-tokens", type=integer, default=256, metavar="N", help="tokens per trace (default 256)")
+    p.add_argument("--max-chars", type=integer, default=10_000, metavar="N",
                    help="characters per text (default 10000)")
-    p.add_argument("--max-body", type=int, default=256 * 1024, metavar="BYTES",
+    p.add_argument("--max-body", type=integer, default=256 * 1024, metavar="BYTES",
                    help="request body limit; larger bodies get 413 (default 262144)")
-    p.add_argument("--workers", type=int, default=2,
+    p.add_argument("--workers", type=integer, default=2,
                    help="inference workers: one forward pass per model at a time, while another worker encodes "
                         "an answer or serves a cached trace (default 2)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=integer, default=1,
                    help="torch threads for the whole server (default 1: fastest where the CPU is shared; "
                         "0 keeps torch's default)")
-    p.add_argument("--queue", type=int, default=32, help="requests that may wait; beyond, 503 (default 32)")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--queue", type=integer, default=32, help="requests that may wait; beyond, 503 (default 32)")
+    p.add_argument("--timeout", type=real, default=30.0, metavar="SECONDS",
                    help="per-request deadline, waiting included; beyond, 504 (default 30)")
-    p.add_argument("--cache", type=int, default=16, metavar="N", help="recent traces kept (default 16)")
+    p.add_argument("--cache", type=integer, default=16, metavar="N", help="recent traces kept (default 16)")
     add_guard_args(p)
     p.set_defaults(func=run_serve)
 
@@ -47,19 +48,19 @@ def add_guard_args(p: Any) -> None:
     p.add_argument("--token", default=None, help="access token every request must carry (default: a random one "
                    "when --host is not loopback, none on loopback)")
     p.add_argument("--no-token", action="store_true", help="no access token even off loopback (not advised)")
-    p.add_argument("--header-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--header-timeout", type=real, default=60.0, metavar="SECONDS",
                    help="time to send a request's headers; then the connection is closed (default 60)")
-    p.add_argument("--body-timeout", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--body-timeout", type=real, default=60.0, metavar="SECONDS",
                    help="time to send a request's body; then 408 (default 60)")
-    p.add_argument("--max-connections", type=int, default=64, metavar="N",
+    p.add_argument("--max-connections", type=integer, default=64, metavar="N",
                    help="open connections; a request beyond gets 503 (default 64)")
-    p.add_argument("--max-response", type=int, default=128, metavar="MIB",
+    p.add_argument("--max-response", type=integer, default=128, metavar="MIB",
                    help="largest response in MiB; larger ones are refused with 422 (default 128)")
-    p.add_argument("--max-list", type=int, default=2**20, metavar="N",
+    p.add_argument("--max-list", type=integer, default=2**20, metavar="N",
                    help="numbers a response may send with \"encoding\": \"list\"; beyond, 422 (default 1048576)")
-    p.add_argument("--cache-size", type=int, default=512, metavar="MIB",
+    p.add_argument("--cache-size", type=integer, default=512, metavar="MIB",
                    help="bytes the trace cache may hold, everything counted, in MiB (default 512)")
-    p.add_argument("--max-memory", type=int, default=4096, metavar="MIB",
+    p.add_argument("--max-memory", type=integer, default=4096, metavar="MIB",
                    help="resident memory ceiling in MiB: beyond, the cache is emptied, then 503 (default 4096)")
 
 

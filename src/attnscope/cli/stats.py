@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_model_args, model_of, print_json
+from attnscope.cli.common import add_model_args, integer, model_of, print_json
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -33,11 +33,11 @@ def register(sub: Any) -> None:
     p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
     p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
     add_model_args(p, placement=True)
-    p.add_argument("--batch-size", type=int, default=32, metavar="N", help="documents per batch (default 32)")
-    p.add_argument("--limit", type=int, default=None, metavar="N", help="read only the first N documents")
+    p.add_argument("--batch-size", type=integer, default=32, metavar="N", help="documents per batch (default 32)")
+    p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
     p.add_argument("--word-level", action="store_true",
                    help="statistics between words (to a word: sum over its pieces; from a word: their mean)")
-    p.add_argument("--checkpoint-every", type=int, default=20, metavar="N",
+    p.add_argument("--checkpoint-every", type=integer, default=20, metavar="N",
                    help="write a checkpoint every N batches (default 20)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
                    help="run the batches here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
     p.add_argument("--address", metavar="ADDR",
                    help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
-    p.add_argument("--workers", type=int, metavar="N",
+    p.add_argument("--workers", type=integer, metavar="N",
                    help="--engine ray: worker processes, each loading the model once (default: one per node)")
     p.add_argument("--norms", action="store_true",
                    help="also the norm-weighted [CLS]/[SEP]/punctuation/other averages (Kobayashi et al. 2020)")

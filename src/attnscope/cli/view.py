@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_text_args, model_of
+from attnscope.cli.common import add_text_args, integer, model_of, real
 from attnscope.cli.core import add_target_args, require_encoder_decoder, traced_any
 from attnscope.errors import AttnscopeError
 from attnscope.stages import ATTENTION_KINDS, ATTENTION_LABELS
@@ -29,25 +29,26 @@ def register(sub: Any) -> None:
     p.add_argument("--layers", nargs="+", metavar="L",
                    help="layers to include, 0-indexed (e.g. 0 1 or 0,1; default all)")
     p.add_argument("--heads", nargs="+", metavar="H", help="heads to include, 0-indexed (default all)")
-    p.add_argument("--layer", type=int, default=None, help="layer shown first (0-indexed)")
-    p.add_argument("--head", type=int, default=None, help="head shown first in the matrix and neuron views")
-    p.add_argument("--token", type=int, default=None, help="query token selected first (0-indexed)")
+    p.add_argument("--layer", type=integer, default=None, help="layer shown first (0-indexed)")
+    p.add_argument("--head", type=integer, default=None, help="head shown first in the matrix and neuron views")
+    p.add_argument("--token", type=integer, default=None, help="query token selected first (0-indexed)")
     p.add_argument("--theme", choices=("auto", "light", "dark"), default="auto", help="colour theme (default auto)")
     p.add_argument("--neuron", choices=("budget", "all", "none"), default="budget",
                    help="exact numbers carried for the neuron view: a size budget (default), every head, or none")
     p.add_argument("--word-level", action="store_true",
                    help="also carry word-level maps (pieces merged as stats --word-level does) behind a toggle")
-    p.add_argument("--max-mb", type=float, default=MAX_PAGE_MB, metavar="MB",
+    p.add_argument("--max-mb", type=real, default=MAX_PAGE_MB, metavar="MB",
                    help=f"refuse a page that would exceed MB megabytes, measured before it is built (default "
                         f"{MAX_PAGE_MB:g}; a 2,048-token map takes 5.6 MB: choose --layers and --heads)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="FILE.html (the page), or one view as a figure: FILE.svg, FILE.png or FILE.pdf")
     p.add_argument("--format", default=None, metavar="FORMAT",
                    help="html, svg, png or pdf (default: from FILE's suffix)")
-    p.add_argument("--scale", type=float, default=None,
+    p.add_argument("--scale", type=real, default=None,
                    help="png: the figure (as the SVG) at this many pixels per SVG pixel; without it, a png is a "
                         "picture of the page at --width")
-    p.add_argument("--width", type=int, default=1280, metavar="PX", help="width of a --view all png (default 1280)")
+    p.add_argument("--width", type=integer, default=1280, metavar="PX",
+                   help="width of a --view all png, 320..7680 (default 1280)")
     p.set_defaults(func=run_view)
 
 

@@ -78,7 +78,8 @@ def ablate(text: str, heads: Sequence[AnyHead] = (), model: ModelLike = None, mo
     if mode not in MODES:
         raise AttnscopeError(f"mode {mode!r} is unknown: use one of {', '.join(MODES)}")
     if not heads and not each:
-        raise AttnscopeError("no heads given: pass heads=[(layer, head), ...] (0-indexed) or each=True")
+        raise AttnscopeError("no heads given: name heads (layer.head pairs, 0-indexed), or ablate each head in "
+                             "turn (each)", parameter="heads")
     if is_encoder_decoder(m.model):
         if attention is not None and not each:
             raise AttnscopeError("attention= picks the kind of attention of the each=True grid: add each=True")

@@ -20,6 +20,7 @@ import torch
 from attnscope.capture import LayerCapture, capturing, intervening
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.models import Model
+from attnscope.numbers import is_count
 
 Head = tuple[int, int]  # (layer, head), both 0-indexed
 
@@ -94,7 +95,7 @@ def parse_heads(spec: str, what: str = "heads") -> list[Head]:
     heads = []
     for item in (s.strip() for s in spec.split(",")):
         parts = item.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 2 or not all(is_count(p) for p in parts):
             raise AttnscopeError(f"{what} {item!r} is not layer.head: write heads like 3.1,0.7 (0-indexed)")
         heads.append((int(parts[0]), int(parts[1])))
     return heads

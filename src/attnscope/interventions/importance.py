@@ -174,7 +174,7 @@ def start(outdir: Path, ident: dict[str, Any], resume: bool, n_layers: int, n_he
         return sums
     if not resume and outdir.exists() and (not outdir.is_dir() or any(outdir.iterdir())):
         raise AttnscopeError(f"{outdir} already exists and is not empty: pass resume=True to continue that run, "
-                             "or choose another outdir")
+                             "or choose another outdir", parameter="resume")
     outdir.mkdir(parents=True, exist_ok=True)
     return Sums(0, 0, [[0.0] * n_heads for _ in range(n_layers)])
 

@@ -19,6 +19,7 @@ from attnscope import families
 from attnscope.errors import AttnscopeError, require_text, validate_index
 from attnscope.interventions.gates import Head, HeadEdit
 from attnscope.models import Model
+from attnscope.numbers import is_count
 from attnscope.tokens import Token, encode
 
 KINDS = ("encoder", "decoder", "cross")
@@ -60,7 +61,7 @@ def parse_kind_heads(spec: str, what: str = "heads") -> list[AnyHead]:
     for item in (s.strip() for s in spec.split(",")):
         kind, _, pair = item.rpartition(":")
         parts = pair.split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        if len(parts) != 2 or not all(is_count(p) for p in parts):
             raise AttnscopeError(f"{what} {item!r} is not layer.head: write heads like 3.1,0.7 (0-indexed), or "
                                  "kind:layer.head (cross:1.2) for an encoder-decoder")
         heads.append((kind, int(parts[0]), int(parts[1])) if kind else (int(parts[0]), int(parts[1])))
@@ -89,7 +90,8 @@ def _name(h: Sequence[Any]) -> str:
 def validate_attention(attention: str | None) -> str:
     if attention not in KINDS:
         raise AttnscopeError(f"attention {attention!r} is not a kind of attention of an encoder-decoder: "
-                             f"give attention= one of {', '.join(KINDS)} for the layer x head grid")
+                             f"choose attention among {', '.join(KINDS)} for the layer x head grid",
+                             parameter="attention")
     return attention
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnscope.numbers import is_count
+
 if TYPE_CHECKING:
     from starlette.requests import Request
 
@@ -204,7 +206,7 @@ def parse_json(body: bytes) -> Any:
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON, refusing (413) as soon as it is over the limit, before reading it all."""
     declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > limit:  # int() refuses '²'
+    if is_count(declared) and int(declared) > limit:
         raise RequestError(413, f"the body is {int(declared)} bytes, over the limit of {limit}: send less text")
     body = bytearray()
     async for chunk in request.stream():

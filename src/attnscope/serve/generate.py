@@ -24,6 +24,7 @@ from attnscope.serve.fields import Field, RequestError
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout, checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
+from attnscope.tracing.decoding import MIN_TEMPERATURE
 
 REQUEST_NEW_TOKENS = 64  # the most new tokens one request to /api/generate may ask for
 NDJSON = "application/x-ndjson"
@@ -50,7 +51,7 @@ def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("max_new_tokens", "integer", "At most this many new tokens (stops at end of sequence).",
               default=16, minimum=1, maximum=REQUEST_NEW_TOKENS),
         Field("temperature", "number", "Sample at this temperature (null: greedy unless top_k or top_p is set).",
-              nullable=True, minimum=0, exclusive_minimum=True, maximum=MAX_TEMPERATURE),
+              nullable=True, minimum=MIN_TEMPERATURE, maximum=MAX_TEMPERATURE),
         Field("top_k", "integer", "Sample from the k most probable tokens only (null: all).", nullable=True,
               minimum=1, maximum=MAX_TOP_K),
         Field("top_p", "number", "Sample from the smallest set of tokens whose probability reaches p (null: all).",

@@ -29,6 +29,7 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
 
+from attnscope.numbers import is_count
 from attnscope.serve.fields import RequestError
 from attnscope.serve.settings import LOOPBACK_HOSTS, Settings
 
@@ -71,7 +72,7 @@ class Guard:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
                 declared = dict(headers).get(b"content-length", b"0")
-                if declared.isdigit() and int(declared) > self.max_response:
+                if declared.isdigit() and int(declared) > self.max_response:  # bytes: ASCII digits only
                     raise ResponseTooLarge(f"the response is {int(declared)} bytes, over {self.max_response}")
                 started = True
                 headers.append((b"x-request-id", rid.encode()))
@@ -176,7 +177,7 @@ def _split_host(host: str) -> tuple[str, int | None]:
         name, _, port = host.partition(":")
     if not port:
         return name, 80
-    return (name, int(port)) if port.isdigit() and len(port) <= 5 else (name, None)
+    return (name, int(port)) if is_count(port) and len(port) <= 5 else (name, None)
 
 
 async def error_response(send: Any, status: int, message: str) -> None:

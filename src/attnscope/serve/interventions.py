@@ -8,7 +8,6 @@ to_dict() plus, when there is a grid, "effects": the heatmap payload that assets
 from __future__ import annotations
 
 import json
-import math
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
+from attnscope.numbers import finite_or_null
 from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
@@ -114,19 +114,8 @@ def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> by
     return _json({**r.to_dict(), "effects": effects_payload(r)})
 
 
-def _finite(value: Any) -> Any:
-    """NaN and infinities as null (a NaN fraction stays visible as null, never 0), recursively."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v) for v in value]
-    return value
-
-
 def _json(body: dict[str, Any]) -> bytes:
-    return json.dumps(_finite(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 Run = Callable[[Request, Callable[[Any, threading.Event], bytes], Any], Awaitable[bytes]]

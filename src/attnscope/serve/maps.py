@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError, validate_index
+from attnscope.numbers import is_count
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES, SOURCE_LABELS
 from attnscope.views.payload import encode_bytes
@@ -198,7 +199,7 @@ def _index(params: dict[str, str], name: str, count: int) -> int | None:
     text = params.get(name)
     if text is None:
         return None
-    if not text.isascii() or not text.isdigit() or len(text) > 9:
+    if not is_count(text) or len(text) > 9:
         raise AttnscopeError(f"parameter {name!r} must be a whole number from 0 to {count - 1}, got {text[:20]!r}")
     validate_index(name, int(text), count, "this trace")
     return int(text)

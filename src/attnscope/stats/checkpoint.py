@@ -99,7 +99,7 @@ def start(outdir: str | os.PathLike[str], identity: dict[str, Any], resume: bool
     if not resume:
         if out.exists() and (not out.is_dir() or any(out.iterdir())):
             raise AttnscopeError(f"{out} already exists and is not empty: pass resume=True to continue that run, "
-                                 "or choose another outdir")
+                                 "or choose another outdir", parameter="resume")
         _mkdir(out)
         return None
     if not (out / FILE).is_file():

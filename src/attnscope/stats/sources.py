@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscope.errors import AttnscopeError
+from attnscope.numbers import is_count
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ class Source:
                 return None
             if "-" in cols[0] or "." in cols[0]:
                 continue  # multi-word token ranges (3-4) and empty nodes (5.1) are not words
-            if cols[0] != str(len(words) + 1) or not cols[6].isdigit():
+            if cols[0] != str(len(words) + 1) or not is_count(cols[6]):
                 self.bad(where, f"word ID {cols[0]!r} out of sequence or HEAD {cols[6]!r} not a number", "sentence")
                 return None
             words.append(cols[1])

@@ -23,7 +23,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from attnscope.capture import AttentionCall, attention_modules, hooked
 from attnscope.errors import AttnscopeError, require_text
-from attnscope.families import family_of, is_encoder_decoder
+from attnscope.families import FAMILIES, family_of, is_encoder_decoder, why_unsupported
 from attnscope.models import Model, ModelLike, describe_capture, load_model
 from attnscope.records.arrays import Pending, TraceArrays, token_index
 from attnscope.records.generation import Alternative, GeneratedToken, GenerationTrace
@@ -44,22 +44,27 @@ class GenerationInterrupted(KeyboardInterrupt):
         self.partial = partial
 
 
+MIN_TEMPERATURE = 1e-4  # below it, float32 logits / T overflow to inf and sampling breaks: sample greedily instead
+MAX_SEED = 2**64 - 1  # torch's generator takes 64-bit seeds
+
+
 def validate_settings(max_new_tokens: int, temperature: float | None, top_k: int | None, top_p: float | None,
-                      alternatives: int) -> None:
+                      alternatives: int, seed: int | None = None) -> None:
     """One-line errors for sampling settings out of range (before any model is loaded)."""
     if not 1 <= max_new_tokens <= NEW_TOKENS_LIMIT:
         raise AttnscopeError(f"max_new_tokens {max_new_tokens} is out of range: use 1..{NEW_TOKENS_LIMIT}",
                              parameter="max_new_tokens")
-    if temperature is not None and not 0 < temperature < math.inf:  # inf would divide every logit into 0
-        raise AttnscopeError(f"temperature {temperature} is out of range: use a finite number above 0 (1 samples "
-                             "as is)",
-                             parameter="temperature")
+    if temperature is not None and not MIN_TEMPERATURE <= temperature < math.inf:  # inf: every logit 0
+        raise AttnscopeError(f"temperature {temperature} is out of range: use a finite number from {MIN_TEMPERATURE} "
+                             "(1 samples as is; leave it out to choose greedily)", parameter="temperature")
     if top_k is not None and top_k < 1:
         raise AttnscopeError(f"top_k {top_k} is out of range: use at least 1", parameter="top_k")
     if top_p is not None and not 0 < top_p <= 1:
         raise AttnscopeError(f"top_p {top_p} is out of range: use a number in (0, 1]", parameter="top_p")
     if not 1 <= alternatives <= 100:
         raise AttnscopeError(f"alternatives {alternatives} is out of range: use 1..100", parameter="alternatives")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise AttnscopeError(f"seed {seed} is out of range: use 0..{MAX_SEED}", parameter="seed")
 
 
 def require_decoder(m: Model) -> None:
@@ -74,6 +79,10 @@ def require_decoder(m: Model) -> None:
     if not m.model.can_generate():
         raise AttnscopeError(f"{m.name} ({m.architecture}) has no language-modeling head and cannot generate "
                              "text: load it as a causal LM (AutoModelForCausalLM) or use 'smollm2'")
+    if fam is None or not attention_modules(m.model):  # its steps could be neither captured nor verified
+        decoders = ", ".join(name for name, f in FAMILIES.items() if f.causal and f.cross is None)
+        raise AttnscopeError(f"NOT VERIFIED: {why_unsupported(m.model)}; attnscope generate watches the decoder "
+                             f"families it recomputes ({decoders}): use one, such as 'smollm2'")
 
 
 class StepRecorder:
@@ -229,7 +238,7 @@ def generate(
     GenerationInterrupted carrying the steps finished so far.
     """
     require_text(prompt, "prompt")
-    validate_settings(max_new_tokens, temperature, top_k, top_p, alternatives)
+    validate_settings(max_new_tokens, temperature, top_k, top_p, alternatives, seed)
     m = load_model(model)
     require_decoder(m)
     prompt_tokens, inputs = _encode_prompt(m, prompt, max_new_tokens)

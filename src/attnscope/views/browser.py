@@ -75,12 +75,18 @@ def chromium() -> Iterator[Any]:
             browser.close()
 
 
+PNG_WIDTHS = (320, 7680)  # the page's width in CSS pixels: a phone's to an 8K screen's
+
+
 def render_png(document: str, path: str | os.PathLike[str], width: int = 1280, timeout_s: float = 60.0) -> Path:
     """Open `document` from a file in headless Chromium, wait until the views are drawn, save a full-page PNG.
 
-    Runs in its own thread: Playwright's sync API refuses a thread with an asyncio loop (Jupyter)
-    or another Playwright session.
+    width: the page's width in CSS pixels, within PNG_WIDTHS. Runs in its own thread: Playwright's sync API
+    refuses a thread with an asyncio loop (Jupyter) or another Playwright session.
     """
+    low, high = PNG_WIDTHS
+    if not low <= width <= high:
+        raise AttnscopeError(f"width {width} is out of range: use {low}..{high} pixels", parameter="width")
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(_render_png, document, Path(path), width, timeout_s).result()
 
