@@ -6,7 +6,11 @@ formats is `attnscope.records.check_report.tolerance_for` (docs/models.md says w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
@@ -92,3 +96,41 @@ def on_host(value: Any) -> Any:
         fields = {f.name: on_host(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         return dataclasses.replace(value, **fields)
     return value
+
+
+def idle_cores() -> int:
+    """The CPUs not busy now: the count this process may use minus the 1-minute load average (at least 1).
+
+    torch starts one thread per core; on a shared machine those threads wait on each other (a 20-token
+    generation took 42 s at load 4 on 2 cores with torch's 2 threads, 9.7 s with 1), so the CLI asks for no more
+    threads than there are idle cores."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # no load average on this system
+        return cores
+    return max(1, min(cores, round(cores - busy)))
+
+
+@contextlib.contextmanager
+def using_threads(threads: int | None) -> Iterator[int]:
+    """torch's intra-op threads inside the block: `threads`, or idle_cores() for None; 0 keeps torch's own choice.
+    Yields the number asked for (0: torch's). Before torch is imported, OMP_NUM_THREADS says it (importing torch
+    for a command that needs none would cost a second); afterwards torch.set_num_threads, restored at the end."""
+    if threads is None:
+        threads = idle_cores()
+    if threads < 0:
+        raise AttnscopeError(f"threads {threads} is out of range: use 1 or more (0 keeps torch's default)",
+                             parameter="threads")
+    torch = sys.modules.get("torch")
+    before = None if torch is None else torch.get_num_threads()
+    if threads > 0:
+        if torch is None:
+            os.environ["OMP_NUM_THREADS"] = str(threads)
+        else:
+            torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        if before is not None:
+            torch.set_num_threads(before)  # type: ignore[union-attr]

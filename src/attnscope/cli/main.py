@@ -11,7 +11,9 @@ import sys
 from collections.abc import Sequence
 
 from attnscope import __version__
+from attnscope.cli.common import integer
 from attnscope.errors import AttnscopeError
+from attnscope.placement import using_threads
 
 # Each module registers its subcommands with register(subparsers).
 COMMAND_MODULES = (
@@ -58,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():
+        if not any("--threads" in a.option_strings for a in command._actions):  # serve has its own
+            command.add_argument("--threads", type=integer, default=None, metavar="N",
+                                 help="torch threads (default: the idle cores, from the load average; 0: torch's "
+                                      "default, one per core)")
     return parser
 
 
@@ -86,7 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = _log_to_stderr(args.debug)
     try:
-        return int(args.func(args))
+        if args.command == "serve":  # the server sets its own threads (serve --threads)
+            return int(args.func(args))
+        with using_threads(args.threads):
+            return int(args.func(args))
     except AttnscopeError as exc:
         if args.debug:
             raise
