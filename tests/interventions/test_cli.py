@@ -71,7 +71,9 @@ def test_importance_command(capsys: pytest.CaptureFixture[str], gpt2_dir: str, t
     argv = ["importance", str(corpus), "-o", str(out), "--model", gpt2_dir, "--sample", "2", "--batch-size", "2",
             "--no-progress"]
     code, text, _ = _run(capsys, *argv)
-    assert code == 0 and "# Head importance" in text and "Rank correlation" in text
+    assert code == 0 and "Head importance" in text and "Rank correlation" in text
+    assert not any(line.startswith(("#", "|")) for line in text.splitlines())  # Markdown only with --format markdown
+    assert f"Files: {out / 'importance.json'}, {out / 'heads.csv'}" in text  # full paths
     saved = json.loads((out / "importance.json").read_text())
     assert saved["documents"] == 3 and len(saved["normalised"]) == 2
     assert {p.name for p in out.iterdir()} >= {"importance.json", "heads.csv", "report.md", "importance.html"}

@@ -89,7 +89,8 @@ def _register_importance(sub: Any) -> None:
     p.add_argument("--workers", type=integer, metavar="N",
                    help="--engine ray: worker processes, each holding the model once (default: one per node)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                   help="how to report the run (default text)")
     p.set_defaults(func=run_importance)
 
 
@@ -226,9 +227,14 @@ def _patch_lines(d: dict[str, Any], md: bool) -> list[str]:
     what = (f"logit difference {d['answer']!r} - {d['contrast']!r}" if d["answer"] is not None
             else "pooled embedding's cosine similarity to the clean run")
     out = [f"{'# ' if md else ''}{d['model']} ({d['kind']}): activation patching, {what}", "",
-           f"clean {d['clean']:.4f}, corrupt {d['corrupt']:.4f}", ""]
+           f"clean {d['clean']:.4f}, corrupt {d['corrupt']:.4f}",
+           "patched: one head's context (its attention output before W_O, at every position) from one run into "
+           "the other, every other head untouched",
+           "recovered = (m(corrupt run, clean head) - m(corrupt)) / (m(clean) - m(corrupt)): 1 restores the clean "
+           "answer, 0 changes nothing", ""]
     out += grid_lines(d["denoised"], "recovered: each clean head patched into the corrupt run", md)
-    out += ["", *grid_lines(d["noised"], "lost: each corrupt head patched into the clean run", md)]
+    out += ["", "lost = (m(clean) - m(clean run, corrupt head)) / (m(clean) - m(corrupt)): 1 loses all of it", ""]
+    out += grid_lines(d["noised"], "lost: each corrupt head patched into the clean run", md)
     return out
 
 
@@ -324,9 +330,13 @@ def run_importance(args: argparse.Namespace) -> int:
         return 130
     if args.format == "json":
         print_json({"output": args.output, **r.to_dict()})
-    else:
-        from pathlib import Path
+        return 0
+    from pathlib import Path
 
-        sys.stdout.write((Path(args.output) / "report.md").read_text(encoding="utf-8"))
-        print(f"\nFiles: {args.output}/importance.json, heads.csv, report.md, importance.html")
+    from attnscope.interventions.importance_report import report_lines
+
+    sys.stdout.write("\n".join(report_lines(r, md=args.format == "markdown")) + "\n")
+    out = Path(args.output).resolve()
+    print("\nFiles: " + ", ".join(str(out / f) for f in ("importance.json", "heads.csv", "report.md",
+                                                         "importance.html")))
     return 0

@@ -149,18 +149,40 @@ def write(r: Importance, out: Path) -> None:
                                          encoding="utf-8")
 
 
+UNITS = {"loss": "loss in nats per token", "embedding_distance": "cosine distance to the untouched embedding"}
+
+
 def report_markdown(r: Importance) -> str:
+    """report.md; `attnscope importance --format markdown` prints it."""
+    return "\n".join(report_lines(r, md=True)) + "\n"
+
+
+def report_lines(r: Importance, md: bool) -> list[str]:
+    """The report as Markdown, or as plain text for the terminal: the same words, columns with units and signs."""
     top = sorted(((r.normalised[la, h], la, h) for la in range(r.raw.shape[0]) for h in range(r.raw.shape[1])),
                  reverse=True)[:10]
-    lines = [f"# Head importance: {r.model}", "",
-             f"{r.documents:,} documents, {r.tokens:,} tokens; importance after Michel et al. 2019 "
-             f"({'E ||d embedding / d gate||' if r.kind == 'encoder' else 'E |d loss / d gate|'}), "
+    unit = UNITS.get(r.measure, r.measure)
+    grad = "E ||d embedding / d gate||" if r.kind == "encoder" else "E |d loss / d gate|"
+    columns = ["layer.head", "normalised", "raw", "ablation"]
+    rows = [[f"{la}.{h}", f"{v:.4f}", f"{r.raw[la, h]:.4g}", f"{r.ablation[la, h]:+.4g}"] for v, la, h in top]
+    head = "# " if md else ""
+    lines = [f"{head}Head importance: {r.model}", "",
+             f"{r.documents:,} documents, {r.tokens:,} tokens; importance after Michel et al. 2019 ({grad}), "
              "normalised per layer. Layers and heads are 0-indexed.", "",
              f"Rank correlation (Spearman) with the size |change| of real one-head ablation on {r.sample} documents: "
              f"{r.spearman:.3f} (normalised), {r.spearman_raw:.3f} (raw).", "",
-             "## Most important heads", "", "| layer.head | normalised | raw | ablation |", "|---|---:|---:|---:|"]
-    lines += [f"| {la}.{h} | {v:.4f} | {r.raw[la, h]:.4g} | {r.ablation[la, h]:+.4g} |" for v, la, h in top]
-    lines += ["", f"## Pruning curve ({r.measure}, heads removed least important first)", "",
-              "| heads removed | " + r.measure + " |", "|---:|---:|"]
-    lines += [f"| {k} | {v:.4f} |" for k, v in r.curve]
-    return "\n".join(lines) + "\n"
+             f"{'## ' if md else ''}Most important heads", "",
+             f"normalised: the raw importance divided by its layer's norm (0..1); raw: {grad}; ablation: the change "
+             f"in {unit} with the head removed alone (+: worse without it).", ""]
+    lines += _table(columns, rows, md)
+    lines += ["", f"{'## ' if md else ''}Pruning curve ({unit}, heads removed least important first)", ""]
+    lines += _table(["heads removed", r.measure], [[str(k), f"{v:.4f}"] for k, v in r.curve], md)
+    return lines
+
+
+def _table(columns: list[str], rows: list[list[str]], md: bool) -> list[str]:
+    if md:
+        return ["| " + " | ".join(columns) + " |", "|---" + "|---:" * (len(columns) - 1) + "|",
+                *("| " + " | ".join(row) + " |" for row in rows)]
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(columns)]
+    return ["  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) for cells in [columns, *rows]]
