@@ -170,7 +170,8 @@ def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | 
              f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]", {"cos": st["cos"].numpy(), "sin": st["sin"].numpy()}),
         Step("rope", "Rotate q and k by position (RoPE)", text, f"[pair, 8] = [{len(pair)}, 8]",
              {f"q of token {t}, pair by pair": pair}, None,
-             ["i", "j", "position", "angle (rad)", "q_i", "q_j", "rotated q_i", "rotated q_j"]),
+             ["i", "j", "position", "angle (rad)", "q_i", "q_j", "rotated q_i", "rotated q_j"],
+             integer_cols=("i", "j", "position")),
     ]
 
 

@@ -63,18 +63,20 @@ def _elided(kind: str, idx: list[int | None], n: int) -> str | None:
 class Cells:
     """Every formatted cell of a 2-D array with its row and column labels (nothing truncated)."""
 
-    def __init__(self, arr: np.ndarray, rows: list[str] | None, cols: list[str] | None) -> None:
+    def __init__(self, arr: np.ndarray, rows: list[str] | None, cols: list[str] | None,
+                 integer_cols: tuple[str, ...] = ()) -> None:
         a = np.atleast_2d(arr)
         finite = a[np.isfinite(a) & (a > F32_MIN / 2)]  # the mask's stand-in for -inf is not a number to show
-        self.integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
+        integers = bool(np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 1e6))
         self.array, self.shape = a, a.shape
         self.rows = rows if rows and len(rows) == a.shape[0] else [str(i) for i in range(a.shape[0])]
         self.cols = cols if cols and len(cols) == a.shape[1] else [str(j) for j in range(a.shape[1])]
+        self.integers = [integers or c in integer_cols for c in self.cols]  # per column: indices, positions
         self._text: dict[int, list[str]] = {}  # formatted rows, made when first shown
 
     def row(self, i: int) -> list[str]:
         if i not in self._text:
-            self._text[i] = [_fmt(float(x), self.integers) for x in self.array[i]]
+            self._text[i] = [_fmt(float(x), whole) for x, whole in zip(self.array[i], self.integers, strict=True)]
         return self._text[i]
 
     def col_width(self, j: int, rows: list[int | None]) -> int:
@@ -130,9 +132,10 @@ def _table(title: str, cells: Cells, rows: list[int | None], cols: list[int | No
 
 
 def matrix_renderables(name: str, arr: np.ndarray, rows: list[str] | None = None, cols: list[str] | None = None,
-                       width: int = 120, full: bool = False) -> list[RenderableType]:
+                       width: int = 120, full: bool = False,
+                       integer_cols: tuple[str, ...] = ()) -> list[RenderableType]:
     """One array as tables that fit `width`: every row and column when full, else a visible, named elision."""
-    cells = Cells(arr, rows, cols)
+    cells = Cells(arr, rows, cols, integer_cols)
     n_rows, n_cols = cells.shape
     shown: list[int | None] = list(range(n_rows)) if full else _keep(n_rows, MAX_ROWS)
     title = f"{name} {list(cells.shape)}"
@@ -176,7 +179,8 @@ def walkthrough_renderables(w: Walkthrough, width: int = 120, full: bool = False
         if step.shape:
             parts.append(Text(f"shape {step.shape}", style="dim"))
         for name, arr in step.arrays.items():
-            parts += matrix_renderables(name, arr, _rows(step, arr, name), _cols(step, arr, name), width, full)
+            parts += matrix_renderables(name, arr, _rows(step, arr, name), _cols(step, arr, name), width, full,
+                                        step.integer_cols)
         if any(_has_min(a) for a in step.arrays.values()):
             parts.append(Text(MIN_NOTE, style="dim"))
         out.append(Group(*parts))
@@ -236,7 +240,7 @@ def walkthrough_markdown(w: Walkthrough, full: bool = False) -> str:
         if step.shape:
             lines += [f"Shape: `{step.shape}`", ""]
         for name, arr in step.arrays.items():
-            cells = Cells(arr, _rows(step, arr, name), _cols(step, arr, name))
+            cells = Cells(arr, _rows(step, arr, name), _cols(step, arr, name), step.integer_cols)
             lines += _md_table(name, cells, full)
             lines += [MIN_NOTE, ""] if _has_min(arr) else []
     if w.check:
@@ -297,14 +301,19 @@ def check_table(report: CheckReport, n_layers: int, width: int | None = None) ->
     # a column is its widest cell, 1 space of padding and 1 of separator (none after the last)
     by_stage = stage_width + len("recompute") + 2 + (ERROR_WIDTH + 2) * n_layers
     if width is None or by_stage <= width:
-        return _check_table_by_stage(report, n_layers)
-    per_table = max(1, (width - len("layer") - 1) // (ERROR_WIDTH + 2))  # comparisons beside the layer column
-    n_tables = -(-len(report.comparisons) // per_table)
-    size = -(-len(report.comparisons) // n_tables)  # balanced: 9 columns in 2 tables are 5 and 4
-    parts = [report.comparisons[i:i + size] for i in range(0, len(report.comparisons), size)]
-    tables = [_check_table_by_layer(part, report.tolerance, n_layers, first=i == 0, last=i == len(parts) - 1)
-              for i, part in enumerate(parts)]
-    return tables[0] if len(tables) == 1 else Group(*tables)
+        title = f"{CHECK_TITLE}: captured vs the independent recompute and vs the model's own outputs"
+        tables: list[RenderableType] = [_check_table_by_stage(report, n_layers)]
+    else:
+        title = (f"{CHECK_TITLE} of each stage: captured vs the independent recompute (rec) and vs the model's own "
+                 "outputs (model)")
+        per_table = max(1, (width - len("layer") - 1) // (ERROR_WIDTH + 2))  # comparisons beside the layer column
+        n_tables = -(-len(report.comparisons) // per_table)
+        size = -(-len(report.comparisons) // n_tables)  # balanced: 9 columns in 2 tables are 5 and 4
+        parts = [report.comparisons[i:i + size] for i in range(0, len(report.comparisons), size)]
+        tables = [_check_table_by_layer(part, report.tolerance, n_layers) for part in parts]
+    # the title and the note wrap to the terminal, not to the table: a table of one column is narrow
+    note = [Text(REL_NOTE)] if any(c.relative for c in report.comparisons) else []
+    return Group(Text(title), *tables, *note)
 
 
 def _stage_label(c: Comparison) -> str:
@@ -313,9 +322,7 @@ def _stage_label(c: Comparison) -> str:
 
 
 def _check_table_by_stage(report: CheckReport, n_layers: int) -> Table:
-    t = Table(title=f"{CHECK_TITLE}: captured vs the independent recompute and vs the model's own outputs",
-              title_justify="left", caption=REL_NOTE, caption_justify="left",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     t.add_column("stage", no_wrap=True)
     t.add_column("vs", no_wrap=True)
     for layer in range(n_layers):
@@ -326,13 +333,9 @@ def _check_table_by_stage(report: CheckReport, n_layers: int) -> Table:
     return t
 
 
-def _check_table_by_layer(comparisons: list[Comparison], tolerance: float, n_layers: int, first: bool = True,
-                          last: bool = True) -> Table:
-    """Rows: layers; columns: these comparisons. first carries the title, last the note on (rel)."""
-    title = (f"{CHECK_TITLE} of each stage: captured vs the independent recompute (rec) and vs the model's own "
-             "outputs (model)") if first else None
-    t = Table(title=title, title_justify="left", caption=REL_NOTE if last else None, caption_justify="left",
-              box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+def _check_table_by_layer(comparisons: list[Comparison], tolerance: float, n_layers: int) -> Table:
+    """Rows: layers; columns: these comparisons."""
+    t = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
     t.add_column("layer", justify="right", no_wrap=True)
     for c in comparisons:
         # the header folds over lines, a number never does

@@ -26,6 +26,7 @@ class Step:
     number: str | None = None  # the step's own number (the toy's classic 7 steps); None: counted
     array_labels: dict[str, tuple[list[str] | None, list[str] | None]] = field(default_factory=dict)
     # (row, column) labels of an array whose axes are not the step's (T5's bias table: buckets, not tokens)
+    integer_cols: tuple[str, ...] = ()  # columns (by label) holding whole numbers: indices, positions
 
 
 @dataclass
