@@ -123,6 +123,14 @@ def _untruncated_lengths(tok: PreTrainedTokenizerBase, texts: Sequence[str], pai
     return lengths
 
 
+DEFAULT_MAX_LENGTH = 256  # tokens, special ones included, unless the model reads fewer positions
+
+
+def fitting_max_length(positions: int) -> int:
+    """The default max_length for a model that reads `positions` positions: the smaller of the two."""
+    return min(DEFAULT_MAX_LENGTH, positions)
+
+
 def shortest_max_length(tokenizer: PreTrainedTokenizerBase, pair: bool) -> int:
     """The least max_length that keeps a token of each text besides the tokenizer's special tokens."""
     return int(tokenizer.num_special_tokens_to_add(pair=pair)) + (2 if pair else 1)

@@ -95,3 +95,25 @@ def test_one_number_reader() -> None:
             parse_int(bad)
     with pytest.raises(ValueError, match="is not a number"):
         parse_float("٣.5")
+
+
+def test_the_max_length_default_fits_the_model(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                               minilm: attnscope.Model) -> None:
+    """A BART that reads 128 positions: check and trace work without --max-length (the default is the smaller
+    of 256 and its positions, for the source and the target); naming 256 is still refused in one line."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    cfg = T.BartConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                       decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                       vocab_size=30522, pad_token_id=0, bos_token_id=101, eos_token_id=102)
+    T.BartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    minilm.tokenizer.save_pretrained(tmp_path)
+    code, out, err = run(capsys, "check", "the cat sat", "--target", "die katze", "--model", str(tmp_path))
+    assert code == 0 and "PASS" in out, err
+    tr = attnscope.trace_seq2seq("the cat sat", "die katze", model=str(tmp_path))
+    assert tr.status() == "PASS"
+    code, _, err = run(capsys, "check", "the cat sat", "--target", "die katze", "--model", str(tmp_path),
+                       "--max-length", "256")
+    assert code == 2 and "--max-length 256 exceeds what" in err and "(128 positions)" in err

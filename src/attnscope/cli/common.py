@@ -37,8 +37,9 @@ def add_model_args(p: argparse.ArgumentParser, placement: bool = False) -> None:
     p.add_argument("--model", metavar="M", default=None,
                    help="Hugging Face id, local checkpoint directory or .gguf file, or smollm2 (the bundled "
                         "SmolLM2-135M-Instruct) (default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--max-length", type=integer, default=256, metavar="N",
-                   help="maximum tokens, special tokens included (default 256)")
+    p.add_argument("--max-length", type=integer, default=None, metavar="N",
+                   help="maximum tokens, special tokens included (default: the smaller of 256 and the positions "
+                        "the model reads)")
     p.add_argument("--no-truncate", action="store_true", help="make over-long text an error instead of truncating")
     if placement:
         p.add_argument("--device", type=_device, default=None, metavar="D",
@@ -74,8 +75,12 @@ def _device(name: str) -> str:
 def model_of(args: argparse.Namespace) -> Model:
     """The model a command's --model, --device and --dtype name (loaded once per process)."""
     from attnscope.models import load_model
+    from attnscope.tokens import fitting_max_length
 
-    return load_model(args.model, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None))
+    m = load_model(args.model, device=getattr(args, "device", None), dtype=getattr(args, "dtype", None))
+    if getattr(args, "max_length", 0) is None:  # not given: a default that fits this model (BART reads 128 or more)
+        args.max_length = fitting_max_length(m.max_positions)
+    return m
 
 
 def add_format(p: argparse.ArgumentParser, choices: tuple[str, ...] = FORMATS) -> None:

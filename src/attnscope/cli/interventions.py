@@ -308,8 +308,8 @@ def run_importance(args: argparse.Namespace) -> int:
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column)
+    m = model_of(args)  # first: --max-length's default fits the model
     settings = ImportanceSettings(args.batch_size, args.max_length, args.limit, args.checkpoint_every, args.sample)
-    m = model_of(args)
     bar = None if args.no_progress else tqdm(total=source.count(args.limit), unit="doc", file=sys.stderr,
                                                 disable=None, dynamic_ncols=True)
 

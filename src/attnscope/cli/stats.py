@@ -113,9 +113,9 @@ def _run(args: argparse.Namespace) -> int:
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
-    settings = settings_of(args)
     run = _runner(args)
-    model = model_of(args)
+    model = model_of(args)  # first: --max-length's default fits the model
+    settings = settings_of(args)
     bar = None if args.no_progress else _progress_bar(source, settings.limit)
     try:
         try:

@@ -16,7 +16,7 @@ from attnscope.maths import AttentionParams
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe_capture, load_model
 from attnscope.placement import on_host
 from attnscope.records.trace import Trace
-from attnscope.tokens import Encoded, encode, validate_max_length
+from attnscope.tokens import Encoded, encode, fitting_max_length, validate_max_length
 from attnscope.tracing.rows import row_arrays
 from attnscope.verify import check as checking
 from attnscope.verify.recompute import layer_params
@@ -24,14 +24,14 @@ from attnscope.verify.recompute import layer_params
 
 @overload
 def trace(  # type: ignore[overload-overlap]
-    text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int = ...,
+    text: str, text_pair: str | None = ..., model: ModelLike = ..., max_length: int | None = ...,
     truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ...,
     device: DeviceLike = ..., dtype: DtypeLike = ...,
 ) -> Trace: ...
 @overload
 def trace(
     text: Sequence[str], text_pair: Sequence[str | None] | None = ..., model: ModelLike = ...,
-    max_length: int = ..., truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
+    max_length: int | None = ..., truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ...,
     recompute: bool = ..., device: DeviceLike = ..., dtype: DtypeLike = ...,
 ) -> list[Trace]: ...
 
@@ -40,7 +40,7 @@ def trace(
     text: str | Sequence[str],
     text_pair: str | Sequence[str | None] | None = None,
     model: ModelLike = None,
-    max_length: int = 256,
+    max_length: int | None = None,
     truncate: bool = True,
     tokenizer: PreTrainedTokenizerBase | None = None,
     recompute: bool = True,
@@ -49,11 +49,11 @@ def trace(
 ) -> Trace | list[Trace]:
     """Run the model on text (or a list of texts, as one padded batch) and trace its attention.
 
-    text_pair gives second sentences (segment B, with token_type_ids). max_length counts
-    tokens including special tokens; longer texts are truncated with a warning unless
-    truncate=False, which makes them an error. recompute=False keeps only what the forward pass
-    captured (no independent recompute, no norm-based attention). device and dtype place the
-    model (see load_model); the trace's arrays and the check are float32 on the CPU either way.
+    text_pair gives second sentences (segment B, with token_type_ids). max_length counts tokens
+    including special tokens (default: the smaller of 256 and the positions the model reads); longer texts
+    are truncated with a warning unless truncate=False, which makes them an error. recompute=False keeps
+    only what the forward pass captured (no independent recompute, no norm-based attention). device and
+    dtype place the model (see load_model); the trace's arrays and the check are float32 on the CPU either way.
     """
     pending = forward_pass(text, text_pair, model, max_length, truncate, tokenizer, recompute, device, dtype)
     traces = pending.finish()
@@ -97,7 +97,7 @@ def forward_pass(
     text: str | Sequence[str],
     text_pair: str | Sequence[str | None] | None = None,
     model: ModelLike = None,
-    max_length: int = 256,
+    max_length: int | None = None,
     truncate: bool = True,
     tokenizer: PreTrainedTokenizerBase | None = None,
     recompute: bool = True,
@@ -132,7 +132,10 @@ def forward_pass(
                    [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
 
 
-def _usable_max_length(m: Model, max_length: int, paired: bool) -> int:
+def _usable_max_length(m: Model, max_length: int | None, paired: bool) -> int:
+    """max_length validated for this model; None: the smaller of 256 and the positions it reads."""
+    if max_length is None:
+        max_length = fitting_max_length(m.max_positions)
     return validate_max_length(m.tokenizer, max_length, pair=paired, positions=m.max_positions, model=m.name)
 
 

@@ -25,7 +25,7 @@ from attnscope.errors import AttnscopeError, require_text
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe_capture, load_model
 from attnscope.placement import on_host
 from attnscope.records.trace import EncoderDecoderTrace
-from attnscope.tokens import Token, encode, validate_max_length
+from attnscope.tokens import Token, encode, fitting_max_length, validate_max_length
 from attnscope.tracing.seq2seq_rows import KindResult, kind_traces
 from attnscope.verify.seq2seq import KindCapture, verify_kind
 
@@ -46,13 +46,13 @@ class Targets:
 
 @overload
 def trace_seq2seq(  # type: ignore[overload-overlap]
-    source: str, target: str | None = ..., model: ModelLike = ..., max_length: int = ..., truncate: bool = ...,
+    source: str, target: str | None = ..., model: ModelLike = ..., max_length: int | None = ..., truncate: bool = ...,
     tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ..., device: DeviceLike = ...,
     dtype: DtypeLike = ..., max_new_tokens: int = ...,
 ) -> EncoderDecoderTrace: ...
 @overload
 def trace_seq2seq(
-    source: Sequence[str], target: Sequence[str] | None = ..., model: ModelLike = ..., max_length: int = ...,
+    source: Sequence[str], target: Sequence[str] | None = ..., model: ModelLike = ..., max_length: int | None = ...,
     truncate: bool = ..., tokenizer: PreTrainedTokenizerBase | None = ..., recompute: bool = ...,
     device: DeviceLike = ..., dtype: DtypeLike = ..., max_new_tokens: int = ...,
 ) -> list[EncoderDecoderTrace]: ...
@@ -62,7 +62,7 @@ def trace_seq2seq(
     source: str | Sequence[str],
     target: str | Sequence[str] | None = None,
     model: ModelLike = None,
-    max_length: int = 256,
+    max_length: int | None = None,
     truncate: bool = True,
     tokenizer: PreTrainedTokenizerBase | None = None,
     recompute: bool = True,
@@ -86,6 +86,8 @@ def trace_seq2seq(
         require_text(s, "source", parameter="source")
     m = load_model(model, tokenizer, device=device, dtype=dtype)
     validate_encoder_decoder(m)
+    if max_length is None:  # the smaller of 256 and the positions the model reads, for the source and the target
+        max_length = fitting_max_length(m.max_positions)
     max_length = validate_max_length(m.tokenizer, max_length, pair=None, positions=m.max_positions, model=m.name)
     src = encode(m.tokenizer, sources, None, max_length, truncate)
     if targets is None:

@@ -29,7 +29,7 @@ from attnscope.tracing.seq2seq import trace_seq2seq, validate_encoder_decoder
 
 
 def generate_seq2seq(source: str, model: ModelLike = None, max_new_tokens: int = 20, alternatives: int = 5,
-                     max_length: int = 256) -> Seq2SeqGeneration:
+                     max_length: int | None = None) -> Seq2SeqGeneration:
     """Translate (or summarise) source greedily, one target token at a time, every step's attention verified.
 
     Stops at the model's end-of-sequence token or after max_new_tokens. max_length bounds the source's tokens.
