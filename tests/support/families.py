@@ -24,6 +24,12 @@ def modern_configs() -> dict[str, Callable[[], Any]]:
         "qwen3": lambda: T.Qwen3Config(**dict(SMALL, num_key_value_heads=1), head_dim=8),  # MQA + QK-norm per head
         "gemma2": lambda: T.Gemma2Config(**gqa, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
                                          attn_logit_softcapping=5.0),
+        # QK-norm scaling by 1 + w, one k/v head, a local (sliding) layer and a global one with their own RoPE bases
+        "gemma3_text": lambda: T.Gemma3TextConfig(
+            **dict(SMALL, num_key_value_heads=1), head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=12,
+            layer_types=["sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}),
         "phi3": lambda: T.Phi3Config(**gqa, partial_rotary_factor=0.5, sliding_window=WINDOW),
         "gpt_neox": lambda: T.GPTNeoXConfig(**SMALL),  # rotary_pct 0.25: partial rotary
         "olmo2": lambda: T.Olmo2Config(**gqa),  # QK-norm over the whole projection
@@ -38,6 +44,9 @@ def build_model(config: Any, head: str = "") -> torch.nn.Module:
     import transformers as T
 
     torch.manual_seed(0)
-    cls = getattr(T, f"{type(config).__name__.removesuffix('Config')}{head or 'Model'}")
+    name = type(config).__name__.removesuffix("Config")
+    if head and name == "Gemma3Text":  # Gemma 3's text-only LM is Gemma3ForCausalLM, its base Gemma3TextModel
+        name = "Gemma3"
+    cls = getattr(T, f"{name}{head or 'Model'}")
     model: torch.nn.Module = cls(config)
     return model.eval()

@@ -11,7 +11,7 @@ from tests.support.families import build_model, modern_configs
 
 # llama and gpt2: tests/tracing/test_generate.py. Mistral, Qwen2, Gemma 2, Phi-3 and GPT-OSS generate past their sliding
 # windows (4 tokens), where the cache keeps only the last keys.
-CAUSAL = ["mistral", "qwen2", "qwen3", "gemma2", "phi3", "gpt_neox", "olmo2", "gpt_oss"]
+CAUSAL = ["mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo2", "gpt_oss"]
 PROMPT = "the quick brown fox jumps"  # longer than the sliding windows (4 tokens) of the families that have them
 
 

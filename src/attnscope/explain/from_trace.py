@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from attnscope import maths
+from attnscope.explain import rotary
 from attnscope.explain import seq2seq as explain_kinds
 from attnscope.explain.steps import Step, Walkthrough
 from attnscope.models import ModelLike, load_model
@@ -43,10 +44,10 @@ def walkthrough(tr: Trace | EncoderDecoderTrace, layer: int = 0, head: int = 0, 
     if "memory" in tr.arrays:
         a["memory"] = tr.arrays["memory"]  # [key, d_model]: every cross-attention layer reads the same
     d_head = int(a["q"].shape[-1])
-    p = _layer_params(model, layer, tr)  # None without the model, or for a family without a recompute
+    p, local = _layer_params(model, layer, tr)  # None without the model, or for a family without a recompute
     steps = [_tokens_step(tr, note), *_x_steps(tr, a, layer, head, labels, keys, p)]
     steps += _weight_steps(tr, p, head, d_head)
-    steps += _head_steps(tr, a, head, sl, rows, keys, layer, p)
+    steps += _head_steps(tr, a, head, sl, rows, keys, layer, p, local)
     steps += _merge_steps(tr, a, head, sl, rows, p)
     report = tr.check()
     check = {
@@ -95,13 +96,18 @@ def _x_steps(tr: Trace, a: dict[str, np.ndarray], layer: int, head: int, labels:
                  f"[token, d_model] = [{n}, {d}]", {"x": a["x"]}, row_labels=labels)]
 
 
-def _layer_params(model: ModelLike | None, layer: int, tr: Trace) -> maths.AttentionParams | None:
+def _layer_params(model: ModelLike | None, layer: int,
+                  tr: Trace) -> tuple[maths.AttentionParams | None, list[bool] | None]:
+    """The layer's parameters, and which layers of the model slide a window (None when unknown)."""
     if model is None:
-        return None
+        return None, None
     if tr.attention != "self":
-        return explain_kinds.kind_params(model, tr.attention, layer)
+        return explain_kinds.kind_params(model, tr.attention, layer), None
     params = layer_params(load_model(model).model, tr.n_tokens)
-    return None if params is None else on_host(params[layer])  # float32 on the CPU, as the trace's arrays
+    if params is None:
+        return None, None
+    local = [q.window.before is not None for q in params]
+    return on_host(params[layer]), local  # float32 on the CPU, as the trace's arrays
 
 
 def _weight_steps(tr: Trace, p: maths.AttentionParams | None, head: int, d_head: int) -> list[Step]:
@@ -133,46 +139,6 @@ def _sharing(p: maths.AttentionParams, head: int) -> str:
     kv, groups = head // p.groups, p.groups
     return (f"Grouped-query attention: {p.n_heads} query heads share {p.kv_heads} k/v heads, {groups} each; "
             f"head {head} reads k/v head {kv}, as do query heads {kv * groups}..{(kv + 1) * groups - 1},")
-
-
-def _rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | None, h: int, sl: slice,
-                rows: list[str], labels: list[str]) -> list[Step]:
-    """The rotation (RoPE): q and k before and after, and one pair of dimensions turned by position x theta_i."""
-    if p is None or p.rope is None or "x" not in a:
-        return []
-    kv = h // p.groups  # k_pre below is the layer's own, one per k/v head
-    st = maths.multi_head_attention(torch.from_numpy(a["x"]), p, keep=("q_pre", "k_pre", "cos", "sin", "q", "k"))
-    q_pre, k_pre, q = st["q_pre"][h].numpy(), st["k_pre"][kv].numpy(), st["q"][h].numpy()
-    diff = float(np.abs(q - a["q"][h]).max())  # the rotation recomputed here vs the q the model used
-    d_rot, theta = p.rope.d_rot, p.rope.inv_freq.double().numpy()  # [d_rot / 2]
-    t = int(sl.start) if sl.start is not None else min(tr.n_tokens - 1, 3)
-    half = d_rot // 2
-    pair = np.asarray([[i, i + half, t, t * theta[i], q_pre[t, i], q_pre[t, i + half], q[t, i], q[t, i + half]]
-                       for i in range(min(4, half))])  # [pair, 8]: the first pairs of token t
-    partial = "" if d_rot == q.shape[-1] else f" Only the first {d_rot} of {q.shape[-1]} dims rotate (partial rotary)."
-    text = (f"RoPE ({p.rope.kind}): dims i and j = i + {d_rot // 2} of each head's q and k form a pair, turned by the "
-            f"angle position x theta_i, theta_i = {theta[0]:.4g}, {theta[min(1, len(theta) - 1)]:.4g}, ... "
-            f"{theta[-1]:.4g} (i = 0..{half - 1}: fast turns first, slow last). (a, b) = (q_i, q_j) becomes "
-            f"(a cos - b sin, "
-            f"a sin + b cos), so q_m . k_n depends on m - n only: positions enter the scores here, not through x."
-            f"{partial} The rows below turn the first pairs of q for token {t}. The rotated q matches the "
-            f"model's within {diff:.1e}.")
-    d = int(q.shape[-1])
-    scaled = p.rope.attention_scaling
-    factor = f" Both are multiplied by the attention factor {scaled:.4g}." if scaled != 1.0 else ""
-    return [
-        Step("q_pre", "q and k before the rotation",
-             f"x W_Q{_bias(p, 'Q')} and x W_K{_bias(p, 'K')} (after QK-norm where the family has it), split into "
-             "heads.", f"[token, d_head] = [{tr.n_tokens}, {d}]",
-             {"q_pre": q_pre[sl], f"k_pre (k/v head {kv})": k_pre}, rows if sl.start is not None else labels),
-        Step("cos", "The rotation's tables: cos and sin of position x theta_i", "Row m is position m; column i "
-             f"and i + {half} hold the same angle (each pair turns as one).{factor}",
-             f"[token, d_rot] = [{tr.n_tokens}, {d_rot}]", {"cos": st["cos"].numpy(), "sin": st["sin"].numpy()}),
-        Step("rope", "Rotate q and k by position (RoPE)", text, f"[pair, 8] = [{len(pair)}, 8]",
-             {f"q of token {t}, pair by pair": pair}, None,
-             ["i", "j", "position", "angle (rad)", "q_i", "q_j", "rotated q_i", "rotated q_j"],
-             integer_cols=("i", "j", "position")),
-    ]
 
 
 def _sink_text(p: maths.AttentionParams | None, h: int) -> str:
@@ -210,7 +176,8 @@ def _mask_text(tr: Trace, p: maths.AttentionParams | None) -> str:
 
 
 def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: list[str],
-                labels: list[str], layer: int, p: maths.AttentionParams | None = None) -> list[Step]:
+                labels: list[str], layer: int, p: maths.AttentionParams | None = None,
+                local: list[bool] | None = None) -> list[Step]:
     n, nk = tr.n_tokens, tr.n_keys  # queries and keys (cross-attention: target and source tokens)
     d_head = int(a["q"].shape[-1])
     s = tr.scaling[layer]
@@ -232,12 +199,15 @@ def _head_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: li
     kv_in = "memory" if tr.attention == "cross" else "x"
     sums = weights[sl].sum(axis=-1, keepdims=True)
     return [
-        *_rope_steps(tr, a, p, h, sl, rows, labels),
-        Step("q", f"Queries Q = x W_Q{_bias(p, 'Q')}", f"What each token is looking for{rotated}.",
+        *rotary.qk_norm_steps(tr, a, p, h, sl, rows, labels),
+        *rotary.rope_steps(tr, a, p, h, sl, rows, labels, layer, local),
+        Step("q", f"Queries Q = x W_Q{rotary.bias_text(p, 'Q')}", f"What each token is looking for{rotated}.",
              f"[token, d_head] = [{n}, {d_head}]", {"q": q[sl]}, rows),
-        Step("k", f"Keys K = {kv_in} W_K{_bias(p, 'K')}", f"What each token offers to be found by{rotated}.{shared}",
+        Step("k", f"Keys K = {kv_in} W_K{rotary.bias_text(p, 'K')}",
+             f"What each token offers to be found by{rotated}.{shared}",
              f"[token, d_head] = [{nk}, {d_head}]", {"k": k}, labels),
-        Step("v", f"Values V = {kv_in} W_V{_bias(p, 'V')}", f"What each token passes on when attended to.{shared}",
+        Step("v", f"Values V = {kv_in} W_V{rotary.bias_text(p, 'V')}",
+             f"What each token passes on when attended to.{shared}",
              f"[token, d_head] = [{nk}, {d_head}]", {"v": v}, labels),
         Step("scores", "Scores = Q K^T", "How well each query matches each key: one dot product per pair.",
              f"[query, key] = [{n}, {nk}]", {"scores": scores[sl]}, rows, labels),
@@ -294,17 +264,11 @@ def _merge_steps(tr: Trace, a: dict[str, np.ndarray], h: int, sl: slice, rows: l
                   arrays, rows, [str(c) for c in cols])]
     if "output" in a:
         d_model = a["output"].shape[-1]
-        steps.append(Step("output", f"Output projection = merged W_O{_bias(p, 'O')}",
+        steps.append(Step("output", f"Output projection = merged W_O{rotary.bias_text(p, 'O')}",
                           f"One linear map mixes the heads back into the model width; {_after_text(tr)}",
                           f"[token, d_model] = [{n}, {d_model}]",
                           {"output": a["output"][sl]}, rows))
     return steps
-
-
-def _bias(p: maths.AttentionParams | None, name: str) -> str:
-    """" + b_Q" when the layer has that bias, or when its parameters are not at hand; "" for a bias-free layer."""
-    bias = None if p is None else {"Q": p.b_q, "K": p.b_k, "V": p.b_v, "O": p.b_o}[name]
-    return f" + b_{name}" if p is None or bias is not None else ""
 
 
 def _after_text(tr: Trace) -> str:

@@ -35,6 +35,7 @@ class Family:
     rotary: bool = False  # RoPE from config.rope_parameters
     shared_layers: bool = False  # one attention module serves every layer (ALBERT)
     cross: str | None = None  # encoder-decoder: the name of the decoder's cross-attention modules
+    unit_offset: bool = False  # RMSNorm weights stored as w, scaling by 1 + w (Gemma 3's QK-norm)
 
 
 def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -109,8 +110,14 @@ def _window(cfg: Any, layer: int, causal: bool) -> Window:
     return Window(int(size) - 1, 0)  # transformers: key j > i - sliding_window
 
 
-def _qk_norm(norm: Any, per_head: bool) -> QKNorm:
-    return QKNorm(norm.weight.detach(), float(norm.variance_epsilon), per_head)
+def _qk_norm(norm: Any, per_head: bool, unit_offset: bool = False) -> QKNorm:
+    """The norm's weight as it scales: Gemma 3 stores w and scales by 1 + w (computed in float32, as its
+    Gemma3RMSNorm does each forward pass: the same float32 sum)."""
+    weight = norm.weight.detach()
+    if unit_offset:
+        weight = 1.0 + weight.float()
+    eps = getattr(norm, "variance_epsilon", None)
+    return QKNorm(weight, float(norm.eps if eps is None else eps), per_head)
 
 
 def _split_params(model: nn.Module, m: Any, layer: int, w: tuple[torch.Tensor, ...],
@@ -119,9 +126,10 @@ def _split_params(model: nn.Module, m: Any, layer: int, w: tuple[torch.Tensor, .
     cfg: Any = model.config
     w_o, b_o = _linear_t(out)
     # Qwen3 normalises each head ([d_head] weight), OLMo2 the whole projection ([head * d_head])
-    q_norm, k_norm = (_qk_norm(getattr(m, n), int(getattr(m, n).weight.shape[0]) == _head_dim(cfg))
+    fam = FAMILIES[str(cfg.model_type)]
+    q_norm, k_norm = (_qk_norm(getattr(m, n), int(getattr(m, n).weight.shape[0]) == _head_dim(cfg), fam.unit_offset)
                       if hasattr(m, n) else None for n in ("q_norm", "k_norm"))
-    causal = FAMILIES[str(cfg.model_type)].causal
+    causal = fam.causal
     sinks = m.sinks.detach() if isinstance(getattr(m, "sinks", None), torch.Tensor) else None  # GPT-OSS
     return AttentionParams(
         w[0], b[0], w[1], b[1], w[2], b[2], w_o, b_o, int(cfg.num_attention_heads), _scaling(cfg),
@@ -182,9 +190,10 @@ _DECODER_X = ("{norm} of the residual stream: the token embeddings{scaled} for l
 
 def _decoder(name: str, cls: str, params: Callable[[nn.Module, Any, int], AttentionParams] = _qkv_proj_params,
              out: str = "o_proj", norm: str = "input_layernorm (RMSNorm)", scaled: str = "",
-             pre: str | None = "layers.{layer}.input_layernorm") -> Family:
+             pre: str | None = "layers.{layer}.input_layernorm", unit_offset: bool = False) -> Family:
     return Family(name, (cls,), True, params, lambda model, m: getattr(m, out),
-                  _DECODER_X.format(norm=norm, scaled=scaled), pre_attention=pre, rotary=True)
+                  _DECODER_X.format(norm=norm, scaled=scaled), pre_attention=pre, rotary=True,
+                  unit_offset=unit_offset)
 
 
 # Encoder-decoder families: one attention class serves the encoder's self-attention, the decoder's causal
@@ -257,6 +266,9 @@ FAMILIES: dict[str, Family] = {
     "qwen2": _decoder("qwen2", "Qwen2Attention"),
     "qwen3": _decoder("qwen3", "Qwen3Attention"),
     "gemma2": _decoder("gemma2", "Gemma2Attention", scaled=" times sqrt(d_model)"),
+    # Gemma 3: QK-norm scaling by 1 + w, local (sliding) and global layers with their own RoPE bases
+    "gemma3_text": _decoder("gemma3_text", "Gemma3Attention", scaled=" times sqrt(d_model)",
+                            norm="input_layernorm (RMSNorm, scaling by 1 + w)", unit_offset=True),
     "phi3": _decoder("phi3", "Phi3Attention", params=_phi3_params),
     "gpt_neox": _decoder("gpt_neox", "GPTNeoXAttention", params=_neox_params, out="dense",
                          norm="input_layernorm (LayerNorm)"),
