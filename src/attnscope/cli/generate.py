@@ -201,17 +201,18 @@ def steps_table(g: GenerationTrace, layer: int, head: int | None) -> Any:
 
 
 MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "
-           "weight row), relative to the row's scale above; no-cache context and output relative to the size of "
-           "their sums' terms (max |v| read; |merged| |W_O[:, j]|), which the two passes add in other orders")
+           "weight row), relative to the row's scale above; no-cache q, k, v, context and output relative to the "
+           "size of their sums' terms (|x| |W[:, j]|; max |v| read; |merged| |W_O[:, j]|), which the two passes add "
+           "in other orders")
 
 
 def check_overview(g: GenerationTrace) -> Any:
     """One line per stage and comparison: the max error and where it is (layers and heads 0-indexed)."""
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
-    t = Table(title="every step recomputed from the layer's weights with the cached keys and values (recompute), "
-              "and every row against one forward pass without a cache (no-cache)", title_justify="left",
-              caption=MEASURE, caption_justify="left")
+    t = Table()
     for name in ("stage", "vs", "max error", "at"):
         t.add_column(name, justify="right" if name == "max error" else "left")
     report = g.check()
@@ -221,7 +222,10 @@ def check_overview(g: GenerationTrace) -> Any:
         style = "green" if c.max_error <= report.tolerance else "bold red"
         where = f"layer {layer}" + (f", head {head}" if c.errors.shape[1] > 1 else "")
         t.add_row(c.stage, c.source, f"[{style}]{c.max_error:.1e}[/{style}]", where)
-    return t
+    # the title and the legend wrap to the terminal, not to the narrow table
+    title = Text("every step recomputed from the layer's weights with the cached keys and values (recompute), and "
+                 "every row against one forward pass without a cache (no-cache)")
+    return Group(title, t, Text(MEASURE))
 
 
 def generation_markdown(g: GenerationTrace, layer: int, head: int | None) -> str:
