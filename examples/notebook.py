@@ -3,7 +3,7 @@
     .venv/bin/python examples/notebook.py            # execute, store the outputs, write the Markdown
     .venv/bin/python examples/notebook.py --render   # only re-render the stored notebook
 
-tests/test_notebook.py executes a copy and checks that the stored outputs and docs/ are current.
+tests/packaging/test_notebook.py executes a copy and checks that the stored outputs and docs/ are current.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_sampling_with_a_seed_equals_the_api(gen_server: Server, decoder_dir: Pa
 
 @pytest.mark.parametrize(("body", "status", "message"), [
     ({"prompt": PROMPT, "max_new_tokens": 65}, 422, "max_new_tokens"),
-    ({"prompt": PROMPT, "temperature": 0}, 422, "field 'temperature' must be above 0"),
+    ({"prompt": PROMPT, "temperature": 0}, 422, "field 'temperature' must be from 0.0001 to 100.0"),
     ({"prompt": PROMPT, "temperature": True}, 422, "field 'temperature' must be a number"),
     ({"prompt": PROMPT, "top_p": 1.5}, 422, "field 'top_p' must be above 0 and at most 1"),
     ({"prompt": PROMPT, "top_k": 0}, 422, "field 'top_k' must be from 1"),

@@ -303,7 +303,7 @@ def test_loading_a_plain_trace_says_so(tiny_model: Callable[[str], attnscope.Mod
     ({"max_new_tokens": 0}, "max_new_tokens 0 is out of range"),
     ({"max_new_tokens": 5000}, "max_new_tokens 5000 is out of range"),
     ({"temperature": 0.0}, "temperature 0.0 is out of range"),
-    ({"temperature": float("inf")}, "temperature inf is out of range: use a finite number above 0"),
+    ({"temperature": float("inf")}, "temperature inf is out of range: use a finite number from 0.0001"),
     ({"top_p": 1.5}, "top_p 1.5 is out of range"),
 ])
 def test_bad_settings(decoder: Callable[[str], attnscope.Model], kwargs: dict[str, object], message: str) -> None:

@@ -260,7 +260,7 @@ def test_another_page_embeds_the_views(pair_trace: Trace, open_page: Callable[..
             "<main><div id=attnscope-root></div></main>"
             f"<script>window.asked = []; const blocks = {json_for_script(blocks)};"
             f"window.events = []; document.addEventListener('attnscope:select', e => window.events.push(e.detail));"
-            f"window.ctl = attnscope.explain.render(document.getElementById('attnscope-root'), {json_for_script(data)},"
+            f"window.ctl = attnscope.render(document.getElementById('attnscope-root'), {json_for_script(data)},"
             "{view: 'neuron', layer: 3, head: 1, query: 4, theme: 'dark', loadNeuron: (l, h) => {"
             " window.asked.push([l, h]); return Promise.resolve(blocks[l + ':' + h]); }});</script>")
     opened = open_page(host, "embedded")

@@ -20,7 +20,7 @@ def hosted(data: dict[str, Any], width: int, options: str) -> str:
     """A page that draws the views in a pane `width` px wide, as the web app does beside its explanation."""
     return (f"<!doctype html><meta charset=utf-8><title>pane</title>{bundle()}"
             f"<main style='width:{width}px'><div id=attnscope-root></div></main>"
-            f"<script>attnscope.explain.render(document.getElementById('attnscope-root'), {json_for_script(data)}, "
+            f"<script>attnscope.render(document.getElementById('attnscope-root'), {json_for_script(data)}, "
             f"{options});</script>")
 
 

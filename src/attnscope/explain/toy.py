@@ -5,7 +5,7 @@ The classic derivation ("Illustrated: Self-Attention"): 1 prepare inputs, 2 init
 weight, 7 sum the weighted values. The scaling (4b) and the causal mask (4c) come between 4 and 5.
 
 numpy only (float64, so hand arithmetic matches): `attnscope toy` imports neither torch nor
-transformers. tests/test_toy.py checks every number against the taught torch maths (maths.py).
+transformers. tests/explain/test_toy.py checks every number against the taught torch maths (maths.py).
 """
 
 from __future__ import annotations

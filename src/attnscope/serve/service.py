@@ -164,11 +164,10 @@ class Service:
         w = walkthrough(captured(e.trace), req.layer, req.head, req.token, model=m)
         values = sum(int(np.asarray(a).size) for s in w.steps for a in s.arrays.values())
         size = values * _LIST_BYTES  # every array as JSON lists: sized before the body is built
-        if size > self.budget.max_bytes or values > self.budget.max_list_values:
+        if size > self.budget.max_bytes:  # --max-response; --max-list bounds what a client chooses as lists
             raise AttnscopeError(f"the explanation would hold {values} numbers (about {size / 2**20:.0f} MiB), over "
-                                 f"the server's limit of {self.budget.max_bytes / 2**20:.0f} MiB and "
-                                 f"{self.budget.max_list_values} numbers: give a token to follow one query row, or "
-                                 "a shorter text", parameter="token")
+                                 f"the server's limit of {self.budget.max_bytes / 2**20:.0f} MiB: give a token to "
+                                 "follow one query row, or a shorter text", parameter="token")
         return to_json(walkthrough_json(w))
 
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
