@@ -39,7 +39,7 @@ class Alternative:
     probability: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GeneratedToken:
     """One step's new token: its probability under the model and the top alternatives (chosen one included).
 
@@ -140,8 +140,7 @@ class GenerationTrace:
         kept = [name for name in tr.arrays if name in ARRAY_AXES and name != "flow"]  # flow mixes later rows in
         arrays = {name: tr.arrays[name][token_index(name, n)] for name in kept}
         sub = Trace(model=tr.model, text=tr.text, pair=None, tokens=tr.tokens[:n], arrays=arrays, scaling=tr.scaling,
-                    comparisons=tr.comparisons,
-                    unsupported=tr.unsupported)
+                    comparisons=tr.comparisons, unsupported=tr.unsupported)
         sub.saved_check = tr.saved_check
         return sub
 

@@ -210,8 +210,10 @@ class _Steps(BaseStreamer):
         text = str(tok.decode(self.ids, skip_special_tokens=True))
         piece, self._text = text[len(self._text):], text
         n = len(self.steps)
-        return GeneratedToken(n, self.prompt_length + n, token_id, str(tok.convert_ids_to_tokens(token_id)), piece,
-                              float(logp[token_id].exp()), alts, token_id in tok.all_special_ids)
+        return GeneratedToken(step=n, position=self.prompt_length + n, id=token_id,
+                              text=str(tok.convert_ids_to_tokens(token_id)), piece=piece,
+                              probability=float(logp[token_id].exp()), alternatives=alts,
+                              special=token_id in tok.all_special_ids)
 
 
 @contextlib.contextmanager

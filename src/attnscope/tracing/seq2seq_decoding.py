@@ -78,8 +78,9 @@ def _steps(m: Model, written: list[int], scores: tuple[torch.Tensor, ...], k: in
                 for p, i in zip(top.values, top.indices, strict=True)]
         decoded = str(tok.decode(written[: s + 1], skip_special_tokens=True))
         piece, text = decoded[len(text):], decoded
-        steps.append(GeneratedToken(s, s + 1, token_id, str(tok.convert_ids_to_tokens(token_id)), piece,
-                                    float(logp[token_id].exp()), alts, token_id in special))
+        steps.append(GeneratedToken(step=s, position=s + 1, id=token_id, text=str(tok.convert_ids_to_tokens(token_id)),
+                                    piece=piece, probability=float(logp[token_id].exp()), alternatives=alts,
+                                    special=token_id in special))
     return steps
 
 
