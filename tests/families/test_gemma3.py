@@ -64,7 +64,7 @@ def test_the_walkthrough_names_local_and_global_layers_and_shows_the_qk_norm(gem
     assert "Layer 0 is local" in local["rope"].text and "base is 10,000" in local["rope"].text
     assert "511 positions before it" in local["masked"].text
     norm = steps["qk_norm"]
-    assert "g = 1 + w" in norm.text and "within 0.0e+00" in norm.text
+    assert "g = 1 + w" in norm.text and "matches the q the model's attention received within 0.0e+00" in norm.text
     normed, q_pre = norm.arrays["q normalised"], steps["q_pre"].arrays["q_pre"]
     assert np.array_equal(normed, q_pre)  # the step's own arithmetic is the attention's q before the rotation
 

@@ -8,6 +8,7 @@ import torch
 
 from attnscope import maths
 from attnscope.explain.steps import Step
+from attnscope.families.adapters import FAMILIES
 from attnscope.records.trace import Trace
 
 
@@ -32,12 +33,17 @@ def qk_norm_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams 
         rms = torch.sqrt(raw.pow(2).mean(-1, keepdim=True) + norm.eps)
         normed = maths.split_heads(maths.rms_norm(raw, norm), p.n_heads)[h]
         head_raw, scale, over = raw[:, h * d:(h + 1) * d], norm.weight[h * d:(h + 1) * d], "the whole projection"
-    st = maths.multi_head_attention(torch.from_numpy(a["x"]), p, keep=("q_pre",) if p.rope else ("q",))
-    diff = float((normed - st["q_pre" if p.rope else "q"][h]).abs().max())
-    gemma = " (the model stores w and scales by g = 1 + w)" if tr.model.get("family") == "gemma3_text" else ""
+    used = normed  # what the attention receives: normed, then rotated where the family rotates
+    if p.rope is not None:
+        used = maths.rotate(normed, *maths.rope_tables(torch.arange(int(normed.shape[0])), p.rope))
+    diff = float((used - torch.from_numpy(a["q"][h])).abs().max())  # against the q the model's attention got
+    family = FAMILIES.get(str(tr.model.get("family")))
+    stored = " (the model stores w and scales by g = 1 + w)" if family is not None and family.unit_offset else ""
+    rotated = ", once rotated," if p.rope is not None else ""
     text = (f"QK-norm: before the rotation, q (and k, alike with its own g) is divided by its root mean square over "
-            f"{over}, sqrt(mean(q^2) + eps) with eps = {norm.eps:g}, then scaled by the learned g{gemma}: the "
-            f"scores' size no longer grows with x's. It matches the attention's own q within {diff:.1e}.")
+            f"{over}, sqrt(mean(q^2) + eps) with eps = {norm.eps:g}, then scaled by the learned g{stored}: the "
+            f"scores' size no longer grows with x's. This q{rotated} matches the q the model's attention received "
+            f"within {diff:.1e}.")
     return [Step("qk_norm", "QK-norm: q and k normalised by their root mean square", text,
                  f"[token, d_head] = [{tr.n_tokens}, {d}]",
                  {"x W_Q (head slice)": head_raw[sl].numpy(), "rms": rms[sl].numpy(), "g": scale[None].numpy(),
