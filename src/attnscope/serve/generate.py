@@ -24,7 +24,7 @@ from attnscope.serve.fields import Field, RequestError
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout, checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
-from attnscope.tracing.decoding import MIN_TEMPERATURE
+from attnscope.tracing.decoding import MIN_TEMPERATURE, generate
 
 REQUEST_NEW_TOKENS = 64  # the most new tokens one request to /api/generate may ask for
 NDJSON = "application/x-ndjson"
@@ -64,7 +64,6 @@ def generate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
 def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[str, Any]], None],
                    stop: threading.Event) -> dict[str, Any]:
     """On a pool worker: generate, emitting each token as it is chosen; returns the view payload."""
-    from attnscope.tracing.decoding import generate
     from attnscope.views.generation import generation_payload, token_payload
 
     m = service.model(req.model)
