@@ -1,0 +1,1 @@
+"""Input attribution: which input tokens a prediction depends on (issue 31)."""
