@@ -65,7 +65,7 @@ class Model:
     @property
     def base(self) -> PreTrainedModel:
         """The transformer without its head (the model itself for an encoder loaded with AutoModel)."""
-        base = getattr(self.model, "base_model", None)
+        base = families.base_of(self.model)
         return base if isinstance(base, PreTrainedModel) else self.model
 
     @property
@@ -83,15 +83,15 @@ class Model:
 
     @property
     def n_layers(self) -> int:
-        return families.n_layers(self.model.config)
+        return families.n_layers(families.text_config(self.model.config))
 
     @property
     def n_heads(self) -> int:
-        return families.n_heads(self.model.config)
+        return families.n_heads(families.text_config(self.model.config))
 
     @property
     def max_positions(self) -> int:
-        return families.max_positions(self.model.config)
+        return families.max_positions(families.text_config(self.model.config))
 
 
 def _rebuild(name: str, cls: type[PreTrainedModel], config: Any, state: dict[str, torch.Tensor],

@@ -50,3 +50,19 @@ def build_model(config: Any, head: str = "") -> torch.nn.Module:
     cls = getattr(T, f"{name}{head or 'Model'}")
     model: torch.nn.Module = cls(config)
     return model.eval()
+
+
+def gemma3_multimodal() -> torch.nn.Module:
+    """A tiny random-weight Gemma3ForConditionalGeneration: the gemma3_text config above as its text part and a
+    one-layer SigLIP vision tower (text-only inputs never run it). Eager attention, as load_model loads a
+    checkpoint: an untouched forward then runs the same maths as an intervened one."""
+    import transformers as T
+
+    vision = T.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  image_size=28, patch_size=14)
+    config = T.Gemma3Config(text_config=modern_configs()["gemma3_text"]().to_dict(), vision_config=vision.to_dict(),
+                            mm_tokens_per_image=4)
+    torch.manual_seed(0)
+    model = T.Gemma3ForConditionalGeneration(config)
+    model.set_attn_implementation("eager")
+    return model.eval()

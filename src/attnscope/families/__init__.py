@@ -21,19 +21,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnscope.families.adapters import FAMILIES, SCALED_ROPE, Family, Unsupported, _head_dim
+from attnscope.families.adapters import FAMILIES, SCALED_ROPE, Family, Unsupported, _head_dim, text_config
 from attnscope.maths import AttentionParams, RelativeBias, Rope, Window
 
 
 def family_of(model: nn.Module) -> Family | None:
     """The family adapter for a model (base or head model), or None when attnscope cannot recompute it."""
-    return FAMILIES.get(str(getattr(model.config, "model_type", "")))
+    return FAMILIES.get(str(getattr(text_config(model.config), "model_type", "")))
 
 
 def base_of(model: nn.Module) -> nn.Module:
-    """The base model under a head model (LlamaForCausalLM -> LlamaModel); the model itself otherwise."""
+    """The text transformer under a head model (LlamaForCausalLM -> LlamaModel), under a multimodal model its
+    language model (Gemma3ForConditionalGeneration -> Gemma3TextModel); the model itself otherwise."""
     base = getattr(model, "base_model", None)
-    return base if isinstance(base, nn.Module) else model
+    base = base if isinstance(base, nn.Module) else model
+    language = getattr(base, "language_model", None)
+    return language if isinstance(language, nn.Module) else base
 
 
 def n_layers(config: Any) -> int:
@@ -56,7 +59,7 @@ def is_causal(model: nn.Module, module: nn.Module | None = None) -> bool:
         return fam.causal
     if module is not None and hasattr(module, "is_causal"):
         return bool(module.is_causal)
-    return bool(getattr(model.config, "is_decoder", False)) or "CausalLM" in type(model).__name__
+    return bool(getattr(text_config(model.config), "is_decoder", False)) or "CausalLM" in type(model).__name__
 
 
 def attention_modules(model: nn.Module) -> list[nn.Module]:
@@ -71,7 +74,7 @@ def layer_modules(model: nn.Module) -> list[nn.Module]:
     """One attention module per layer: ALBERT's single shared module repeated for each layer."""
     fam, mods = family_of(model), attention_modules(model)
     if fam is not None and fam.shared_layers and len(mods) == 1:
-        return mods * max(1, n_layers(model.config))
+        return mods * max(1, n_layers(text_config(model.config)))
     return mods
 
 
@@ -122,7 +125,7 @@ def seq2seq_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
 def seq2seq_params(model: nn.Module) -> dict[str, list[AttentionParams]]:
     """Each kind's per-layer parameters: the decoder's self-attention sees no later key; T5 adds the relative
     position bias of its stack's first layer (bidirectional in the encoder) to every self-attention layer."""
-    fam, cfg = family_of(model), model.config
+    fam, cfg = family_of(model), text_config(model.config)
     assert fam is not None and fam.cross is not None
     out: dict[str, list[AttentionParams]] = {}
     for kind, mods in seq2seq_modules(model).items():
@@ -164,14 +167,14 @@ def why_unsupported(model: nn.Module) -> str | None:
     """None when attnscope recomputes every layer of this model; otherwise the step it cannot recompute."""
     fam = family_of(model)
     if fam is None:
-        kind = getattr(model.config, "model_type", "?")
+        kind = getattr(text_config(model.config), "model_type", "?")
         return (f"no attnscope adapter for model type {kind!r} ({type(model).__name__}): q, k, v and every "
                 f"later step are not recomputed")
     if not attention_modules(model):
         return f"no {'/'.join(fam.attention_classes)} module found in {type(model).__name__}"
     if fam.rotary:
         try:
-            layer_ropes(model.config, 1)
+            layer_ropes(text_config(model.config), 1)
         except Unsupported as exc:
             return f"{exc} is not recomputed"
     return None
@@ -187,7 +190,8 @@ def layer_params(model: nn.Module, n_positions: int = 1) -> list[AttentionParams
     if fam.causal:  # a decoder sees no key after its query
         params = [replace(p, window=Window(p.window.before, 0)) for p in params]
     if fam.rotary:
-        params = [replace(p, rope=r) for p, r in zip(params, layer_ropes(model.config, n_positions), strict=True)]
+        ropes = layer_ropes(text_config(model.config), n_positions)
+        params = [replace(p, rope=r) for p, r in zip(params, ropes, strict=True)]
     return params
 
 
@@ -205,4 +209,4 @@ def layer_ropes(config: Any, n_positions: int) -> list[Rope]:
 __all__ = ["FAMILIES", "SCALED_ROPE", "Family", "Unsupported", "attention_kind", "attention_modules", "base_of",
            "eager_attention", "family_of", "is_causal", "is_encoder_decoder", "layer_modules", "layer_params",
            "layer_ropes", "max_positions", "n_heads", "n_layers", "pre_attention", "rope", "seq2seq_modules",
-           "seq2seq_params", "why_unsupported"]
+           "seq2seq_params", "text_config", "why_unsupported"]

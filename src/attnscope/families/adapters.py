@@ -38,6 +38,12 @@ class Family:
     unit_offset: bool = False  # RMSNorm weights stored as w, scaling by 1 + w (Gemma 3's QK-norm)
 
 
+def text_config(config: Any) -> Any:
+    """The config of the text transformer: a multimodal model's `text_config` (Gemma3ForConditionalGeneration's
+    Gemma3TextConfig), the config itself for every other model."""
+    return getattr(config, "text_config", None) or config
+
+
 def _linear_t(lin: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
     """nn.Linear stores [out, in] and computes x W^T + b; return W^T [in, out] and b."""
     assert isinstance(lin, nn.Linear)
@@ -123,7 +129,7 @@ def _qk_norm(norm: Any, per_head: bool, unit_offset: bool = False) -> QKNorm:
 def _split_params(model: nn.Module, m: Any, layer: int, w: tuple[torch.Tensor, ...],
                   b: tuple[torch.Tensor | None, ...], out: nn.Module) -> AttentionParams:
     """W_Q, W_K, W_V [d_model, width] and their biases, with the family's options from the config."""
-    cfg: Any = model.config
+    cfg: Any = text_config(model.config)
     w_o, b_o = _linear_t(out)
     # Qwen3 normalises each head ([d_head] weight), OLMo2 the whole projection ([head * d_head])
     fam = FAMILIES[str(cfg.model_type)]
@@ -146,7 +152,7 @@ def _qkv_proj_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
 
 def _phi3_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     """Phi-3's qkv_proj fuses [q | k | v] along its output: head * d_head, then kv_head * d_head twice."""
-    cfg: Any = model.config
+    cfg: Any = text_config(model.config)
     w, b = _linear_t(m.qkv_proj)  # [d_model, (head + 2 kv_head) d_head]
     sizes = [int(cfg.num_attention_heads) * _head_dim(cfg), *[_kv_heads(cfg) * _head_dim(cfg)] * 2]
     biases = (None,) * 3 if b is None else tuple(torch.split(b, sizes))
@@ -155,7 +161,7 @@ def _phi3_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
 
 def _neox_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
     """GPT-NeoX's query_key_value is per head [q_h | k_h | v_h]: gather each kind's columns head by head."""
-    cfg: Any = model.config
+    cfg: Any = text_config(model.config)
     w, b = _linear_t(m.query_key_value)  # [d_model, head * 3 d_head]
     d, h = _head_dim(cfg), int(cfg.num_attention_heads)
     cols = torch.arange(h * 3 * d).view(h, 3, d)  # [head, q|k|v, d_head]
