@@ -120,11 +120,10 @@ def _mib(flag: str, value: int) -> int:
 
 
 def uvicorn_limits(settings: Any) -> dict[str, Any]:
-    """uvicorn's side of the limits: the header deadline (serve.connections) and the connection cap."""
+    """uvicorn's side of the limits: the header deadline and the connection cap, a JSON 503 (serve.connections)."""
     from attnscope.serve.connections import protocol
 
-    return {"http": protocol(settings.header_timeout), "limit_concurrency": settings.max_connections,
-            "timeout_keep_alive": 5}
+    return {"http": protocol(settings.header_timeout, settings.max_connections), "timeout_keep_alive": 5}
 
 
 def bind(host: str, port: int) -> socket.socket:

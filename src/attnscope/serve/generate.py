@@ -3,7 +3,8 @@
 Lines: {"event": "start", ...} once, with what the view needs before any step (model, prompt tokens);
 {"event": "token", ...} for each step as soon as its token is chosen (token, probability, top
 alternatives); then {"event": "done", ...} with the whole generation view payload (every step's attention
-rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun.
+rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun,
+or if the next line would take the stream past --max-response (the last line is always done or error).
 Bounded like the other endpoints: max_new_tokens (at most REQUEST_NEW_TOKENS), the prompt's characters and
 tokens, the pool's queue and deadline (a job past it, or whose client left, stops at its next token).
 """
@@ -27,6 +28,7 @@ from attnscope.serve.settings import Settings
 from attnscope.tracing.decoding import MIN_TEMPERATURE, generate
 
 REQUEST_NEW_TOKENS = 64  # the most new tokens one request to /api/generate may ask for
+_ERROR_LINE_BYTES = 1024  # kept back from the response budget for the final error line
 NDJSON = "application/x-ndjson"
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 1000
@@ -97,6 +99,7 @@ async def stream_generation(pool: InferencePool, service: Service, req: Generate
     """Start the job; refuse with a status if it fails before its first token, else stream its lines."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    budget = service.settings.max_response_bytes
 
     def emit(event: dict[str, Any]) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, event)
@@ -107,8 +110,8 @@ async def stream_generation(pool: InferencePool, service: Service, req: Generate
     if not first.done():
         first.cancel()
         _raise_failure(job)  # finished before its first token: a status, not a stream
-        return StreamingResponse(_lines([job.result()]), media_type=NDJSON)
-    return StreamingResponse(_follow(first.result(), queue, job), media_type=NDJSON)
+        return StreamingResponse(_within(_lines([job.result()]), budget, job), media_type=NDJSON)
+    return StreamingResponse(_within(_follow(first.result(), queue, job), budget, job), media_type=NDJSON)
 
 
 def _raise_failure(job: asyncio.Future[Any]) -> None:
@@ -152,6 +155,35 @@ async def _follow(first: dict[str, Any], queue: asyncio.Queue[dict[str, Any]],
     finally:
         if not job.done():
             job.cancel()  # the pool sets the job's stop event: it ends at its next token
+
+
+async def _within(lines: AsyncIterator[bytes], budget: int, job: asyncio.Future[Any]) -> AsyncIterator[bytes]:
+    """The lines while they fit in `budget` bytes; a line that would not ends the stream with an error line."""
+    sent, tokens = 0, 0
+    try:
+        async for line in lines:
+            if sent + len(line) + _ERROR_LINE_BYTES > budget:
+                yield _line({"event": "error", "error": _too_large(budget, sent + len(line), tokens)})
+                return
+            sent += len(line)
+            tokens += line.startswith(b'{"event": "token"')
+            yield line
+    finally:
+        if not job.done():
+            job.cancel()  # the job stops at its next token
+        await _close(lines)
+
+
+async def _close(lines: AsyncIterator[bytes]) -> None:
+    close = getattr(lines, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def _too_large(budget: int, size: int, tokens: int) -> str:
+    return (f"the response limit was reached: the stream would pass the server's --max-response of "
+            f"{budget / 2**20:g} MiB (at least {size} bytes) after {tokens} tokens: ask for fewer new tokens "
+            "(max_new_tokens) or a shorter prompt, or start the server with a larger --max-response")
 
 
 def _line(event: dict[str, Any]) -> bytes:

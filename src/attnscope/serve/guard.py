@@ -13,7 +13,8 @@ One ASGI middleware, so an endpoint added later is covered without doing anythin
 - no response is larger than `max_response_bytes`: endpoints refuse such requests (422) before
   building anything; if one is built anyway, the client gets a 500, or a cut stream;
 - every response carries an `X-Request-Id`; an unexpected exception is logged with it and the
-  client reads only "internal error" and the id, never the exception.
+  client reads only "internal error" and the id, never the exception; a client that hangs up
+  mid-body is not an error (one info line).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Iterable
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs
+
+from starlette.requests import ClientDisconnect
 
 from attnscope.numbers import is_count
 from attnscope.serve.fields import RequestError
@@ -87,6 +90,8 @@ class Guard:
         except RequestError as exc:
             if not started:
                 await error_response(send_with_id, exc.status, exc.message)
+        except ClientDisconnect:  # the client hung up mid-body: nobody to answer, nothing went wrong here
+            log.info("the client left during request %s %s (id %s)", scope["method"], scope["path"], rid)
         except Exception as exc:  # the one place an unexpected error becomes a 500
             log.error("internal error in request %s %s (id %s)", scope["method"], scope["path"], rid, exc_info=exc)
             if not started:
@@ -180,11 +185,15 @@ def _split_host(host: str) -> tuple[str, int | None]:
     return (name, int(port)) if is_count(port) and len(port) <= 5 else (name, None)
 
 
-async def error_response(send: Any, status: int, message: str) -> None:
-    """A one-line JSON error, sent straight from the middleware."""
+async def error_response(send: Any, status: int, message: str, request_id: str | None = None) -> None:
+    """A one-line JSON error, sent straight from the middleware (or from the connection cap, with its own id)."""
     body = json.dumps({"error": message}, ensure_ascii=False, separators=(",", ":")).encode("utf-8")  # as the app's
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 408:
+    if status == 408 or request_id is not None:  # a slow body, or a refusal at the connection cap: free the slot
         headers.append((b"connection", b"close"))
+    if status == 503:
+        headers.append((b"retry-after", b"1"))
+    if request_id is not None:
+        headers.append((b"x-request-id", request_id.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
