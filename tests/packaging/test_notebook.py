@@ -38,6 +38,9 @@ def test_notebook_executes_quietly_and_its_checks_pass(runner: ModuleType) -> No
     assert "SmolLM2 q        vs the model's forward pass" in out  # the rotation: its q, k and weights are asserted
     assert "SmolLM2 weights  vs the model's forward pass" in out
     assert "head 23.4 removed: p(' Paris') " in out  # the ablation cell
+    assert "layer 5: full_attention, sees every token, RoPE base 1,000,000" in out  # Gemma 3's section
+    assert "Gemma 3 q        vs the model's forward pass" in out and "Gemma 3 context  vs" in out
+    assert "tr.check(): PASS" in out
     assert not NOISE.search(out), NOISE.search(out)
     stderr = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("name") == "stderr"]
     assert stderr == []  # nothing on stderr either: no warnings, no progress bars
