@@ -1,0 +1,180 @@
+"""What the decomposition methods read from one real forward pass: each layer's attention block, captured.
+
+Every layer's attention output is a sum of one vector per head h and key j (Kobayashi et al. 2020):
+
+    output_i = sum_h sum_j alpha^h_ij f^h(x_j) + b_O,   f^h(x_j) = v^h_j W_O^h
+
+where v^h_j is the captured `v` stage (b_V included; grouped k/v heads repeated for the query heads they
+serve) and W_O^h head h's d_head rows of the output projection. The residual stream and the block's output
+come from hooks on the real modules (named below); nothing is recomputed from the model's code.
+
+Two block shapes are decomposed (ALTI needs the whole block; norm-based attention only the sum above):
+- post-norm (BERT, RoBERTa, ELECTRA): block output = LayerNorm(x + output), x the attention input;
+- pre-norm (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3): block output = x + output, with the attention
+  reading norm(x); the block output is what enters the layer's second norm (ln_2, post_attention_layernorm).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscope.capture import LayerCapture, hooked
+from attnscope.errors import AttnscopeError
+from attnscope.families import attention_modules, base_of, family_of, is_encoder_decoder, layer_modules, pre_attention
+from attnscope.maths import expand_kv
+from attnscope.models import Model
+
+POST_NORM = {"bert", "roberta", "electra"}  # LayerNorm after the residual sum: <attention>.output.LayerNorm
+PRE_NORM_OUT = {  # the module whose input is the block output x + attention output (relative to the base model)
+    "gpt2": "h.{layer}.ln_2",
+    **{name: "layers.{layer}.post_attention_layernorm" for name in ("llama", "mistral", "qwen2", "qwen3", "phi3")},
+}
+BLOCK_FAMILIES = tuple(sorted(POST_NORM | set(PRE_NORM_OUT)))
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A post-norm block's LayerNorm: its parameters and what it received and returned (float64)."""
+
+    gamma: torch.Tensor  # [d_model]
+    beta: torch.Tensor  # [d_model]
+    eps: float
+    received: torch.Tensor  # [token, d_model]: x + output, as the real module received it
+    returned: torch.Tensor  # [token, d_model]
+
+
+@dataclass(frozen=True)
+class LayerBlock:
+    """One layer's attention block of one text, in float64 (captured in the model's dtype)."""
+
+    weights: torch.Tensor  # [head, query, key]
+    f: torch.Tensor  # [head, key, d_model]: f^h(x_j) = v^h_j W_O^h
+    b_o: torch.Tensor  # [d_model] (zeros for projections without a bias)
+    output: torch.Tensor  # [token, d_model]: the output projection's result, captured
+    residual: torch.Tensor | None = None  # [token, d_model]: the stream the block adds to (ALTI only)
+    block_output: torch.Tensor | None = None  # [token, d_model]: captured (ALTI only)
+    norm: Norm | None = None  # post-norm blocks (ALTI only)
+
+    def attention_vectors(self) -> torch.Tensor:
+        """sum_h alpha^h_ij f^h(x_j): [query, key, d_model]."""
+        return torch.einsum("hqk,hkd->qkd", self.weights, self.f)
+
+
+@dataclass
+class _Extra:
+    """Hooked tensors besides capture's own, one entry per layer: [batch, token, d_model] each."""
+
+    residual: list[torch.Tensor] = field(default_factory=list)
+    block_output: list[torch.Tensor] = field(default_factory=list)
+    norm_in: list[torch.Tensor] = field(default_factory=list)
+
+
+def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
+    """One-line AttnscopeError where the method cannot decompose this model's attention."""
+    fam = family_of(m.model)
+    kind = str(getattr(m.model.config, "model_type", "?"))
+    if is_encoder_decoder(m.model):
+        raise AttnscopeError(f"{method} does not support encoder-decoder models ({kind}): use a decoder-only or "
+                             "encoder-only model", parameter="methods")
+    if fam is None or not attention_modules(m.model):
+        raise AttnscopeError(f"{method} needs a model family attnscope has an adapter for; {kind!r} has none",
+                             parameter="methods")
+    if whole_block and fam.name not in BLOCK_FAMILIES:
+        raise AttnscopeError(f"{method} decomposes the whole attention block of {', '.join(BLOCK_FAMILIES)} "
+                             f"models only; {kind!r} places its norms otherwise", parameter="methods")
+
+
+def one_text(inputs: dict[str, torch.Tensor], method: str) -> int:
+    """The token count of a batch of one unpadded text; a one-line error otherwise."""
+    ids = inputs["input_ids"]
+    if ids.ndim != 2 or ids.shape[0] != 1:
+        raise AttnscopeError(f"{method} explains one text at a time: got a batch of shape {list(ids.shape)}")
+    mask = inputs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise AttnscopeError(f"{method} explains one unpadded text: the attention mask hides some tokens")
+    return int(ids.shape[1])
+
+
+@torch.no_grad()
+def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool) -> list[LayerBlock]:
+    """Run the model once on one text and return each layer's block (whole_block: with residual, block output
+    and norm, for ALTI)."""
+    cap, extra = LayerCapture(), _Extra()
+    with hooked(m.model, cap, cap.x.append, cap.output.append), _extra_hooks(m, extra, whole_block):
+        m.model(**inputs)
+    fam = family_of(m.model)
+    assert fam is not None
+    blocks = []
+    for layer, (call, mod) in enumerate(zip(cap.calls, layer_modules(m.model), strict=True)):
+        p = fam.params(m.model, mod, layer)
+        heads = call.weights.shape[1]
+        v = expand_kv(call.v[0].double(), heads // call.v.shape[1])  # [head, key, d_head]
+        w_o = p.w_o.double().reshape(heads, v.shape[-1], -1)  # [head, d_head, d_model]
+        b_o = p.b_o.double() if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=torch.float64)
+        block = LayerBlock(call.weights[0].double(), v @ w_o, b_o, cap.output[layer][0].double())
+        blocks.append(_whole(m, block, layer, cap, extra) if whole_block else block)
+    return blocks
+
+
+def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _Extra) -> LayerBlock:
+    """The block with its residual stream, its captured output and (post-norm) its LayerNorm."""
+    if extra.norm_in:  # post-norm: the residual is the attention input itself
+        ln = _post_norm(m.model, attention_modules(m.model)[layer])
+        norm = Norm(ln.weight.detach().double(), ln.bias.detach().double(), float(ln.eps),
+                    extra.norm_in[layer][0].double(), extra.block_output[layer][0].double())
+        return LayerBlock(block.weights, block.f, block.b_o, block.output, cap.x[layer][0].double(),
+                          norm.returned, norm)
+    return LayerBlock(block.weights, block.f, block.b_o, block.output, extra.residual[layer][0].double(),
+                      extra.block_output[layer][0].double())
+
+
+@contextlib.contextmanager
+def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
+    handles: list[Any] = []
+    fam = family_of(m.model)
+    if whole_block and fam is not None:
+        if fam.name in POST_NORM:
+            for mod in attention_modules(m.model):
+                handles.append(_post_norm(m.model, mod).register_forward_hook(_take_both(extra)))
+        else:
+            base = base_of(m.model)
+            for layer in range(len(attention_modules(m.model))):
+                before = pre_attention(m.model, layer)
+                assert before is not None
+                handles.append(before.register_forward_pre_hook(_take_input(extra.residual)))
+                after = base.get_submodule(PRE_NORM_OUT[fam.name].format(layer=layer))
+                handles.append(after.register_forward_pre_hook(_take_input(extra.block_output)))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _post_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm:
+    """BERT's <layer>.attention.output.LayerNorm, found from its <layer>.attention.self."""
+    name = next(n for n, mod in model.named_modules() if mod is attention)
+    ln = model.get_submodule(name.rsplit(".", 1)[0] + ".output.LayerNorm")
+    assert isinstance(ln, nn.LayerNorm)
+    return ln
+
+
+def _take_input(into: list[torch.Tensor]) -> Any:
+    return lambda _mod, args: into.append(args[0].detach())
+
+
+def _take_both(extra: _Extra) -> Any:
+    def hook(_mod: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        extra.norm_in.append(args[0].detach())
+        extra.block_output.append(out.detach())
+
+    return hook
+
+
+__all__ = ["BLOCK_FAMILIES", "LayerBlock", "Norm", "capture_blocks", "one_text", "refuse_unsupported"]
