@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -54,12 +54,19 @@ class LayerBlock:
     """One layer's attention block of one text, in float64 (captured in the model's dtype)."""
 
     weights: torch.Tensor  # [head, query, key]
-    f: torch.Tensor  # [head, key, d_model]: f^h(x_j) = v^h_j W_O^h
+    v: torch.Tensor  # [head, key, d_head]: the captured v stage, k/v heads repeated for their query heads
+    w_o: torch.Tensor  # [head * d_head, d_model]
     b_o: torch.Tensor  # [d_model] (zeros for projections without a bias)
     output: torch.Tensor  # [token, d_model]: the output projection's result, captured
     residual: torch.Tensor | None = None  # [token, d_model]: the stream the block adds to (ALTI only)
     block_output: torch.Tensor | None = None  # [token, d_model]: captured (ALTI only)
     norm: Norm | None = None  # post-norm blocks (ALTI only)
+
+    @property
+    def f(self) -> torch.Tensor:
+        """f^h(x_j) = v^h_j W_O^h: [head, key, d_model]."""
+        heads, _, d_head = self.v.shape
+        return self.v @ self.w_o.reshape(heads, d_head, -1)  # [head, key, d_head] @ [head, d_head, d_model]
 
     def attention_vectors(self) -> torch.Tensor:
         """sum_h alpha^h_ij f^h(x_j): [query, key, d_model]."""
@@ -115,9 +122,9 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool)
         p = fam.params(m.model, mod, layer)
         heads = call.weights.shape[1]
         v = expand_kv(call.v[0].double(), heads // call.v.shape[1])  # [head, key, d_head]
-        w_o = p.w_o.double().reshape(heads, v.shape[-1], -1)  # [head, d_head, d_model]
+        w_o = p.w_o.double()  # [head * d_head, d_model]
         b_o = p.b_o.double() if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=torch.float64)
-        block = LayerBlock(call.weights[0].double(), v @ w_o, b_o, cap.output[layer][0].double())
+        block = LayerBlock(call.weights[0].double(), v, w_o, b_o, cap.output[layer][0].double())
         blocks.append(_whole(m, block, layer, cap, extra) if whole_block else block)
     return blocks
 
@@ -128,10 +135,9 @@ def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _E
         ln = _post_norm(m.model, attention_modules(m.model)[layer])
         norm = Norm(ln.weight.detach().double(), ln.bias.detach().double(), float(ln.eps),
                     extra.norm_in[layer][0].double(), extra.block_output[layer][0].double())
-        return LayerBlock(block.weights, block.f, block.b_o, block.output, cap.x[layer][0].double(),
-                          norm.returned, norm)
-    return LayerBlock(block.weights, block.f, block.b_o, block.output, extra.residual[layer][0].double(),
-                      extra.block_output[layer][0].double())
+        return replace(block, residual=cap.x[layer][0].double(), block_output=norm.returned, norm=norm)
+    return replace(block, residual=extra.residual[layer][0].double(),
+                   block_output=extra.block_output[layer][0].double())
 
 
 @contextlib.contextmanager

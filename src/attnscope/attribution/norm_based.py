@@ -1,0 +1,61 @@
+"""Norm-based attention per layer (Kobayashi, Kuribayashi, Yokoi & Inui 2020, "Attention is Not Only a
+Weight: Analyzing Transformers with Vector Norms", EMNLP), as a LayerMixing.
+
+A layer's attention output is a sum of one vector per source position j (attribution.blocks):
+
+    output_i - b_O = sum_j sum_h alpha^h_ij f^h(x_j)
+
+and the method weighs each source by the length of what it moves, ||sum_h alpha^h_ij f^h(x_j)|| (the norms
+themselves come from attnscope.norms). The norms are lengths, not shares: here each row is divided by its
+sum so that a layer's row is a distribution over the source positions and layers can be rolled out
+(LayerMixing.rolled). The residual connection and the norms are not part of this measure (Kobayashi et al.
+2020 measure the attention alone; ALTI takes the whole block): rolled() is the mixing through attention only.
+
+The check: per layer, the vectors whose norms are taken add up, with b_O, to the output projection's result
+captured from the real forward pass, within tolerance_for(dtype) * max(1, max |output|) (float32: 1e-5
+relative to the layer's largest value, as for ALTI). Cost: one forward pass; no backward. Every family with
+an attnscope adapter, encoder-decoders excepted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
+from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
+from attnscope.models import Model
+from attnscope.norms import norm_attention_batch
+from attnscope.placement import dtype_name
+from attnscope.records.check_report import tolerance_for
+
+
+def layer_norms(block: LayerBlock) -> torch.Tensor:
+    """||sum_h alpha^h_ij f^h(x_j)|| through attnscope.norms: [query, key] in float64."""
+    out = norm_attention_batch(block.v[None, None], block.weights[None, None], [block.w_o])  # [layer, batch, ...]
+    return out["norm_layer"][0, 0]
+
+
+def output_error(block: LayerBlock, vectors: torch.Tensor) -> float:
+    """max |sum_j vectors_ij + b_O - output_i| over the layer, relative to max(1, max |output|)."""
+    scale = max(1.0, float(block.output.abs().max()))
+    return float((vectors.sum(dim=1) + block.b_o - block.output).abs().max()) / scale
+
+
+def norm_based(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
+    """Norm-based attention per layer for one text, rows normalised (inputs: a tokenizer's tensors)."""
+    refuse_unsupported(m, "norm", whole_block=False)
+    one_text(inputs, "norm")
+    matrices, errors = [], []
+    for block in capture_blocks(m, inputs, whole_block=False):
+        errors.append(output_error(block, block.attention_vectors()))
+        matrices.append(normalise_rows(layer_norms(block).numpy()))
+    bound = tolerance_for(dtype_name(m.dtype))
+    max_error = np.asarray(errors, dtype=np.float64)
+    detail = (f"per layer, the vectors alpha f(x_j) whose norms are taken add up with b_O to the output "
+              f"projection's result captured from the forward pass: max error {float(max_error.max()):.1e} "
+              f"relative to max(1, max |output|), bound {bound:.0e}")
+    return LayerMixing("norm", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
+
+
+__all__ = ["layer_norms", "norm_based", "output_error"]
