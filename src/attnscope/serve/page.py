@@ -38,15 +38,17 @@ def policy(scripts: list[str]) -> str:
             "connect-src 'self'; img-src data: blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
-def _form(max_chars: int) -> str:
+def _form() -> str:
+    """The trace form. No maxlength on the text fields: a browser cuts a longer paste silently there, so
+    serve.js counts the characters against the server's --max-chars and says what does not fit instead."""
     views = "".join(f'<option value="{v}">{label}</option>' for v, label in VIEW_CHOICES)
     return f"""<form id="sv-form" class="sv-form" autocomplete="off">
-<label for="sv-text">Text<textarea id="sv-text" name="text" rows="2" maxlength="{max_chars}" required
+<label for="sv-text">Text<textarea id="sv-text" name="text" rows="2" required
   spellcheck="false">{html.escape(DEFAULT_TEXT)}</textarea></label>
 <label for="sv-pair">Second text (optional, segment B)<input type="text" id="sv-pair" name="pair"
-  maxlength="{max_chars}" spellcheck="false"></label>
+  spellcheck="false"></label>
 <label for="sv-target" id="sv-target-label">Target (encoder-decoder model: the decoder's text; empty:
-  generated)<input type="text" id="sv-target" name="target" maxlength="{max_chars}" spellcheck="false"></label>
+  generated)<input type="text" id="sv-target" name="target" spellcheck="false"></label>
 <button type="submit" id="sv-go">Trace</button>
 <div class="sv-options">
 <label for="sv-model">Model<select id="sv-model" name="model"></select></label>
@@ -66,12 +68,12 @@ def _generation_js() -> str:
     return (resources.files("attnscope.views") / "assets" / "generation.js").read_text(encoding="utf-8")
 
 
-def _generate_panel(max_chars: int, max_new_tokens: int) -> str:
+def _generate_panel(max_new_tokens: int) -> str:
     """The Generate panel (shown by serve.js when a served model is a decoder): POST /api/generate, live."""
     return f"""<section id="sv-gen" class="sv-gen" aria-label="generation" hidden>
 <form id="sv-gen-form" class="sv-form sv-gen-form" autocomplete="off">
 <label for="sv-gen-prompt">Prompt (a decoder continues it, one token at a time)<textarea id="sv-gen-prompt"
-  rows="2" maxlength="{max_chars}" required spellcheck="false">The capital of France is</textarea></label>
+  rows="2" required spellcheck="false">The capital of France is</textarea></label>
 <div class="sv-options">
 <label for="sv-gen-model">Decoder<select id="sv-gen-model"></select></label>
 <label for="sv-gen-max">Max new tokens<input type="number" id="sv-gen-max" min="1" max="{max_new_tokens}"
@@ -94,7 +96,7 @@ def _generate_panel(max_chars: int, max_new_tokens: int) -> str:
 def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
     """(the HTML page, its Content-Security-Policy header)."""
     scripts = [views_js(), _generation_js(), _asset("serve.js")]
-    config = json_for_script({"models": models})
+    config = json_for_script({"models": models, "max_chars": max_chars})
     page = f"""<!doctype html>
 <html lang="en">
 <head>
@@ -112,12 +114,12 @@ def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
 <body>
 <header class="sv-top"><h1>attnscope</h1><p>type a sentence, explore every layer and head, click to see
 every step (layers, heads and tokens are 0-indexed)</p></header>
-{_form(max_chars)}
+{_form()}
 <div class="sv-body">
 <section id="sv-views" class="sv-views" aria-label="attention views"></section>
 <aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
 </div>
-{_generate_panel(max_chars, REQUEST_NEW_TOKENS)}
+{_generate_panel(REQUEST_NEW_TOKENS)}
 <script type="application/json" id="sv-config">{config}</script>
 <script>{scripts[0]}</script>
 <script>{scripts[1]}</script>

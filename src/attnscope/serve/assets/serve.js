@@ -81,9 +81,56 @@
     return out.concat(["rollout", "flow"].filter((s) => $(`sv-${s}`).checked));
   }
 
+  // The server reads at most config.max_chars characters per field (serve --max-chars). The fields have no
+  // maxlength (a browser cuts a longer paste there without a word): a field over the limit is named, with its
+  // length and what to do, and its form cannot be sent until it fits.
+  const LIMITED = { "sv-text": ["sv-go", "sv-status", "Text"], "sv-pair": ["sv-go", "sv-status", "Second text"],
+    "sv-target": ["sv-go", "sv-status", "Target"], "sv-gen-prompt": ["sv-gen-go", "sv-gen-status", "Prompt"] };
+
+  function tooLong(button) {
+    const ids = Object.keys(LIMITED).filter((id) => LIMITED[id][0] === button && $(id).offsetParent !== null);
+    const over = ids.find((id) => $(id).value.length > config.max_chars);
+    if (!over) return null;
+    return `${LIMITED[over][2]}: ${$(over).value.length.toLocaleString("en")} characters, more than the ` +
+      `${config.max_chars.toLocaleString("en")} this server reads: shorten it, or restart the server with a ` +
+      "larger --max-chars (and --max-tokens for that many tokens)";
+  }
+
+  function guardLength(event) {
+    const [button, statusId] = LIMITED[event.target.id];
+    const message = tooLong(button);
+    $(button).disabled = Boolean(message);
+    $(button).title = message || "";
+    const s = $(statusId);
+    if (message) {
+      s.textContent = message;
+      s.dataset.kind = "error";
+      s.dataset.limit = "over";
+    } else if (s.dataset.limit === "over") {
+      s.textContent = "";
+      s.dataset.kind = "";
+      delete s.dataset.limit;
+    }
+  }
+
+  // A trace whose maps the server could not keep (stored: false: more than its --cache-size) could draw its first
+  // head but no other: refused here, with what to change, instead of failing later on a map fetch.
+  function unstoredMaps(data) {
+    const m = data.payload && data.payload.maps;
+    if (!m || m.stored !== false) return null;
+    return `${data.tokens.length.toLocaleString("en")} tokens: this trace's maps do not fit the server's map ` +
+      "cache, so it cannot show them: untick norm-based and attention rollout (each adds a map per head), " +
+      "or restart the server with a larger --cache-size";
+  }
+
   async function traceText(event) {
     if (event) event.preventDefault();
     const request = textRequest();
+    const over = tooLong("sv-go");
+    if (over) {
+      status(over, "error");
+      return;
+    }
     const started = performance.now();
     status("tracing…", "busy");
     $("sv-go").disabled = true;
@@ -92,9 +139,12 @@
       const body = request.target !== undefined ? Object.assign({ stages: [], payload: true }, request)
         : Object.assign({ stages: [], payload: true, sources: sources(), maps: "auto" }, request);
       const data = await api("/api/trace", body);
+      const unstored = unstoredMaps(data);
+      if (unstored) throw new Error(unstored);
       performance.mark("sv:traced");
       current = { request: request, payload: data.payload, tokens: data.tokens, controller: null, kinds: data.kinds };
       await draw(null);
+      delete $("sv-views").dataset.stale;
       const ms = Math.round(performance.now() - started);
       const lazy = data.payload.maps ? " · maps fetched as shown" : "";
       const size = data.kinds ? `${data.kinds.encoder.tokens.length} source → ${data.kinds.decoder.tokens.length} ` +
@@ -102,7 +152,9 @@
       status(`${size}${data.truncated ? " (truncated)" : ""} · ${ms} ms${lazy}`, "ok");
       clearExplanation();
     } catch (err) {
-      status(err.message, "error");
+      // the views keep the previous text, dimmed, so they are never taken for this one
+      if (current) $("sv-views").dataset.stale = "true";
+      status(err.message + (current ? " (the views still show the previous text)" : ""), "error");
     } finally {
       $("sv-go").disabled = false;
     }
@@ -318,6 +370,11 @@
 
   async function generate(event) {
     event.preventDefault();
+    const over = tooLong("sv-gen-go");
+    if (over) {
+      genStatus(over, "error");
+      return;
+    }
     if (generation) generation.abort.abort();
     const abort = new AbortController();
     generation = { abort: abort, view: null };
@@ -373,6 +430,7 @@
         `${m.layers} layers × ${m.heads} heads)` }));
     }
     $("sv-form").addEventListener("submit", traceText);
+    for (const id of Object.keys(LIMITED)) $(id).addEventListener("input", guardLength);
     select.addEventListener("change", showTextFields);
     showTextFields();
     $("sv-view").addEventListener("change", () => {
