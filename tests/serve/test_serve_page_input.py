@@ -65,3 +65,44 @@ def test_a_trace_whose_maps_do_not_fit_is_refused_with_advice(small_cache_server
         assert page.get_attribute("#sv-status", "data-kind") == "ok", page.text_content("#sv-status")
         assert page.get_attribute("#sv-views", "data-stale") is None
         page.close()
+
+
+def test_the_ablate_and_patch_panels_run_on_the_traced_model(server: Server) -> None:
+    """Ablate from the page: the measures clean and ablated, then every head alone as a grid whose cell opens
+    that head in the views; patch: both grids. Numbers are the API's own (the API tests check them)."""
+    from playwright.sync_api import expect
+
+    from attnscope.views.browser import chromium
+
+    with chromium() as browser:
+        page = _open(browser, server.url)
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.fill("#sv-ablate-heads", "1.2,0.7")
+        page.click("#sv-ablate-go")
+        page.wait_for_selector("#sv-ablate-status:not([data-kind=busy])", timeout=120_000)
+        assert page.get_attribute("#sv-ablate-status", "data-kind") == "ok", page.text_content("#sv-ablate-status")
+        line = page.text_content("#sv-ablate-out .sv-fx-line") or ""
+        assert "heads 1.2, 0.7 removed (zero)" in line and "primary measure: embedding_distance" in line
+        rows = page.locator("#sv-ablate-out .sv-fx-table tbody tr th").all_text_contents()
+        assert "embedding_distance" in rows
+        page.fill("#sv-ablate-heads", "")
+        page.check("#sv-ablate-each")
+        page.click("#sv-ablate-go")
+        page.wait_for_selector("#sv-ablate-status:not([data-kind=busy])", timeout=120_000)
+        assert page.get_attribute("#sv-ablate-status", "data-kind") == "ok", page.text_content("#sv-ablate-status")
+        cells = page.locator("#sv-ablate-out .as-fx-cell")
+        assert cells.count() >= 6 * 12  # a grid per measure, each 6 layers x 12 heads
+        layer = page.locator('#sv-views select[aria-label="layer (0-indexed)"]').first
+        assert layer.input_value() != "2"
+        page.click('#sv-ablate-out .as-fx-cell[data-layer="2"][data-head="9"]')
+        expect(layer).to_have_value("2", timeout=30_000)  # the cell opened layer 2 in the views
+        page.click("#sv-patch summary")
+        page.click("#sv-patch-go")
+        page.wait_for_selector("#sv-patch-status:not([data-kind=busy])", timeout=120_000)
+        assert page.get_attribute("#sv-patch-status", "data-kind") == "ok", page.text_content("#sv-patch-status")
+        assert page.locator("#sv-patch-out .as-fx-grid").count() == 2  # recovered and lost
+        line = page.text_content("#sv-patch-out .sv-fx-line") or ""
+        assert "m is the pooled sentence embedding's cosine similarity" in line and "m(clean) = 1.0000" in line
+        assert errors == [], errors
+        page.close()

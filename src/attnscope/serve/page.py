@@ -16,6 +16,7 @@ from typing import Any
 from attnscope.serve.generate import REQUEST_NEW_TOKENS
 from attnscope.views import css as views_css
 from attnscope.views import js as views_js
+from attnscope.views.effects import STYLE as EFFECTS_STYLE
 from attnscope.views.generation import STYLE as GENERATION_STYLE
 from attnscope.views.page import json_for_script
 
@@ -63,9 +64,52 @@ def _form() -> str:
 
 
 @cache
-def _generation_js() -> str:
-    """The generation view's renderer (window.attnscope.renderGeneration), shared with its own pages."""
-    return (resources.files("attnscope.views") / "assets" / "generation.js").read_text(encoding="utf-8")
+def _views_asset(name: str) -> str:
+    """A renderer the views' own pages use alone: generation.js (window.attnscope.renderGeneration), effects.js
+    (window.attnscope.renderEffects, the layer x head grid of an intervention)."""
+    return (resources.files("attnscope.views") / "assets" / name).read_text(encoding="utf-8")
+
+
+def _interventions_panel() -> str:
+    """Ablate and patch heads of the traced model: POST /api/ablate and /api/patch, drawn by serve.js with
+    effects.js; a click on a grid cell opens that head in the views above."""
+    modes = "".join(f'<option value="{m}">{label}</option>' for m, label in
+                    (("zero", "zero (context set to 0)"), ("mean", "mean (context set to its mean)")))
+    return f"""<section id="sv-fx" class="sv-fx" aria-label="interventions">
+<h2>Which heads matter: remove or patch them inside the forward pass</h2>
+<details id="sv-ablate" open><summary>Ablate heads of the traced text (its model, its target)</summary>
+<form id="sv-ablate-form" class="sv-form sv-fx-form" autocomplete="off">
+<label for="sv-ablate-heads">Heads, layer.head (0-indexed; encoder-decoders kind:layer.head)<input type="text"
+  id="sv-ablate-heads" placeholder="3.1,0.7" spellcheck="false"></label>
+<label for="sv-ablate-mode">Mode<select id="sv-ablate-mode">{modes}</select></label>
+<label for="sv-ablate-target" title="causal LMs: the continuation to score (empty: the greedy next token)">Target
+  (causal LMs; empty: the greedy next token)<input type="text" id="sv-ablate-target" spellcheck="false"></label>
+<label class="sv-check"><input type="checkbox" id="sv-ablate-each"> each head alone too (a layer × head
+  grid)</label>
+<label for="sv-ablate-kind" id="sv-ablate-kind-label">Grid over (encoder-decoders)<select id="sv-ablate-kind">
+  <option value="cross" selected>cross-attention</option><option value="encoder">encoder self-attention</option>
+  <option value="decoder">decoder self-attention</option></select></label>
+<button type="submit" id="sv-ablate-go">Ablate</button>
+<span id="sv-ablate-status" class="sv-fx-status" role="status" aria-live="polite"></span>
+</form>
+<div id="sv-ablate-out" class="sv-fx-out"></div>
+</details>
+<details id="sv-patch"><summary>Patch activations: clean and corrupt texts of the same length in tokens</summary>
+<form id="sv-patch-form" class="sv-form sv-fx-form" autocomplete="off">
+<label for="sv-patch-clean">Clean text<input type="text" id="sv-patch-clean" spellcheck="false" required
+  value="The capital of France is"></label>
+<label for="sv-patch-corrupt">Corrupt text<input type="text" id="sv-patch-corrupt" spellcheck="false" required
+  value="The capital of Italy is"></label>
+<label for="sv-patch-target">Clean answer (empty: its top token)<input type="text" id="sv-patch-target"
+  spellcheck="false"></label>
+<label for="sv-patch-contrast">Corrupt answer (empty: its top token)<input type="text" id="sv-patch-contrast"
+  spellcheck="false"></label>
+<button type="submit" id="sv-patch-go">Patch every head</button>
+<span id="sv-patch-status" class="sv-fx-status" role="status" aria-live="polite"></span>
+</form>
+<div id="sv-patch-out" class="sv-fx-out"></div>
+</details>
+</section>"""
 
 
 def _generate_panel(max_new_tokens: int) -> str:
@@ -95,7 +139,7 @@ def _generate_panel(max_new_tokens: int) -> str:
 
 def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
     """(the HTML page, its Content-Security-Policy header)."""
-    scripts = [views_js(), _generation_js(), _asset("serve.js")]
+    scripts = [views_js(), _views_asset("generation.js"), _views_asset("effects.js"), _asset("serve.js")]
     config = json_for_script({"models": models, "max_chars": max_chars})
     page = f"""<!doctype html>
 <html lang="en">
@@ -109,6 +153,8 @@ def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
 <style>
 {GENERATION_STYLE}</style>
 <style>
+{EFFECTS_STYLE}</style>
+<style>
 {_asset("serve.css")}</style>
 </head>
 <body>
@@ -119,11 +165,13 @@ every step (layers, heads and tokens are 0-indexed)</p></header>
 <section id="sv-views" class="sv-views" aria-label="attention views"></section>
 <aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
 </div>
+{_interventions_panel()}
 {_generate_panel(REQUEST_NEW_TOKENS)}
 <script type="application/json" id="sv-config">{config}</script>
 <script>{scripts[0]}</script>
 <script>{scripts[1]}</script>
 <script>{scripts[2]}</script>
+<script>{scripts[3]}</script>
 </body>
 </html>
 """

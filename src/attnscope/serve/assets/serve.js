@@ -421,6 +421,112 @@
     $("sv-gen").hidden = false;
   }
 
+  // ---- interventions: ablate and patch heads, the grid drawn by effects.js ----------------------
+
+  function fxStatus(name, text, kind) {
+    const s = $(`sv-${name}-status`);
+    s.textContent = text;
+    s.dataset.kind = kind || "";
+  }
+
+  // The measures before and after, one row each: what changed, in the model's own units.
+  function measures(title, before, after, primary) {
+    const names = Object.keys(after).filter((k) => after[k] !== undefined);
+    const rows = names.map((k) => el("tr", { class: k === primary ? "sv-hit" : null }, [
+      el("th", { scope: "row", text: k }),
+      el("td", { text: before && before[k] !== undefined ? fmtMeasure(before[k]) : "" }),
+      el("td", { text: fmtMeasure(after[k]) })]));
+    return el("table", { class: "sv-fx-table" }, [el("caption", { text: title }),
+      el("thead", {}, [el("tr", {}, [el("th", { text: "measure" }), el("th", { text: "clean" }),
+        el("th", { text: "intervened" })])]), el("tbody", {}, rows)]);
+  }
+
+  function fmtMeasure(v) {
+    return v === null ? "NaN" : typeof v === "number" ? v.toFixed(4) : String(v);
+  }
+
+  // A click on a grid cell opens that head in the views above (the traced text's).
+  async function openHead(layer, head) {
+    if (!current || !current.controller) return;
+    await draw({ layer: layer, head: head });
+    $("sv-views").scrollIntoView({ behavior: "smooth", block: "start" });
+  }
+
+  function showEffects(box, effects) {
+    if (!effects) return;
+    const grid = el("div", { class: "sv-fx-grid" });
+    box.append(grid);
+    A.renderEffects(grid, effects, (layer, head) => openHead(layer, head).catch((err) => status(err.message, "error")));
+  }
+
+  async function runIntervention(name, path, body, render) {
+    const go = $(`sv-${name}-go`);
+    const out = $(`sv-${name}-out`);
+    go.disabled = true;
+    fxStatus(name, "running…", "busy");
+    const started = performance.now();
+    try {
+      const data = await api(path, body);
+      out.replaceChildren();
+      render(out, data);
+      fxStatus(name, `${Math.round(performance.now() - started)} ms`, "ok");
+    } catch (err) {
+      fxStatus(name, err.message, "error");
+    } finally {
+      go.disabled = false;
+    }
+  }
+
+  function ablate(event) {
+    event.preventDefault();
+    const request = textRequest();
+    const heads = $("sv-ablate-heads").value.trim();
+    const each = $("sv-ablate-each").checked;
+    const target = seq2seq() ? request.target : ($("sv-ablate-target").value || null);
+    const body = { text: request.text, model: request.model, heads: heads || null, mode: $("sv-ablate-mode").value,
+                   target: target, each: each };
+    if (seq2seq() && each) body.attention = $("sv-ablate-kind").value;
+    runIntervention("ablate", "/api/ablate", body, (out, data) => {
+      const removed = data.heads.map((h) => h.join(".")).join(", ") || "none (each head alone below)";
+      out.append(el("p", { class: "sv-fx-line", text: `${data.model} (${data.kind}): heads ${removed} removed ` +
+        `(${data.mode}); ${data.target !== null ? `target ${JSON.stringify(data.target)}; ` : ""}` +
+        `primary measure: ${data.primary}` }));
+      if (data.heads.length) out.append(measures("the text's measures, clean and with those heads removed",
+        data.clean, data.ablated, data.primary));
+      showEffects(out, data.effects);
+    });
+  }
+
+  function patchHeads(event) {
+    event.preventDefault();
+    const optional = (id) => ($(id).value.trim() ? $(id).value : null);
+    const body = { clean: $("sv-patch-clean").value, corrupt: $("sv-patch-corrupt").value,
+                   model: $("sv-model").value || null, target: optional("sv-patch-target"),
+                   contrast: optional("sv-patch-contrast") };
+    runIntervention("patch", "/api/patch", body, (out, data) => {
+      // m: the logit difference answer - contrast (language models), or the pooled embedding's cosine similarity
+      // to the clean run's (encoders); recovered = (m(patched) - m(corrupt)) / (m(clean) - m(corrupt))
+      const m = data.answer !== null ? `the logit difference ${JSON.stringify(data.answer)} − ` +
+        `${JSON.stringify(data.contrast)}` : "the pooled sentence embedding's cosine similarity to the clean run's";
+      out.append(el("p", { class: "sv-fx-line", text: `${data.model}: m is ${m}; m(clean) = ` +
+        `${fmtMeasure(data.clean)}, m(corrupt) = ${fmtMeasure(data.corrupt)}; per head, recovered = ` +
+        "(m(patched) − m(corrupt)) / (m(clean) − m(corrupt)): 1 when that head alone restores the clean run" }));
+      showEffects(out, data.effects);
+    });
+  }
+
+  function showInterventionFields() {
+    $("sv-ablate-kind-label").style.display = seq2seq() ? "" : "none";
+    $("sv-ablate-target").closest("label").style.display = seq2seq() ? "none" : "";
+  }
+
+  function startInterventions() {
+    $("sv-ablate-form").addEventListener("submit", ablate);
+    $("sv-patch-form").addEventListener("submit", patchHeads);
+    $("sv-model").addEventListener("change", showInterventionFields);
+    showInterventionFields();
+  }
+
   // ---- start -------------------------------------------------------------------------------
 
   function start() {
@@ -440,6 +546,7 @@
     $("sv-views").addEventListener("attnscope:error", (e) => status(e.detail.message, "error")); // a map fetch
     clearExplanation();
     startGeneration();
+    startInterventions();
     if ($("sv-text").value.trim()) traceText(null);
   }
 
