@@ -1,14 +1,19 @@
 """`POST /api/ablate` and `POST /api/patch`: interventions in the web app, as JSON.
 
-Bounded like the other endpoints: the texts' characters (fields) and tokens (the server's max_tokens),
-the pool's queue and deadline, one forward pass at a time per model. The answer is the result's
-to_dict() plus, when there is a grid, "effects": the heatmap payload that assets/effects.js draws.
+Bounded like the other endpoints: the texts' characters (fields) and tokens (max_length, at most the server's
+max_tokens), the pool's queue and deadline, one forward pass at a time per model; and by their cost
+(attnscope.serve.ablation): admitted against the deadline, run in batches under the memory ceiling, stopped
+when the client leaves or the deadline passes. Encoder-decoders name heads as kind:layer.head (cross:1.2) and
+their `each` grid's kind with `attention`, as `attnscope ablate` does. The answer is the result's to_dict()
+plus, when there is a grid, "effects": the heatmap payload that assets/effects.js draws.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +23,22 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
+from attnscope.interventions import ablate
+from attnscope.interventions.ablate import Ablation
+from attnscope.interventions.ablate import _result as ablation_of  # the library's one assembly of a result
+from attnscope.interventions.effects import outputs, prepare
+from attnscope.interventions.gates import mean_contexts, validate_heads
+from attnscope.interventions.patch import patch
+from attnscope.interventions.seq2seq import KINDS, AnyHead, layout, parse_kind_heads, seq2seq_inputs
 from attnscope.models import Model
 from attnscope.numbers import finite_or_null
+from attnscope.serve.ablation import Cost, admit, batch_rows, grid_in_batches, row_bytes, stopping, timed
 from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.pool import checkpoint
+from attnscope.serve.seq2seq import is_seq2seq
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
+from attnscope.views.effects import effects_payload
 
 
 @dataclass(frozen=True)
@@ -34,6 +49,9 @@ class AblateRequest:
     mode: str
     target: str | None
     each: bool
+    attention: str | None = None  # encoder-decoders with each: the kind of attention of the grid
+    max_length: int | None = None  # null: the server's max_tokens or the model's positions, the smaller
+    deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
 
 
 @dataclass(frozen=True)
@@ -43,6 +61,8 @@ class PatchRequest:
     model: str | None
     target: str | None
     contrast: str | None
+    max_length: int | None = None
+    deadline: float = math.inf
 
 
 def _model_field(models: Sequence[str]) -> Field:
@@ -54,17 +74,30 @@ def _target_field(settings: Settings, name: str, what: str) -> Field:
     return Field(name, "string", what, nullable=True, max_length=settings.max_chars)
 
 
+def _max_length_field(settings: Settings) -> Field:
+    return Field("max_length", "integer", "Maximum tokens of each text, special tokens included (a longer text is "
+                 f"refused, not cut); null for the server's limit ({settings.max_tokens}) or the model's, whichever "
+                 "is smaller.", nullable=True, minimum=2, maximum=settings.max_tokens)
+
+
 def ablate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     return [
-        Field("text", "string", "The sentence.", required=True, max_length=settings.max_chars),
+        Field("text", "string", "The sentence (encoder-decoders: the source).", required=True,
+              max_length=settings.max_chars),
         _model_field(models),
-        Field("heads", "string", "Heads to remove together, layer.head, 0-indexed: \"3.1,0.7\".", nullable=True,
+        Field("heads", "string", "Heads to remove together, layer.head, 0-indexed: \"3.1,0.7\"; encoder-decoders: "
+              f"kind:layer.head with kind {', '.join(KINDS)}: \"cross:1.2,encoder:0.3\".", nullable=True,
               max_length=2000, empty='name heads as layer.head, such as "3.1,0.7", or send null'),
         Field("mode", "string", "zero: the heads' context set to 0; mean: to its mean over the text.",
               default="zero", enum=("zero", "mean")),
         _target_field(settings, "target", "Causal LMs: the continuation to score (default: the greedy next "
-                      "token); masked LMs: the word at the mask."),
-        Field("each", "boolean", "Also remove every head alone (a layer x head grid).", default=False),
+                      "token); masked LMs: the word at the mask; encoder-decoders: the target, teacher-forced "
+                      "(required)."),
+        Field("each", "boolean", "Also remove every head alone (a layer x head grid). Refused (422) when it cannot "
+              "finish before the server's deadline, saying how many heads or tokens would.", default=False),
+        Field("attention", "string", "Encoder-decoders with each: the kind of attention whose heads the grid "
+              "removes.", nullable=True, enum=KINDS),
+        _max_length_field(settings),
     ]
 
 
@@ -76,6 +109,7 @@ def patch_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         _model_field(models),
         _target_field(settings, "target", "The clean answer token (default: the clean run's top token)."),
         _target_field(settings, "contrast", "The corrupt answer token (default: the corrupt run's top token)."),
+        _max_length_field(settings),
     ]
 
 
@@ -87,30 +121,67 @@ def _validate_tokens(service: Service, m: Model, *texts: str) -> None:
                                  f"{service.settings.max_tokens}: shorten it")
 
 
-def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> bytes:
-    from attnscope.interventions import ablate, parse_heads
-    from attnscope.views.effects import effects_payload
+def _max_length(service: Service, m: Model, asked: int | None) -> int:
+    return asked if asked is not None else min(service.settings.max_tokens, m.max_positions)
 
+
+def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> bytes:
     m = service.model(req.model)
     _validate_tokens(service, m, req.text)
-    heads = parse_heads(req.heads) if req.heads else []
-    with service.model_lock(m):
+    heads = parse_kind_heads(req.heads) if req.heads else []
+    with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        r = ablate(req.text, heads, model=m, mode=req.mode, target=req.target, each=req.each)  # type: ignore[arg-type]
+        r = _ablate(service, m, req, heads)
     body: dict[str, Any] = r.to_dict()
     body["effects"] = effects_payload(r) if r.grid is not None else None
     return _json(body)
 
 
-def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> bytes:
-    from attnscope.interventions.patch import patch
-    from attnscope.views.effects import effects_payload
+def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]) -> Ablation:
+    """The library's ablate; an each grid admitted by its cost first, and on a one-kind model run in batches."""
+    n = _max_length(service, m, req.max_length)
+    run = {"model": m, "mode": req.mode, "target": req.target, "max_length": n}
+    if not req.each:
+        return ablate(req.text, heads, each=False, attention=req.attention, **run)  # type: ignore[arg-type]
+    ceiling = service.settings.max_memory_bytes
+    if is_seq2seq(m):  # one batch: admitted by time and memory
+        if req.attention in KINDS:
+            inputs, _tokens, _labels = seq2seq_inputs(m, req.text, req.target, n)
+            layers, n_heads = layout(m)[req.attention]
+            tokens = int(inputs["input_ids"].shape[1] + inputs["decoder_input_ids"].shape[1])
+            cost = Cost(rows=2 + layers * n_heads, tokens=tokens, row_seconds=timed(lambda: m.model(**inputs)),
+                        row_bytes=row_bytes(m, tokens))
+            admit(cost, req.deadline, f"ablating each {req.attention} head", split=False, ceiling=ceiling)
+        return ablate(req.text, heads, each=True, attention=req.attention, **run)  # type: ignore[arg-type]
+    if req.attention is not None:
+        raise AttnscopeError(f"attention names a kind of an encoder-decoder's attention; {m.name} has one kind: "
+                             "leave it out", parameter="attention")
+    if any(len(h) != 2 for h in heads):
+        raise AttnscopeError(f"{m.name} has one kind of attention: write heads as layer.head, without a kind",
+                             parameter="heads")
+    chosen = validate_heads(m, heads) if heads else []  # type: ignore[arg-type]
+    probe = prepare(m, req.text, req.target, n)
+    cost = Cost(rows=1 + bool(chosen) + m.n_layers * m.n_heads, tokens=probe.n_tokens,
+                row_seconds=timed(lambda: outputs(probe, probe.inputs, None)), row_bytes=row_bytes(m, probe.n_tokens))
+    admit(cost, req.deadline, f"ablating each of the {m.n_layers * m.n_heads} heads", split=True, ceiling=ceiling)
+    source = mean_contexts(m, probe.inputs) if req.mode == "mean" else None
+    fx = grid_in_batches(probe, chosen, source, batch_rows(cost, ceiling))
+    return ablation_of(m, probe, req.mode, chosen, fx, True)  # type: ignore[arg-type]
 
+
+def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> bytes:
     m = service.model(req.model)
     _validate_tokens(service, m, req.clean, req.corrupt)
-    with service.model_lock(m):
+    n = _max_length(service, m, req.max_length)
+    with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        r = patch(req.clean, req.corrupt, model=m, target=req.target, contrast=req.contrast)
+        probe = prepare(m, req.clean, None, n)
+        cost = Cost(rows=2 + 2 * m.n_layers * m.n_heads, tokens=probe.n_tokens,
+                    row_seconds=timed(lambda: outputs(probe, probe.inputs, None)),
+                    row_bytes=row_bytes(m, probe.n_tokens))
+        admit(cost, req.deadline, "patching every head both ways", split=False,
+              ceiling=service.settings.max_memory_bytes)
+        r = patch(req.clean, req.corrupt, model=m, target=req.target, contrast=req.contrast, max_length=n)
     return _json({**r.to_dict(), "effects": effects_payload(r)})
 
 
@@ -126,12 +197,14 @@ def routes(settings: Settings, service: Service, run: Run, a_fields: list[Field]
     p_fields validate their bodies (ablate_fields, patch_fields: the app's OpenAPI document shows the same)."""
 
     async def ablate(request: Request) -> Response:
-        req = AblateRequest(**parse_body(await read_json(request, settings.max_body_bytes), a_fields))
+        fields = parse_body(await read_json(request, settings.max_body_bytes), a_fields)
+        req = AblateRequest(**fields, deadline=time.monotonic() + settings.timeout)
         body = await run(request, lambda r, stop: ablate_body(service, r, stop), req)
         return Response(body, media_type="application/json")
 
     async def patch(request: Request) -> Response:
-        req = PatchRequest(**parse_body(await read_json(request, settings.max_body_bytes), p_fields))
+        fields = parse_body(await read_json(request, settings.max_body_bytes), p_fields)
+        req = PatchRequest(**fields, deadline=time.monotonic() + settings.timeout)
         body = await run(request, lambda r, stop: patch_body(service, r, stop), req)
         return Response(body, media_type="application/json")
 
