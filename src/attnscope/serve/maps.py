@@ -37,6 +37,7 @@ OVERVIEW = 64  # the overview's side at most, in cells: each cell the max of its
 LAZY_FROM = 2**24  # "auto": maps travel lazily when a source holds more codes than this (16 MiB of uint8)
 MODES = ("inline", "lazy", "auto")
 LEVELS = ("tokens", "words")
+QUERY = ("source", "layer", "head", "precision", "level")  # GET /api/trace/ID/map's parameters (serve.openapi too)
 
 
 def trace_id(key: CacheKey) -> str:
@@ -165,9 +166,9 @@ class MapQuery:
 
 def parse_query(params: dict[str, str], maps: MapSet) -> MapQuery:
     """The query string, validated against this trace (AttnscopeError: the server answers 422)."""
-    unknown = sorted(set(params) - {"source", "layer", "head", "precision", "level"})
+    unknown = sorted(set(params) - set(QUERY))
     if unknown:
-        raise AttnscopeError(f"unknown parameter {unknown[0]!r}: use source, layer, head, precision and level")
+        raise AttnscopeError(f"unknown parameter {unknown[0]!r}: use {', '.join(QUERY[:-1])} and {QUERY[-1]}")
     source = params.get("source", "weights")
     if source not in maps.sources:
         raise AttnscopeError(f"source {source!r} is not in this trace: it has {', '.join(maps.sources)}")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from attnscope import __version__
+from attnscope.serve.binary import PRECISIONS
 from attnscope.serve.fields import Field, body_schema
+from attnscope.serve.maps import LEVELS, QUERY
 from attnscope.stages import ARRAYS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -116,16 +118,21 @@ def _map_route() -> dict[str, Any]:
 
     binary_body = {"description": "OK", "content": {"application/x-attnscope-arrays": {
         "schema": {"type": "string", "format": "binary"}}}}
+    query = {
+        "source": param("source", "query", {"type": "string", "default": "weights"}, "a source of the payload"),
+        "layer": param("layer", "query", {"type": "integer", "minimum": 0}, "layer, 0-indexed (sources with layers)"),
+        "head": param("head", "query", {"type": "integer", "minimum": 0}, "head, 0-indexed; absent: every head"),
+        "precision": param("precision", "query", {"type": "string", "enum": list(PRECISIONS), "default": "uint8"},
+                           "the values' dtype"),
+        "level": param("level", "query", {"type": "string", "enum": list(LEVELS), "default": "tokens"},
+                       "tokens, or words (word maps merged from the token maps; a trace with word pieces only)"),
+    }
     return {"get": {
         "operationId": "map", "summary": "One map of a trace sent with \"maps\": \"lazy\" (or a layer's heads), "
         "binary (docs/serve.md): uint8 as stored, float16 or float32 exact from the trace",
         "parameters": [
             param("id", "path", {"type": "string"}, "payload.maps.trace of the POST /api/trace answer", True),
-            param("source", "query", {"type": "string", "default": "weights"}, "a source of the payload"),
-            param("layer", "query", {"type": "integer", "minimum": 0}, "layer, 0-indexed (sources with layers)"),
-            param("head", "query", {"type": "integer", "minimum": 0}, "head, 0-indexed; absent: every head"),
-            param("precision", "query", {"type": "string", "enum": ["uint8", "float16", "float32"],
-                                         "default": "uint8"}, "the values' dtype"),
+            *(query[name] for name in QUERY),  # every parameter maps.parse_query reads (KeyError if one is new)
         ],
         "responses": {"200": binary_body, **_errors(403, 404, 422, 500, 503, 504)},
     }}
