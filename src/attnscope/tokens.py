@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError, require_text
@@ -29,6 +29,14 @@ class Token:
     special: bool = False
     word: int | None = None  # word index over the whole input (pieces of one word share it)
     segment: int = 0  # 0 for the first text, 1 for the pair
+    # the tokenizer's own decoding of this piece alone (" world" for GPT-2's "Ġworld", "\n" for "Ċ"); None when not
+    # known (a trace saved before this field, or a token made without its tokenizer): then `text` is what is shown
+    decoded: str | None = field(default=None, compare=False)  # derived from text: equality stays as it was
+
+    @property
+    def shown(self) -> str:
+        """The token as a person reads it: the tokenizer's decoding of the piece when known, else the piece."""
+        return self.text if self.decoded is None else self.decoded
 
     def to_dict(self) -> dict[str, Any]:
         # its fields are plain values: a shallow dict is dataclasses.asdict without its deep copy (30x faster,
@@ -84,7 +92,9 @@ def encode(
     lengths = _lengths(tokenizer, batch, kept, texts, pairs, key, max_length)
     kept_end = "last" if tokenizer.truncation_side == "left" else "first"  # the tokenizer's side is kept
     truncated = [_too_long(n, max_length, truncate, kept_end) for n in lengths]
-    tokens = [_tokens_of(enc, n, "token_type_ids" in batch) for enc, n in zip(batch.encodings, kept, strict=True)]
+    decode = piece_decoder(tokenizer)
+    tokens = [_tokens_of(enc, n, "token_type_ids" in batch, decode)
+              for enc, n in zip(batch.encodings, kept, strict=True)]
     keep = ("input_ids", "attention_mask", "token_type_ids")
     return Encoded({k: batch[k] for k in keep if k in batch}, tokens, truncated)
 
@@ -169,10 +179,27 @@ def _too_long(n: int, max_length: int, truncate: bool, kept_end: str) -> bool:
     return True
 
 
-def _tokens_of(enc: Any, n: int, type_ids: bool) -> list[Token]:
+def piece_decoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], str] | None:
+    """The tokenizer's own decoding of one piece alone, as its convert_tokens_to_string([piece]) gives it
+    ("Ġworld" -> " world", "Ċ" -> "\n", WordPiece's "##ing" stays "##ing"); None for a tokenizer without a
+    decoder (a slow one)."""
+    decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+    if decoder is None:
+        return None
+    seen: dict[str, str] = {}
+
+    def decode(piece: str) -> str:
+        if piece not in seen:
+            seen[piece] = str(decoder.decode([piece]))
+        return seen[piece]
+
+    return decode
+
+
+def _tokens_of(enc: Any, n: int, type_ids: bool, decode: Callable[[str], str] | None = None) -> list[Token]:
     """The first n (unpadded) tokens of one row of a right-padded batch, from the fast tokenizer's encoding of
     that row (one list per field, not a tensor index per token). type_ids: the model reads token_type_ids, which
-    then number the segments (else the sequence ids do)."""
+    then number the segments (else the sequence ids do). decode: each piece's readable text (piece_decoder)."""
     ids, strings, offsets, special, seq_ids, word_ids = (
         enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask, enc.sequence_ids, enc.word_ids)
     segments = enc.type_ids if type_ids else [s or 0 for s in seq_ids]
@@ -185,5 +212,5 @@ def _tokens_of(enc: Any, n: int, type_ids: bool) -> list[Token]:
             word = words.setdefault((seq_ids[i] or 0, word_ids[i]), len(words))
         start, end = (None, None) if is_special else offsets[i]
         out.append(Token(index=i, text=strings[i], id=ids[i], start=start, end=end, special=is_special, word=word,
-                         segment=segments[i]))
+                         segment=segments[i], decoded=None if decode is None else decode(strings[i])))
     return out

@@ -56,7 +56,7 @@ def test_step_figure_has_every_token_as_text_shaded_by_the_weights(generation: G
     expected = 0.08 + 0.8 * weights / weights.max()
     assert len(shades) == pos + 1 and shades[-1] == 0  # the token written is not attended to: not shaded
     assert max(abs(s - e) for s, e in zip(shades[:-1], expected, strict=True)) <= 0.8 / 65535 + 5e-4
-    caption = " | ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))
+    caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))  # lines wrap at " · "
     assert f"generation view · step 2 writes position {pos} · layer 1 · head 3 · 0-indexed" in caption
     assert re.search(r"verified: every step recomputed with its KV cache .* max error \d\.\de-\d\d", caption), caption
     alternatives = [t.text for t in group(root, "alternatives").iter(f"{NS}text")]
@@ -102,7 +102,7 @@ def test_page_download_buttons(generation: GenerationTrace, tmp_path: Path) -> N
         download = got.value
         assert download.suggested_filename == f"attnscope-generation-step{generation.n_steps - 1}-layer0-headmean.svg"
         root = ET.fromstring(Path(download.path()).read_bytes())
-        caption = " ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))
+        caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))  # lines wrap at " · "
         assert "layer 0 · mean over heads" in caption
         with page.expect_download() as got:
             page.click(".as-export[data-format=png]")

@@ -33,7 +33,8 @@ def drawn_lines(page: Any, n: int) -> tuple[np.ndarray, str]:
         q, k = (int(float(line.get(a, "0")) // 18) for a in ("y1", "y2"))
         drawn[q, k] = float(line.get("stroke-opacity", "0"))
     assert row > 0
-    caption = " | ".join(t.text or "" for g in root.iter(f"{NS}g") if g.get("class") == "caption" for t in g)
+    # the caption's lines (wrapped at their " · " to the figure's width) joined back
+    caption = " · ".join(t.text or "" for g in root.iter(f"{NS}g") if g.get("class") == "caption" for t in g)
     return drawn, caption
 
 

@@ -68,7 +68,7 @@ def test_head_figure_of_cross_attention(open_page: Callable[..., Any], ed_trace:
     kept = weights >= 0.011  # fainter lines (below 0.01 after the 8-bit code) are left out
     assert kept.sum() > weights.size // 2 and np.abs(drawn[kept] - weights[kept]).max() <= weights.max() / 510 + 5e-4
     assert (drawn[weights < 0.009] == 0).all() and kept.sum() <= len(lines) <= weights.size
-    cap = " | ".join(texts(root, "caption"))
+    cap = " · ".join(texts(root, "caption"))  # the caption's lines wrap at their " · "
     assert f"head view · {CROSS} · " in cap and f"{len(target)} target × {len(source)} source tokens" in cap
 
 
@@ -86,12 +86,14 @@ def test_matrix_neuron_and_model_figures_of_cross_attention(open_page: Callable[
     codes = np.rint(ed_trace.cross.weights[2, 1] / ed_trace.cross.weights[2, 1].max() * 255)  # the page's 8 bits
     assert {(int(q), int(k)) for q, k in zip(*np.nonzero(codes >= 2), strict=True)} <= at
     assert all(0 <= q < len(target) and 0 <= k < len(source) for q, k in at)
-    assert f"matrix view · {CROSS} · attention weights · layer 2 · head 1" in " ".join(texts(root, "caption"))
+    assert f"matrix view · {CROSS} · attention weights · layer 2 · head 1" in " · ".join(texts(root, "caption"))
 
     neuron = figure(open_page, ed_trace, "neuron", layer=0, head=1, query=3, neuron="all")
-    shown = texts(neuron, "rows")
-    assert shown[0::2] == [f"{i}: {t}" for i, t in enumerate(source)]  # a bar per source token
-    assert [float(v) for v in shown[1::2]] == pytest.approx(ed_trace.cross.weights[0, 1, 3].tolist(), abs=5e-5)
+    rows = list(group(neuron, "keys").iter(f"{NS}text"))  # per key: its label, q . k, scaled, the weight
+    assert [t.text for t in rows if t.get("class") is None] == [f"{i}: {t}" for i, t in enumerate(source)]
+    weights = [float(t.text or "nan") for t in rows if t.get("class") == "weight"]  # a row per source token
+    assert weights == pytest.approx(ed_trace.cross.weights[0, 1, 3].tolist(), abs=5e-5)
+    assert len(list(group(neuron, "k").iter(f"{NS}rect"))) == ed_trace.cross.arrays["k"].shape[-1]  # d_head cells
 
     model = figure(open_page, ed_trace, "model")
     thumbs = [e for e in model.iter(f"{NS}g") if e.get("class") == "thumb"]
@@ -115,7 +117,7 @@ def test_python_figure_of_one_kind(ed_trace: EncoderDecoderTrace, tmp_path: Any)
 
     out = write_figure(ed_trace, tmp_path / "decoder.svg", "matrix", attention="decoder", layer=2, head=0)
     root = ET.fromstring(out.read_bytes())
-    cap = texts(root, "caption")
-    assert ATTENTION_LABELS["decoder"] in cap[0] and cap[1].endswith(f"· {ed_trace.decoder.n_tokens} tokens")
+    cap = " · ".join(texts(root, "caption"))  # the caption's lines wrap at their " · "
+    assert ATTENTION_LABELS["decoder"] in cap and cap.endswith(f"· {ed_trace.decoder.n_tokens} tokens")
     labels = [f"{i}: {t}" for i, t in enumerate(ed_trace.decoder.token_strings)]
     assert texts(root, "tokens") == [x for label in labels for x in (label, label)]  # square: target x target

@@ -49,6 +49,11 @@ def register(sub: Any) -> None:
                         "picture of the page at --width")
     p.add_argument("--width", type=integer, default=1280, metavar="PX",
                    help="width of a --view all png, 320..7680 (default 1280)")
+    p.add_argument("--no-caption", dest="caption", action="store_false",
+                   help="a figure (svg, png, pdf) without its caption (model, selection, verification badge)")
+    p.add_argument("--raw-tokens", action="store_true",
+                   help="show tokens as the tokenizer spells its pieces, with byte-level marks (GPT-2's 'Ġ' for a "
+                        "space, 'Ċ' for a newline); by default each reads as the tokenizer decodes it")
     p.set_defaults(func=run_view)
 
 
@@ -84,6 +89,9 @@ def output_format(args: argparse.Namespace) -> str:
         raise AttnscopeError(f"a {fmt} figure shows one view: add --view head, model, matrix or neuron")
     if args.scale is not None and fmt != "png":
         raise AttnscopeError(f"--scale sizes a png figure: name the output FILE.png, not {Path(args.output).name!r}")
+    if not args.caption and fmt == "html":
+        raise AttnscopeError("--no-caption is for a figure: name the output FILE.svg, FILE.png or FILE.pdf "
+                             "(a page has no caption)")
     return fmt
 
 
@@ -106,16 +114,17 @@ def run_view(args: argparse.Namespace) -> int:
     show_heads = [args.head] if args.view == "head" and args.head is not None else None
     html = to_html(tr, args.view, layers=layers, heads=heads, layer=args.layer, head=args.head, query=args.token,
                    show_heads=show_heads, theme="light" if figure else args.theme, neuron=neuron,
-                   word_level=args.word_level, attention=args.attention, max_mb=args.max_mb)
+                   word_level=args.word_level, attention=args.attention, max_mb=args.max_mb,
+                   raw_tokens=args.raw_tokens)
     out = Path(args.output)
     if figure:
         from attnscope.views.figures import render_figure
 
-        render_figure(html, out, fmt, scale)
+        render_figure(html, out, fmt, scale, caption=args.caption)
     elif fmt == "png":
         from attnscope.views.browser import render_png
 
-        render_png(html, out, width=args.width)
+        render_png(html, out, width=args.width, caption=args.caption)
     else:
         try:
             out.write_text(html, encoding="utf-8")

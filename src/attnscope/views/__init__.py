@@ -91,6 +91,7 @@ def to_html(
     word_level: bool = False,
     attention: str | None = None,
     max_mb: float | None = MAX_PAGE_MB,
+    raw_tokens: bool = False,
 ) -> str:
     """A self-contained HTML page with one view, or all four as tabs (view="all").
 
@@ -102,6 +103,8 @@ def to_html(
     page's selector switches among the three (layer, head and query then apply to that kind).
     max_mb: refuse (AttnscopeError naming layers and heads) a page that would exceed this many MB, measured
     before it is built (views/size.py; None: no limit).
+    raw_tokens: show tokens as the tokenizer spells its pieces, with byte-level marks ("Ġworld", "Ċ"); by default
+    each reads as the tokenizer decodes it (" world", a newline).
     """
     validate_view(view)
     initial = {"view": view, "layer": layer, "head": head, "query": query, "source": source, "theme": theme,
@@ -112,17 +115,18 @@ def to_html(
             raise AttnscopeError("word_level is not available for an encoder-decoder trace: leave it False")
         texts = (trace.source, trace.decoder.text if trace.target is None else trace.target)
         return family_html(trace.kinds, texts, initial, layers=layers, heads=heads, attention=attention, title=title,
-                           neuron=neuron if wants_neuron else "none", max_mb=max_mb)
+                           neuron=neuron if wants_neuron else "none", max_mb=max_mb, raw_tokens=raw_tokens)
     if attention not in (None, trace.attention):
         raise AttnscopeError(f"attention={attention!r} is for encoder-decoder traces: this trace is {trace.attention} "
                              "attention alone")
     layers, heads = (None if layers is None else list(layers)), (None if heads is None else list(heads))
     validate_page_size(page_size(trace, layers, heads, neuron if wants_neuron else "none", word_level), max_mb)
-    data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial)
+    data = payload(trace, layers, heads, neuron if wants_neuron else "none", initial=initial, raw_tokens=raw_tokens)
     if word_level:
         from attnscope.views.words import word_trace
 
-        data["words"] = payload(word_trace(trace), layers, heads, "none", initial=initial | {"query": None})
+        data["words"] = payload(word_trace(trace), layers, heads, "none", initial=initial | {"query": None},
+                                raw_tokens=raw_tokens)
     return page(data, title or f"attnscope {view} view: {_short(trace.text)}")
 
 
@@ -137,13 +141,14 @@ def family_html(
     title: str | None = None,
     neuron: NeuronChoice = "budget",
     max_mb: float | None = MAX_PAGE_MB,
+    raw_tokens: bool = False,
 ) -> str:
     """One page of some of an encoder-decoder's kinds of attention ("encoder", "decoder", "cross" -> Trace), with
     the selector among them; texts: (source, target) for the header; initial: as to_html's, for the first kind;
-    max_mb: as to_html's, for the kinds together."""
+    max_mb, raw_tokens: as to_html's, max_mb for the kinds together."""
     layers, heads = (None if layers is None else list(layers)), (None if heads is None else list(heads))
     validate_page_size(family_page_size(kinds, layers, heads, neuron), max_mb)
-    data = family_payload(kinds, texts, layers, heads, neuron, initial, attention)
+    data = family_payload(kinds, texts, layers, heads, neuron, initial, attention, raw_tokens)
     return page(data, title or f"attnscope {initial.get('view') or 'all'} view: {_short(texts[0])}")
 
 

@@ -23,8 +23,9 @@ CHROMIUM_ARGS = (
 )
 READY = "#attnscope-root[data-attnscope-ready]"
 # A picture is a figure: the controls, tabs and how-to hints give way to one caption of what is shown
-# (the selected layer and heads, read from the controls before they are hidden); legends and notes stay.
-AS_FIGURE = """() => {
+# (the selected layer and heads, read from the controls before they are hidden; none when `captioned` is false);
+# legends and notes stay.
+AS_FIGURE = """(captioned) => {
   const panel = document.querySelector(".as-panel:not([hidden])") || document;
   const pick = (label) => panel.querySelector(`select[aria-label^="${label}"]`);
   const chips = [...panel.querySelectorAll(".as-chip[aria-pressed=true]")].map((c) => c.dataset.head);
@@ -37,7 +38,7 @@ AS_FIGURE = """() => {
   const caption = document.createElement("p");
   caption.className = "as-figure-caption";
   caption.textContent = parts.length ? `${parts.join(" · ")} (0-indexed)` : "";
-  panel.prepend(caption);
+  if (captioned !== false) panel.prepend(caption);
   document.body.classList.add("as-figure");
 }"""
 
@@ -78,27 +79,29 @@ def chromium() -> Iterator[Any]:
 PNG_WIDTHS = (320, 7680)  # the page's width in CSS pixels: a phone's to an 8K screen's
 
 
-def render_png(document: str, path: str | os.PathLike[str], width: int = 1280, timeout_s: float = 60.0) -> Path:
+def render_png(document: str, path: str | os.PathLike[str], width: int = 1280, timeout_s: float = 60.0,
+               caption: bool = True) -> Path:
     """Open `document` from a file in headless Chromium, wait until the views are drawn, save a full-page PNG.
 
-    width: the page's width in CSS pixels, within PNG_WIDTHS. Runs in its own thread: Playwright's sync API
-    refuses a thread with an asyncio loop (Jupyter) or another Playwright session.
+    width: the page's width in CSS pixels, within PNG_WIDTHS. caption: False leaves out the line saying what is
+    shown. Runs in its own thread: Playwright's sync API refuses a thread with an asyncio loop (Jupyter) or another
+    Playwright session.
     """
     low, high = PNG_WIDTHS
     if not low <= width <= high:
         raise AttnscopeError(f"width {width} is out of range: use {low}..{high} pixels", parameter="width")
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(_render_png, document, Path(path), width, timeout_s).result()
+        return pool.submit(_render_png, document, Path(path), width, timeout_s, caption).result()
 
 
-def _render_png(document: str, out: Path, width: int, timeout_s: float) -> Path:
+def _render_png(document: str, out: Path, width: int, timeout_s: float, caption: bool) -> Path:
     with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
         page_file = Path(tmp) / "view.html"
         page_file.write_text(document, encoding="utf-8")
         page = browser.new_page(viewport={"width": width, "height": 900})
         page.goto(page_file.as_uri())
         page.wait_for_selector(READY, state="attached", timeout=timeout_s * 1000)
-        page.evaluate(AS_FIGURE)
+        page.evaluate(AS_FIGURE, caption)
         try:
             page.screenshot(path=str(out), full_page=True)
         except OSError as exc:

@@ -6,12 +6,18 @@ that `attnscope.figureSVG` returns is written as it is, or rasterised (`figurePN
 
     figure(trace, "out.svg", view="head", layer=2, heads=[7])  -> Path
     figure(ed_trace, "cross.svg", view="matrix", attention="cross")   an encoder-decoder's kind: target x source
+    figure(trace, "m.pdf", view="matrix", caption=False)               the figure alone, for a caption of your own
+
+Every figure is cut to what it draws (the SVG's viewBox is the drawn content's box plus a small margin, as
+the browser lays it out), heatmaps carry a colour bar with their scale, and a PDF is one page of the
+figure's size.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -59,12 +65,16 @@ def figure(
     query: int | None = None,
     source: str | None = None,
     attention: str | None = None,
+    caption: bool = True,
+    raw_tokens: bool = False,
 ) -> Path:
     """Write one view of `trace` as a figure (svg, png or pdf, from fmt or the file's suffix) and return its path.
 
     layer, head, show_heads (heads drawn in the head view), query, source: the selection shown, 0-indexed.
     scale: PNG pixels per SVG pixel. attention: an encoder-decoder trace's kind shown, "encoder" (default),
-    "decoder" or "cross" (rows the target tokens, columns the source tokens).
+    "decoder" or "cross" (rows the target tokens, columns the source tokens). caption: False leaves out the
+    caption (model, selection, verification badge). raw_tokens: tokens as the tokenizer spells its pieces ("Ġworld")
+    rather than as they read (" world").
     """
     from attnscope.views import to_html
 
@@ -72,20 +82,22 @@ def figure(
     validate_figure(view, scale)
     document = to_html(trace, view, layers=layers, heads=heads, layer=layer, head=head, show_heads=show_heads,
                        query=query, source=source, theme="light", neuron="all" if view == "neuron" else "none",
-                       attention=attention)
-    return render_figure(document, Path(path), kind, scale)
+                       attention=attention, raw_tokens=raw_tokens)
+    return render_figure(document, Path(path), kind, scale, caption=caption)
 
 
 def render_figure(document: str, out: Path, kind: str, scale: float = 2.0, timeout_s: float = 60.0,
-                  root: str = "attnscope-root") -> Path:
+                  root: str = "attnscope-root", caption: bool = True) -> Path:
     """Open a one-view page in headless Chromium and write its figure (in a thread of its own, as render_png).
 
-    root: the id of the element the page draws into (the generation page's is "attnscope-generation-root")."""
+    root: the id of the element the page draws into (the generation page's is "attnscope-generation-root").
+    caption: False draws the figure without its caption."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(_render_figure, document, out, kind, scale, timeout_s, root).result()
+        return pool.submit(_render_figure, document, out, kind, scale, timeout_s, root, caption).result()
 
 
-def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s: float, root_id: str) -> Path:
+def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s: float, root_id: str,
+                   caption: bool) -> Path:
     from attnscope.views.browser import chromium
 
     with tempfile.TemporaryDirectory(prefix="attnscope-") as tmp, chromium() as browser:
@@ -95,11 +107,12 @@ def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s:
         page.goto(page_file.as_uri())
         page.wait_for_selector(f"#{root_id}[data-attnscope-ready]", state="attached", timeout=timeout_s * 1000)
         root = f"document.getElementById('{root_id}')"
+        options = {"caption": caption}
         if kind == "png":
-            url = page.evaluate(f"(s) => window.attnscope.figurePNG({root}, s)", scale)
+            url = page.evaluate(f"([s, o]) => window.attnscope.figurePNG({root}, s, null, o)", [scale, options])
             data = base64.b64decode(url.split(",", 1)[1])
         else:
-            svg = page.evaluate(f"() => window.attnscope.figureSVG({root})")
+            svg = page.evaluate(f"(o) => window.attnscope.figureSVG({root}, null, o)", options)
             data = svg.encode("utf-8") if kind == "svg" else _pdf(browser, svg)
         try:
             out.write_bytes(data)
@@ -109,13 +122,15 @@ def _render_figure(document: str, out: Path, kind: str, scale: float, timeout_s:
 
 
 def _pdf(browser: Any, svg: str) -> bytes:
-    """Chromium prints the SVG on one page of its own size: vector text and lines stay vectors."""
-    import re
+    """Chromium prints the SVG on one page of its own size: vector text and lines stay vectors.
 
+    The SVG is a block (inline, it sat on a text line whose descent spilled a blank second page) on a page of
+    exactly its size with no margin."""
     size = re.search(r'width="(\d+)" height="(\d+)"', svg)
     width, height = (int(size.group(1)), int(size.group(2))) if size else (800, 600)
     page = browser.new_page()
-    page.set_content("<!doctype html><html><head><style>@page{margin:0}html,body{margin:0}</style></head>"
+    page.set_content(f"<!doctype html><html><head><style>@page{{size:{width}px {height}px;margin:0}}"
+                     "html,body{margin:0;padding:0}svg{display:block}</style></head>"
                      f"<body>{svg.split('?>', 1)[-1]}</body></html>")
-    pdf: bytes = page.pdf(width=f"{width}px", height=f"{height + 1}px", print_background=True)
+    pdf: bytes = page.pdf(width=f"{width}px", height=f"{height}px", print_background=True)
     return pdf

@@ -22,7 +22,8 @@ from attnscope.views.page import _asset, _csp, json_for_script
 if TYPE_CHECKING:
     from attnscope.records.generation import GeneratedToken, GenerationTrace
 
-SCRIPTS = ("data.js", "generation.js", "export.js")  # export.js: the SVG/PNG download of the step shown
+# figure.js and export.js: the SVG/PNG download of the step shown
+SCRIPTS = ("data.js", "generation.js", "figure.js", "export.js")
 BOOT = "\nwindow.attnscope.bootGeneration();\n"
 SOURCES = ("weights", "rollout")
 LEVELS = 65535  # weights travel as uint16: w * 65535, rounded (exact to 8e-6)
@@ -132,10 +133,11 @@ def generation_page(g: GenerationTrace) -> Any:
 
 def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step: int | None = None,
                       layer: int | None = None, head: int | None = None, source: str = "weights",
-                      fmt: str | None = None, scale: float = 2.0) -> Path:
+                      fmt: str | None = None, scale: float = 2.0, caption: bool = True) -> Path:
     """One step of the generation view as a figure (svg, png or pdf, from fmt or the file's suffix): the text so
     far shaded by the step's attention (layer, head or None for the mean over heads, 0-indexed; step default
-    the last), the top alternatives, and the model, step, layer, head and verification badge in the caption."""
+    the last), the top alternatives, and the model, step, layer, head and verification badge in the caption
+    (caption=False: none)."""
     from attnscope.views.figures import MAX_SCALE, figure_format, render_figure
 
     kind = figure_format(path, fmt)
@@ -144,4 +146,4 @@ def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step:
     if not g.n_steps:
         raise AttnscopeError("this generation has no steps to draw: generate at least one token (max_new_tokens)")
     document = generation_html(g, initial_state(g, step, layer, head, source))
-    return render_figure(document, Path(path), kind, scale, root="attnscope-generation-root")
+    return render_figure(document, Path(path), kind, scale, root="attnscope-generation-root", caption=caption)

@@ -66,11 +66,12 @@ def family_payload(
     neuron: NeuronChoice = "budget",
     initial: dict[str, Any] | None = None,
     attention: str | None = None,
+    raw_tokens: bool = False,
 ) -> dict[str, Any]:
     """The payload of the kind drawn first, carrying every kind's payload under "kinds" (itself as null).
 
     texts: (source, target) shown in the page's header. layers, heads apply to each kind (0-indexed);
-    the neuron budget is shared among the kinds.
+    the neuron budget is shared among the kinds. raw_tokens: as payload's.
     """
     first = validate_kinds(kinds, attention)
     given = dict(initial or {})
@@ -78,7 +79,8 @@ def family_payload(
     out: dict[str, dict[str, Any]] = {}
     for kind, trace in kinds.items():
         start = given if kind == first else _carried(given, trace, layers, heads)
-        data = payload(trace, layers, heads, neuron, initial=start, budget=NEURON_BUDGET // len(kinds))
+        data = payload(trace, layers, heads, neuron, initial=start, budget=NEURON_BUDGET // len(kinds),
+                       raw_tokens=raw_tokens)
         out[kind] = data | {"attention": kind, "attention_label": ATTENTION_LABELS[kind], "text": texts[0],
                             "pair": texts[1]}
     top = out[first]

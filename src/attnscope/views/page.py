@@ -16,7 +16,7 @@ from typing import Any
 
 # Concatenated in this order: data decoding first, the app shell (which uses every view) last.
 SCRIPTS = ("data.js", "lazy.js", "controls.js", "head.js", "tiles.js", "matrix.js", "model.js", "neuron.js",
-           "selection.js", "export.js", "app.js")
+           "selection.js", "figure.js", "export.js", "neuron-figure.js", "app.js")
 STYLES = ("attnscope.css",)
 BOOT = "\nwindow.attnscope.boot();\n"
 

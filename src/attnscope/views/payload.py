@@ -22,6 +22,7 @@ from attnscope.stages import ARRAY_AXES, SOURCE_LABELS, SOURCES
 
 if TYPE_CHECKING:
     from attnscope.records.trace import Trace
+    from attnscope.tokens import Token
 
 FORMAT = "attnscope.views/1"
 VIEWS = ("head", "model", "neuron", "matrix", "all")
@@ -199,13 +200,15 @@ def payload(
     compress: bool = True,
     initial: dict[str, Any] | None = None,
     budget: int = NEURON_BUDGET,
+    raw_tokens: bool = False,
 ) -> dict[str, Any]:
     """A JSON-serialisable description of a trace that `window.attnscope.render` draws.
 
     layers, heads: which to carry (0-indexed; None = all). neuron: exact float32 data for the
     neuron view, "budget" (NEURON_BUDGET bytes, the initial layer first), "all", "none" or a
     list of (layer, head). initial: the page's starting state (view, layer, head, heads,
-    query, source, theme), validated here.
+    query, source, theme), validated here. raw_tokens: show each token as the tokenizer spells it ("Ġworld")
+    rather than as it reads (" world", the tokenizer's decoding of the piece).
     """
     sel = select(trace, layers, heads)
     start = initial_state(trace, sel, initial or {})
@@ -213,13 +216,14 @@ def payload(
     if start["source"] is not None and start["source"] not in names:
         raise AttnscopeError(f"source {start['source']!r} is not in this trace: it has {', '.join(names)}")
     pairs = neuron_pairs(trace, sel, neuron, (start["layer"], start["head"]), budget)
-    return key_token_fields(trace) | {
+    return key_token_fields(trace, raw_tokens) | {
         "format": FORMAT,
         "model": _model_info(trace),
         "text": trace.text,
         "pair": trace.pair,
         "truncated": bool(trace.truncated),
-        "tokens": [t.text for t in trace.tokens],
+        "tokens": token_texts(trace.tokens, raw_tokens),
+        "raw_tokens": raw_tokens,
         "segments": [int(t.segment) for t in trace.tokens],
         "special": [bool(t.special) for t in trace.tokens],
         "causal": trace.causal and trace.key_tokens is None,  # cross-attention sees every source token
@@ -234,11 +238,17 @@ def payload(
     }
 
 
-def key_token_fields(trace: Trace) -> dict[str, Any]:
+def token_texts(tokens: Sequence[Token], raw: bool = False) -> list[str]:
+    """Each token as the views show it: as it reads (the tokenizer's decoding, Token.shown), or raw, as the
+    tokenizer spells the piece (byte-level marks such as "Ġ" for a space and "Ċ" for a newline)."""
+    return [t.text if raw else t.shown for t in tokens]
+
+
+def key_token_fields(trace: Trace, raw_tokens: bool = False) -> dict[str, Any]:
     """Which attention this is, and for cross-attention the source tokens its keys run over (else the tokens)."""
     fields: dict[str, Any] = {"attention": trace.attention}
     if trace.key_tokens is not None:
-        fields |= {"key_tokens": [t.text for t in trace.key_tokens],
+        fields |= {"key_tokens": token_texts(trace.key_tokens, raw_tokens),
                    "key_special": [bool(t.special) for t in trace.key_tokens],
                    "key_segments": [int(t.segment) for t in trace.key_tokens]}
     return fields

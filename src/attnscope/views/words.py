@@ -33,9 +33,11 @@ def word_groups(trace: Trace) -> list[list[int]]:
 def _word_token(trace: Trace, unit: int, pieces: list[int]) -> Token:
     first, last = trace.tokens[pieces[0]], trace.tokens[pieces[-1]]
     text = trace.text if first.segment == 0 else (trace.pair or "")
-    shown = first.text if len(pieces) == 1 or first.start is None or last.end is None else text[first.start:last.end]
+    alone = len(pieces) == 1 or first.start is None or last.end is None
+    # a span of the text reads as it is; a piece alone keeps the tokenizer's decoding of it
+    shown, decoded = (first.text, first.decoded) if alone else (text[first.start:last.end], None)
     return Token(index=unit, text=shown, id=first.id, start=first.start, end=last.end, special=first.special,
-                 word=first.word, segment=first.segment)
+                 word=first.word, segment=first.segment, decoded=decoded)
 
 
 def merge(maps: np.ndarray, groups: list[list[int]]) -> np.ndarray:

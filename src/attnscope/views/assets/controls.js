@@ -141,7 +141,7 @@
     }
     return model.keyInfo;
   };
-  A.keyLabel = (model, j) => `${j}: ${A.keys(model).tokens[j]}`;
+  A.keyLabel = (model, j) => `${j}: ${A.oneLine(A.keys(model).tokens[j])}`;
 
   // An encoder-decoder page: kind -> payload for the encoder, decoder and cross-attention (views/kinds.py), kept
   // on the element so that the payload drawn now, whichever kind it is, finds the others; null on other pages.

@@ -272,7 +272,10 @@
     return node;
   };
 
-  A.tokenLabel = (model, i) => `${i}: ${model.tokens[i]}`;
+  // A token on one line: a newline, tab or carriage return in its text (the tokenizer's decoding of "Ċ" is "\n")
+  // drawn as a visible mark, so that a label never breaks or loses it.
+  A.oneLine = (s) => String(s).replace(/\r\n|\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+  A.tokenLabel = (model, i) => `${i}: ${A.oneLine(model.tokens[i])}`;
 
   // A canvas sized in CSS pixels and drawn at the screen's pixel density.
   A.canvas = function (width, height, cls) {

@@ -43,7 +43,7 @@
       el("p", { class: "as-fx-note", text: "rows: layers, columns: heads, all 0-indexed; blue below zero, orange " +
         "above; click a cell to open that head in the views below" }),
       ...blocks]));
-    element.attnscopeFigure = () => A.effectsSVG(data); // what attnscope.figureSVG(element) returns
+    element.attnscopeFigure = (options) => A.effectsSVG(data, options); // what attnscope.figureSVG(element) returns
     element.dataset.attnscopeReady = "1";
   };
 

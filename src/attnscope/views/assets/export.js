@@ -1,27 +1,19 @@
 /* attnscope views: figures. The view on screen as a standalone SVG (tokens as <text>, attention as <line> and
-   <rect>, a light print theme, a caption with the model, layer, head and verification badge), and PNG at a
-   chosen scale drawn from that SVG. The page's download buttons and `attnscope view -o fig.svg` share it. */
+   <rect>, a light print theme, a caption with the model, layer, head and verification badge, colour bars on the
+   heatmaps), and PNG at a chosen scale drawn from that SVG. The page's download buttons and `attnscope view -o
+   fig.svg` share it; figure.js is the frame (caption, tight box, colour bars), neuron-figure.js the neuron view. */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
-  const FONT = "system-ui, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif"; // generic: no font to embed
+  const F = A.fig; // figure.js
+  const { esc, num, text, width, blank, fields, svg, MUTED } = F;
   const ROW = 18; // px per token row in the head and neuron figures
   const MIN_OPACITY = 0.01; // head-view lines fainter than this are left out (the caption says so)
   const THUMB = 32; // model-view thumbnails: at most 32 x 32 max-pooled cells
-  const FG = "#111111";
-  // the SVG namespace is a name, not an address: derived from the page's own so that the page spells no URL
-  const SVG_NS = () => document.documentElement.namespaceURI.replace("1999/xhtml", "2000/svg");
-  const MUTED = "#555555";
   const FIG_CELLS = 256; // a matrix figure has at most this many cells a side: beyond, blocks are max-pooled
   const FIG_LABELS = 160; // up to this many rows carry token labels, more carry index ticks
   const FIG_LINES = 12000; // a head figure draws at most this many lines, the strongest (the caption says so)
 
-  // XML text: markup characters escaped, characters XML 1.0 cannot carry shown as U+FFFD.
-  const esc = (s) => String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`)
-    .replace(/[\u0000-\u0008\u000b\u000c\u000e-\u001f\ufffe\uffff]/g, "\ufffd");
-  const num = (v) => (Math.round(v * 100) / 100).toString();
-  const text = (x, y, s, extra) => `<text x="${num(x)}" y="${num(y)}"${extra || ""}>${esc(s)}</text>`;
-  const width = (s, size) => String(s).length * size * 0.6; // generous estimate: no layout engine in an SVG
 
   function colour(value) {
     const lut = A.lut("light");
@@ -38,9 +30,6 @@
     return A.describeCheck(model, layer, heads).text;
   }
 
-  // A caption line: its non-blank fields joined by " · " (a missing or empty field is left out, never shown empty).
-  const blank = (s) => s === null || s === undefined || String(s).trim() === "";
-  const fields = (...parts) => parts.filter((s) => !blank(s)).join(" · ");
 
   // An encoder-decoder page's kind of attention is named first (cross: rows target tokens, columns source tokens);
   // a self-attention page has no kind (an empty attention_label), left out.
@@ -51,27 +40,13 @@
     return [what, fields(badge(model, layer, heads), n)];
   }
 
-  // The whole document: white background, caption lines on top, the body translated below them.
-  function svg(body, w, h, given) {
-    const lines = given.filter((l) => !blank(l)); // no empty caption line (a generation step with no badge)
-    const top = 14 + lines.length * 18;
-    const W = Math.ceil(Math.max(w, ...lines.map((l) => width(l, 13))) + 24);
-    const H = Math.ceil(h + top + 12);
-    const cap = lines.map((l, i) => text(12, 22 + i * 18, l, i ? ` fill="${MUTED}"` : ' font-weight="600"')).join("");
-    // \x3c opens the root tag: the page holds no literal markup (its tests look for injected tags)
-    return `<?xml version="1.0" encoding="UTF-8"?>\n\x3csvg xmlns="${SVG_NS()}" version="1.1" ` +
-      `width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="${esc(FONT)}" font-size="12" fill="${FG}">\n` +
-      `<rect width="100%" height="100%" fill="#ffffff"/>\n<g class="caption" font-size="13">${cap}</g>\n` +
-      `<g class="body" transform="translate(12 ${top})">\n${body}\n</g>\n</svg>\n`;
-  }
-
   const clip = (t) => (t.length > 24 ? t.slice(0, 23) + "…" : t);
   const tokenText = (model, i) => clip(A.tokenLabel(model, i));
   const keyText = (model, j) => clip(A.keyLabel(model, j)); // a cross map's keys are the source tokens (A.keys)
   const widest = (model, size) => Math.max(...model.tokens.map((t, i) => width(tokenText(model, i), size)),
                                            ...A.keys(model).tokens.map((t, j) => width(keyText(model, j), size)));
 
-  function headFigure(model, state) {
+  function headFigure(model, state, zoomed, options) {
     const src = A.headSource ? A.headSource(model, state) : model.sources.get(state.source);
     const layer = src.perLayer ? state.layer : null;
     const heads = src.perHead ? state.heads.filter((h) => model.heads.includes(h)) : [null];
@@ -114,7 +89,7 @@
       total > FIG_LINES ? `the ${FIG_LINES.toLocaleString("en")} strongest of ${total.toLocaleString("en")} lines ` +
         `drawn (below ${MIN_OPACITY} left out)` : `lines below ${MIN_OPACITY} left out`];
     const verified = src.selected ? src.selected(layer) : heads; // the badge of the heads behind the lines
-    return svg(body, 2 * colW + span, Math.max(n, nk) * ROW, caption(model, "head", parts, layer, verified));
+    return svg(body, 2 * colW + span, Math.max(n, nk) * ROW, caption(model, "head", parts, layer, verified), options);
   }
 
   function cells(src, layer, head, px, x0, y0, top) {
@@ -177,7 +152,7 @@
   }
 
   // The map, or the part of it the matrix view is zoomed to (root.attnscopeMatrix): at most FIG_CELLS blocks a side.
-  function matrixFigure(model, state, zoomed) {
+  function matrixFigure(model, state, zoomed, options) {
     const src = model.sources.get(state.source) || model.sources.values().next().value;
     const layer = src.perLayer ? state.layer : null;
     const head = src.perHead ? state.head : null;
@@ -189,7 +164,9 @@
     const top = mapTop(src, state, layer, head);
     const body = [`<g class="cells">${windowCells(src, layer, head, w, f, cell, label, top)}</g>`,
       `<rect x="${num(label)}" y="${num(label)}" width="${num(cols * cell)}" height="${num(rows * cell)}" fill="none" ` +
-      `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">${axisLabels(model, w, f, cell, label)}</g>`];
+      `stroke="${MUTED}" stroke-width="0.5"/>`, `<g class="tokens" font-size="11">${axisLabels(model, w, f, cell, label)}</g>`,
+      F.colourBar(label + cols * cell + 16, label, Math.max(rows * cell, 96), colour,
+                  [top, 0, top === 1 ? "1" : `${A.fmt(top)} (max)`], src.label)];
     if (model.causal && src.nq === src.nk) body.push(`<text x="${num(label)}" y="${num(label + rows * cell + 16)}" fill="${MUTED}">` +
       "white above the diagonal: a causal query never sees later keys</text>");
     const whole = w.q0 === 0 && w.k0 === 0 && w.q1 === src.nq && w.k1 === src.nk;
@@ -197,11 +174,11 @@
       whole ? null : `queries ${w.q0}–${w.q1 - 1}, keys ${w.k0}–${w.k1 - 1} (as zoomed)`,
       f > 1 ? `each cell the max of ${f} × ${f} (max-pooled)` : null,
       `colour: 0 (white) to ${top === 1 ? "1" : A.fmt(top) + " (this map's max)"}`];
-    return svg(body.join("\n"), label + cols * cell, label + rows * cell + 20,
-               caption(model, "matrix", parts, layer, head === null ? [] : [head]));
+    return svg(body.join("\n"), label + cols * cell + 80, label + Math.max(rows * cell, 96) + 20,
+               caption(model, "matrix", parts, layer, head === null ? [] : [head]), options);
   }
 
-  function modelFigure(model, state) {
+  function modelFigure(model, state, zoomed, options) {
     const src = model.sources.get(state.source) || model.sources.values().next().value;
     const layers = src.perLayer ? model.layers : [null];
     const heads = src.perHead ? model.heads : [null];
@@ -221,45 +198,25 @@
         `${cells(src, l, h, px, x, y, top)}<rect x="${x}" y="${y}" width="${px}" height="${px}" ` +
         `fill="none" stroke="${MUTED}" stroke-width="0.5"/></g>`);
     }));
+    const unit = src.range === "unit" && state.scale === "unit"; // as mapTop: absolute, else each map's max
+    body.push(F.colourBar(left + heads.length * (px + gap) + 10, 18, Math.min(layers.length * (px + gap) - gap, 192),
+                          colour, unit ? [1, 0] : [1, 0, "each map's max"], src.label));
     const [rq, rk] = [Math.min(src.nq, THUMB), Math.min(src.nk, THUMB)];
     const parts = [src.label, `${layers.length} layers × ${heads.length} heads`,
       rq < src.nq || rk < src.nk ? `each map max-pooled to ${rq} × ${rk}` : null];
-    return svg(body.join("\n"), left + heads.length * (px + gap), 18 + layers.length * (px + gap),
-               caption(model, "model", parts, null, []));
+    return svg(body.join("\n"), left + heads.length * (px + gap) + 80, 18 + layers.length * (px + gap),
+               caption(model, "model", parts, null, []), options);
   }
 
-  // One query's row of one head: every key with its weight as a bar and a number (exact when carried).
-  function neuronFigure(model, state) {
-    const src = model.sources.get("weights") || model.sources.values().next().value;
-    const layer = state.layer;
-    const head = state.head;
-    const query = state.query ?? 0;
-    const exact = model.readyBlock(layer, head);
-    const n = A.keys(model).n; // the keys (cross-attention: the source tokens)
-    const weight = (k) => (exact ? exact.weights[query * n + k] : src.value(layer, head, query, k));
-    const label = widest(model, 12) + 8;
-    const bar = 220;
-    const rows = ['<g class="rows">'];
-    for (let k = 0; k < n; k++) {
-      const y = k * ROW;
-      const w = weight(k);
-      rows.push(text(label - 4, y + 13, keyText(model, k), ' text-anchor="end"'));
-      rows.push(`<rect x="${num(label)}" y="${y + 3}" width="${num(Math.max(0, w) * bar)}" height="${ROW - 6}" ` +
-                `fill="${colour(0.6)}"/>`);
-      rows.push(text(label + bar + 6, y + 13, `${exact ? "" : "≈ "}${A.fmt(w)}`, ' font-family="ui-monospace, monospace"'));
-    }
-    rows.push("</g>");
-    const parts = [`layer ${layer}`, `head ${head}`, `query ${A.tokenLabel(model, query)}`,
-      exact ? "softmax weights (exact float32)" : "softmax weights (8-bit approximation)"];
-    return svg(rows.join("\n"), label + bar + 80, n * ROW, caption(model, "neuron", parts, layer, [head]));
-  }
-
-  const FIGURES = { head: headFigure, matrix: matrixFigure, model: modelFigure, neuron: neuronFigure };
+  // The views drawn as figures; neuron-figure.js adds the neuron view's (A.figureMakers.neuron).
+  const FIGURES = (A.figureMakers = { head: headFigure, matrix: matrixFigure, model: modelFigure });
   A.figureViews = Object.keys(FIGURES);
+  // What neuron-figure.js draws with: the caption of a view's figure, its token labels, the print colours.
+  Object.assign(F, { caption: caption, tokenText: tokenText, keyText: keyText, widest: widest, colour: colour, ROW: ROW });
 
   // The generation view at one step (assets/generation.js gathers `fig`): the text so far, each token a <text> on a
   // <rect> shaded by the step's query's attention to it, the token written outlined, and the top alternatives.
-  A.generationSVG = function (fig) {
+  A.generationSVG = function (fig, options) {
     const [maxW, lineH] = [760, 26];
     const top = fig.row ? Math.max(...fig.row, 1e-12) : 0;
     const out = ['<g class="tokens" font-family="ui-monospace, monospace" font-size="13" xml:space="preserve">'];
@@ -289,17 +246,19 @@
         `fill="${a.token === fig.token ? "#e6550d" : "#9ecae1"}"/>`, text(318, yy + 11, a.probability.toFixed(4)));
     });
     bars.push("</g>");
-    return svg(out.join("\n") + "\n" + bars.join("\n"), maxW, y0 + 14 + fig.alternatives.length * 18, fig.caption);
+    return svg(out.join("\n") + "\n" + bars.join("\n"), maxW, y0 + 14 + fig.alternatives.length * 18, fig.caption,
+               options);
   };
 
-  // figureSVG(root, view?) -> the SVG text of the view shown in `root` (or of `view`), with the current selection.
-  A.figureSVG = function (root, view) {
-    if (root.attnscopeFigure) return root.attnscopeFigure(); // a page with one figure of its own (generation)
+  // figureSVG(root, view?, options?) -> the SVG text of the view shown in `root` (or of `view`), with the current
+  // selection. options.caption: false leaves the caption out (default: the caption is drawn).
+  A.figureSVG = function (root, view, options) {
+    if (root.attnscopeFigure) return root.attnscopeFigure(options); // a page with one figure of its own (generation)
     const shown = root.attnscopeShown;
     if (!shown) throw new Error("no attnscope views drawn in this element");
     const name = view || shown.view();
     if (!FIGURES[name]) throw new Error(`no figure for the ${name} view: choose one of ${A.figureViews.join(", ")}`);
-    return FIGURES[name](shown.model, shown.state(), name === "matrix" ? root.attnscopeMatrix : null);
+    return FIGURES[name](shown.model, shown.state(), name === "matrix" ? root.attnscopeMatrix : null, options);
   };
 
   // figureReady(root, view?) -> Promise: on a lazily sent trace (the web app on a long text), the maps the head or
@@ -316,9 +275,9 @@
     await Promise.all(heads.map((h) => src.load(src.perLayer ? state.layer : null, h)));
   };
 
-  // figurePNG(root, scale, view?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.
-  A.figurePNG = async function (root, scale, view) {
-    return A.svgToPNG(A.figureSVG(root, view), scale);
+  // figurePNG(root, scale, view?, options?) -> a PNG data: URL of the same figure, `scale` device pixels per SVG pixel.
+  A.figurePNG = async function (root, scale, view, options) {
+    return A.svgToPNG(A.figureSVG(root, view, options), scale);
   };
 
   // SVG text -> a PNG data: URL, `scale` device pixels per SVG pixel.
@@ -337,7 +296,7 @@
 
   // The effect grids of an intervention (views/effects.py's payload): one layer x head heatmap per grid, each
   // cell coloured as on the page (blue below zero, orange above) with its value as text; NaN hatched grey.
-  A.effectsSVG = function (data) {
+  A.effectsSVG = function (data, options) {
     const cellW = 58;
     const cellH = 20;
     const body = [];
@@ -349,6 +308,7 @@
       body.push(`<g class="grid" data-name="${esc(g.name)}">`, text(0, y + 14, `${g.label} (${g.name})`,
                                                                        ' font-weight="600"'));
       y += 22;
+      const bar = F.divergingBar(56 + nHeads * cellW + 14, y + cellH + 14, 120, top, "colour: the value");
       for (let h = 0; h < nHeads; h++) body.push(text(56 + h * cellW + cellW / 2, y + 14, `head ${h}`, ' text-anchor="middle"'));
       y += cellH;
       g.values.forEach((row, layer) => {
@@ -362,12 +322,12 @@
         });
         y += cellH;
       });
-      body.push("</g>");
+      body.push("</g>", bar); // the grid's colour bar after it: the grid's texts are its labels and values
       y += 12;
     }
     const widest = Math.max(0, ...data.grids.map((g) => (g.values.length ? g.values[0].length : 0)));
     const lines = [`${data.title} · layers × heads, 0-indexed`, "blue below zero, orange above; NaN grey"];
-    return svg(body.join("\n"), 56 + widest * cellW, y, lines);
+    return svg(body.join("\n"), 56 + widest * cellW + 150, y, lines, options);
   };
 
   function save(url, name) {

@@ -77,7 +77,7 @@
       text, el("div", { class: "as-gen-row" }, [bars, grid])]));
 
     // The step shown as a standalone SVG (assets/export.js), with its model, step, layer, head and badge as caption.
-    function figure() {
+    function figure(options) {
       const s = steps[Math.min(state.step, steps.length - 1)];
       const who = state.source === "rollout" ? `attention rollout, layer ${state.layer}`
         : `layer ${state.layer} · ${state.head === "mean" ? "mean over heads" : `head ${state.head}`}`;
@@ -87,7 +87,7 @@
         caption: [`${model.name || "model"} · generation view · step ${s.step} writes position ${s.position} · ${who}` +
           " · 0-indexed", badge.textContent, `shade: the attention of position ${s.keys - 1} (the step's query) to ` +
           `each earlier token · ${s.keys} tokens`],
-      });
+      }, options);
     }
 
     function exportButtons() {
