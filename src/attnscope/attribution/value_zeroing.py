@@ -97,7 +97,7 @@ class LayerCall:
         if self.args:
             rest = (None if isinstance(a, Cache) else a for a in self.args[1:])
             return (self.args[0].expand(rows, -1, -1), *rest), kwargs
-        return self.args, {**kwargs, "hidden_states": kwargs["hidden_states"].expand(rows, -1, -1)}
+        return self.args, {**kwargs, "hidden_states": self.kwargs["hidden_states"].expand(rows, -1, -1)}
 
 
 def value_zeroing(m: Model, inputs: dict[str, torch.Tensor], max_batch_tokens: int = MAX_BATCH_TOKENS) -> LayerMixing:
