@@ -87,3 +87,53 @@ def test_stateful_trace_with_flow_then_explain(api_schema: Any) -> None:
     flowed = {text for path, status, text in steps if path == "/api/trace" and status == 200}
     followed = [s for s in steps if s[0] in ("/api/explain", "/api/neuron") and s[2] in flowed and s[1] == 200]
     assert followed, steps[:20]
+
+
+# Numbers a careless or hostile client writes: digits that str.isdigit accepts and int() refuses (or reads), floats
+# at the ends of float64 (subnormal, overflow, a signed zero) and NaN or infinity spelled as strings or huge ints.
+ODD_NUMBERS: list[Any] = ["²", "٣", "1²", "٣.٣", "cross:².0", "².٣", 1e-300, 5e-324, 1e308, -1e308, -0.0, "nan",
+                          "NaN", "-inf", "1e-300", "-0.0", 2**64, -(2**63)]
+BASE_BODIES = {"/api/trace": {"text": "odd numbers"}, "/api/explain": {"text": "odd numbers"},
+               "/api/neuron": {"text": "odd numbers"}, "/api/generate": {"prompt": "odd numbers"},
+               "/api/ablate": {"text": "odd numbers", "heads": "0.0"},
+               "/api/patch": {"clean": "odd numbers", "corrupt": "odd letters"}}
+
+
+def _validated(case: Any) -> Any:
+    """The response, checked against the document (status, content type, schema), never a 5xx."""
+    response = case.call()
+    assert response.status_code < 500, (case.path, case.body, case.query, response.text[:300])
+    case.validate_response(response, excluded_checks=[positive_data_acceptance])
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert isinstance(error, str) and "\n" not in error
+    return response
+
+
+@pytest.mark.parametrize("path", sorted(BASE_BODIES))
+def test_odd_numbers_in_every_body_field(api_schema: Any, path: str) -> None:
+    """Each field of each body, one at a time, set to each odd number: a 4xx naming the field, or an answer."""
+    operation = api_schema[path]["POST"]
+    fields = operation.definition.raw["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    refused = 0
+    for name in fields:
+        for value in ODD_NUMBERS:
+            response = _validated(operation.Case(body={**BASE_BODIES[path], name: value},
+                                                      media_type="application/json"))
+            refused += response.status_code == 422
+    assert refused > len(fields) * len(ODD_NUMBERS) // 2  # most are refused; some are valid (a text "²")
+
+
+def test_odd_numbers_in_the_map_query(api_schema: Any, server: Server) -> None:
+    import httpx
+
+    traced = httpx.post(server.url + "api/trace", json={"text": "Odd numbers, lazily.", "stages": [],
+                                                        "payload": True, "maps": "lazy"}, timeout=60)
+    trace_id = traced.json()["payload"]["maps"]["trace"]
+    operation = api_schema["/api/trace/{id}/map"]["GET"]
+    for name in ("source", "layer", "head", "precision", "level"):
+        for value in ODD_NUMBERS:
+            query = {"layer": "0", name: str(value)}
+            response = _validated(operation.Case(path_parameters={"id": trace_id}, query=query))
+            if name in ("layer", "head") and not str(value).isascii():
+                assert response.status_code == 422 and "must be a whole number" in response.json()["error"]

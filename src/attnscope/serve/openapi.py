@@ -143,8 +143,15 @@ _GENERATED = _obj(["event"], event={"type": "string", "enum": ["start", "token",
                                     "per step as it is chosen (token, probability, alternatives); then done (the "
                                     "generation view's payload, verified) or error (one line)"},
                   error={"type": "string"})
-_EFFECTS = _obj([], model={"type": "object"}, effects={"type": "object"},
-                tokens={"type": "array", "items": _TOKEN})
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_EFFECTS = _obj(["model", "kind"], model={"type": "string", "description": "the model's name"},
+                kind={"type": "string", "description": "encoder, masked-lm, causal-lm or seq2seq-lm"},
+                tokens=_STRINGS, clean_tokens=_STRINGS, corrupt_tokens=_STRINGS,
+                heads={"type": "array", "items": {"type": "array"},
+                       "description": "[layer, head], or [kind, layer, head] on encoder-decoders, 0-indexed"},
+                attention={"type": "string", "nullable": True},
+                grid={"type": "object", "nullable": True, "description": "measure -> [layer][head]"},
+                effects={"type": "object", "nullable": True, "description": "the heatmap payload of the grids"})
 
 
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
