@@ -57,12 +57,13 @@ class LayerMixing:
 
 
 def verdict(max_error: np.ndarray, bound: float) -> bool | None:
-    """True when every checked layer's error is within bound, False when one is not (or is NaN after being
-    checked), None when no layer was checked."""
+    """True when every checked layer's error is within bound, False when one is not; None when no layer was
+    checked (every entry NaN, the plan's mark for "unchecked")."""
     errors = np.asarray(max_error, dtype=np.float64)
-    if errors.size == 0:
+    checked = errors[~np.isnan(errors)]
+    if checked.size == 0:
         return None
-    return bool(np.all(errors <= bound))
+    return bool(np.all(checked <= bound))
 
 
 def normalise_rows(matrix: np.ndarray) -> np.ndarray:
