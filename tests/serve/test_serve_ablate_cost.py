@@ -185,3 +185,27 @@ def test_one_kind_models_refuse_kinds_and_attention(tight: Server) -> None:
     assert kind.status_code == 422 and "without a kind" in kind.json()["error"], kind.text
     assert attention.status_code == 422 and "has one kind" in attention.json()["error"], attention.text
     assert httpx.get(tight.url + "healthz", timeout=10).json()["status"] == "ok"
+
+
+def test_smollm2_each_on_300_tokens_is_refused_at_once(smollm2: attnscope.Model) -> None:
+    """The issue's case: SmolLM2's 270-head grid on a 300-token text ran ~15 minutes past a 504, holding the model
+    and 6.7 GB; now it is refused after one row, and the next request is served."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog."] * 30)
+    n = len(smollm2.tokenizer(text)["input_ids"])
+    assert 290 <= n <= 320, n
+    s = start_server("--model", "smollm2", "--max-tokens", "512", "--max-chars", "20000")
+    try:
+        started = time.monotonic()
+        with s.client(timeout=120) as c:
+            r = c.post("/api/ablate", json={"text": text, "each": True})
+        took = time.monotonic() - started
+        assert r.status_code == 422, r.text[:300]
+        assert "ablating each of the 270 heads needs 271 forward rows of" in r.json()["error"], r.json()["error"]
+        assert took < 30.0, took  # within the default deadline, after one row
+        with s.client(timeout=60) as c:
+            t0 = time.monotonic()
+            assert c.post("/api/trace", json={"text": "The model is free.", "stages": []}).status_code == 200
+            assert time.monotonic() - t0 < 10.0
+        assert s.health()["memory"]["ok"]
+    finally:
+        _stop(s)
