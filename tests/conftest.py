@@ -41,6 +41,8 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "serve/test_serve_browser.py": ("browser",),
     "serve/test_serve_layout.py": ("browser",),
     "serve/test_serve_long_browser.py": ("browser",),
+    "serve/test_serve_page_input.py": ("browser",),
+    "serve/test_serve_widths.py": ("browser", "smollm2"),
     "views/test_effects.py": ("browser",),
     "views/test_export_effects.py": ("browser",),
     "views/test_export_generation.py": ("browser",),

@@ -18,16 +18,28 @@
     return { nq: src.nq, nk: src.nk, q: (i) => A.tokenLabel(ctx.model, i), k: (j) => key(ctx.model, j) };
   }
 
-  function geometry(ax, available) {
-    const fit = Math.min(MAX_SIDE, available - 40) / Math.max(ax.nq, ax.nk); // px per cell, whole once there is room
-    const cell = Math.min(24, fit >= 2 ? Math.floor(fit) : fit);
+  // px per cell (whole once there is room) so that the labels and the map together fit `available`
+  function cellSize(n, room) {
+    const fit = Math.min(MAX_SIDE, room) / n;
+    return Math.min(24, fit >= 2 ? Math.floor(fit) : fit);
+  }
+
+  // px of the label margin: the widest token label in the font of that cell size
+  function labelWidth(ax, cell) {
     const g = document.createElement("canvas").getContext("2d");
     g.font = font(Math.max(cell, 13));
     let widest = 0;
     for (let i = 0; i < Math.max(ax.nq, ax.nk); i++) {
       widest = Math.max(widest, g.measureText(ax[i < ax.nq ? "q" : "k"](i)).width);
     }
-    const label = Math.ceil(Math.min(140, 8 + widest));
+    return Math.ceil(Math.min(140, 8 + widest));
+  }
+
+  function geometry(ax, available) {
+    const n = Math.max(ax.nq, ax.nk);
+    const first = labelWidth(ax, cellSize(n, available - 40)); // the labels at a first guess of the cells
+    const cell = cellSize(n, available - first - 2);            // the cells in what the labels leave
+    const label = Math.min(first, labelWidth(ax, cell));        // smaller cells: a smaller font, never wider
     return { fit: cell, label: label, w: ax.nk * cell, h: ax.nq * cell, nq: ax.nq, nk: ax.nk, ax: ax };
   }
 

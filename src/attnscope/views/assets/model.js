@@ -5,7 +5,16 @@
   const A = (window.attnscope = window.attnscope || {});
   const el = (...a) => A.el(...a);
   A.views = A.views || {};
-  const SIZES = { small: 56, medium: 84, large: 128 };
+  const SIZES = { fit: null, small: 56, medium: 84, large: 128 }; // fit: every head across the pane's width
+  const FIT = { min: 24, max: 128, label: 64, gap: 10 }; // px: the row label column; a cell's border, pad and gap
+
+  // "fit": the largest thumbnail with which every head's column fits the holder's width (small when not laid out)
+  function fitSize(holder, nHeads) {
+    const width = holder.clientWidth;
+    if (!width) return SIZES.small;
+    const px = Math.floor((width - FIT.label) / nHeads) - FIT.gap;
+    return Math.max(FIT.min, Math.min(FIT.max, px));
+  }
 
   // The codes a thumbnail pools: the map, or for a lazy map not fetched its overview (at most 64 x 64, each the
   // max of its block: already max-pooled), never the overview scaled up to n x n first.
@@ -116,7 +125,7 @@
     render(panel, ctx) {
       const sizeSelect = el("select", { "aria-label": "thumbnail size" });
       for (const s of Object.keys(SIZES)) sizeSelect.append(el("option", { value: s, text: s }));
-      sizeSelect.value = ctx.model.n > 128 ? "medium" : "small";
+      sizeSelect.value = "fit";
       const holder = el("div", { class: "as-grid-holder" });
       panel.append(el("div", { class: "as-controls" }, [
         A.controls.attention(ctx), A.controls.source(ctx), A.controls.scale(ctx), el("label", { class: "as-control" }, [el("span", { text: "size" }), sizeSelect]),
@@ -125,8 +134,17 @@
         "tokens, columns the source (encoder) tokens." : "";
       panel.append(el("p", { class: "as-hint", text: "Each thumbnail is one head's query x key map (0-indexed; the max " +
         "over each block of cells). Click or press Enter on one to open it large." + cross }), holder);
-      const draw = () => holder.replaceChildren(grid(ctx, SIZES[sizeSelect.value], (l, h) => openDialog(ctx, l, h)));
+      const heads = () => (ctx.source().perHead ? ctx.model.heads.length : 1);
+      const px = () => SIZES[sizeSelect.value] || fitSize(holder, heads());
+      let drawn = 0;
+      const draw = () => {
+        drawn = px();
+        holder.replaceChildren(grid(ctx, drawn, (l, h) => openDialog(ctx, l, h)));
+      };
       sizeSelect.addEventListener("change", draw);
+      if (window.ResizeObserver) {  // the pane's width changes (window, layout): fit again when the size would
+        new ResizeObserver(() => sizeSelect.value === "fit" && px() !== drawn && draw()).observe(holder);
+      }
       ctx.subscribe((s, p) => ctx.changed(p, ["source", "theme", "scale"]) && draw());
       draw();
     },
