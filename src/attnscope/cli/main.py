@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "attnscope.cli.stats",
     "attnscope.cli.generate",
     "attnscope.cli.interventions",
+    "attnscope.cli.attribute",
 )
 
 

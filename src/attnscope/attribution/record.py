@@ -1,0 +1,103 @@
+"""The result of an attribution (torch-free): per method, a score for each input token and each target token,
+the check that stands beside those scores, and what they cost.
+
+Scores are float64 [target, token]: row t says how much each input token carries target t (a log-probability, a
+cosine similarity, or a share of the attention mixing: `unit` says which). A check is verified (True), failed
+(False) or NOT VERIFIED (None, with the reason in `detail`); the exit codes follow `attnscope check`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from attnscope.numbers import finite_or_null
+from attnscope.records.check_report import EXIT_CODES, FAIL, NOT_VERIFIED, PASS
+from attnscope.tokens import Token
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodCheck:
+    """What was checked beside a method's scores: value against bound (value <= bound passes)."""
+
+    name: str  # e.g. "completeness", "unperturbed forward", "attention recompute"
+    value: float  # the measured error (NaN where nothing was measured)
+    bound: float
+    verified: bool | None  # None: NOT VERIFIED (detail says why)
+    detail: str  # one line: what was compared with what
+
+    @property
+    def status(self) -> str:
+        return NOT_VERIFIED if self.verified is None else PASS if self.verified else FAIL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "value": self.value, "bound": self.bound,
+                "verified": self.verified, "detail": self.detail}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    """What a method ran: forward and backward passes of one sequence each (a batch of 8 counts 8), and time."""
+
+    forwards: int
+    backwards: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"forwards": self.forwards, "backwards": self.backwards, "seconds": self.seconds}
+
+
+@dataclass(frozen=True, kw_only=True)
+class MethodScores:
+    """One method's scores [target, token] (float64), their unit, its check, its cost and its settings."""
+
+    method: str
+    scores: np.ndarray  # float64 [target, token]
+    unit: str  # what a score measures, e.g. "log-prob difference (nats)"
+    check: MethodCheck
+    cost: Cost
+    settings: dict[str, Any] = field(default_factory=dict)  # e.g. {"steps": 64, "baseline": "[MASK]"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "unit": self.unit, "scores": self.scores.tolist(),
+                "check": self.check.to_dict(), "cost": self.cost.to_dict(), "settings": self.settings}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attribution:
+    """Which input tokens carry each target, by every method asked for, on one input of one model."""
+
+    model: str
+    architecture: str
+    kind: str  # "causal" | "seq2seq" | "encoder": what is explained
+    description: str  # one line, e.g. "log p(' Paris' | 'The capital of France is')"
+    tokens: list[Token]  # the input tokens scored (encoder-decoders: the source's, then the decoder input's)
+    targets: list[str]  # one per row of every method's scores
+    methods: dict[str, MethodScores]
+
+    @property
+    def status(self) -> str:
+        """FAIL if any check failed, else NOT VERIFIED if any was not verified, else PASS."""
+        statuses = {m.check.status for m in self.methods.values()}
+        return FAIL if FAIL in statuses else NOT_VERIFIED if NOT_VERIFIED in statuses else PASS
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+    def scores(self, method: str) -> np.ndarray:
+        """float64 [target, token] for one method."""
+        return self.methods[method].scores
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "architecture": self.architecture, "kind": self.kind,
+                "description": self.description, "tokens": [t.to_dict() for t in self.tokens],
+                "targets": self.targets, "status": self.status,
+                "methods": {name: m.to_dict() for name, m in self.methods.items()}}
+
+    def to_json(self) -> dict[str, Any]:
+        """to_dict with NaN and infinities as null (strict JSON)."""
+        data: dict[str, Any] = finite_or_null(self.to_dict())
+        return data

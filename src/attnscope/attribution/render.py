@@ -1,0 +1,99 @@
+"""An Attribution as text (rich tables), Markdown or JSON: per target, one row per method, one column per token,
+and beside each method its check (PASS / FAIL / NOT VERIFIED, the measured value against its bound) and cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from attnscope.attribution.record import Attribution, MethodScores
+
+
+def _cell(x: float) -> str:
+    return "nan" if not np.isfinite(x) else f"{x:.3g}"
+
+
+def _check_cell(ms: MethodScores) -> str:
+    c = ms.check
+    if c.verified is None:
+        return f"NOT VERIFIED: {c.detail}"
+    return f"{c.status} {c.name} {_cell(c.value)} <= {c.bound:.0e}" if c.verified else \
+        f"FAIL {c.name} {_cell(c.value)} > {c.bound:.0e}"
+
+
+def _cost_cell(ms: MethodScores) -> str:
+    return f"{ms.cost.forwards} F, {ms.cost.backwards} B, {ms.cost.seconds:.2f} s"
+
+
+def _token_labels(a: Attribution) -> list[str]:
+    return [f"{t.index}:{t.text}" for t in a.tokens]
+
+
+def summary_line(a: Attribution) -> str:
+    """One line: the verdict over every method's check."""
+    failed = [n for n, m in a.methods.items() if m.check.status == "FAIL"]
+    unverified = [n for n, m in a.methods.items() if m.check.verified is None]
+    line = f"{a.status}: {len(a.methods)} methods"
+    if failed:
+        line += f"; FAIL: {', '.join(failed)}"
+    if unverified:
+        line += f"; NOT VERIFIED: {', '.join(unverified)}"
+    return line
+
+
+def methods_legend(a: Attribution) -> list[str]:
+    """One line per method: its unit, settings and check detail."""
+    out = []
+    for name, ms in a.methods.items():
+        settings = ", ".join(f"{k} {v}" for k, v in ms.settings.items() if k not in ("f_x", "f_baseline"))
+        out.append(f"{name}: {ms.unit}{'; ' + settings if settings else ''}. Check: {ms.check.detail}")
+    return out
+
+
+def text_renderables(a: Attribution) -> list[Any]:
+    """rich renderables: a header, per target a table (methods x tokens, check, cost), the legend, the verdict."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    out: list[Any] = [escape(f"{a.model} ({a.architecture}): {a.description}")]
+    for t, target in enumerate(a.targets):
+        table = Table(title=escape(f"target {t} (0-indexed): {target!r}"), title_justify="left")
+        table.add_column("method")
+        for label in _token_labels(a):
+            table.add_column(escape(label), justify="right")
+        table.add_column("check")
+        table.add_column("cost", justify="right")
+        for name, ms in a.methods.items():
+            table.add_row(escape(name), *(_cell(float(x)) for x in ms.scores[t]), escape(_check_cell(ms)),
+                          _cost_cell(ms))
+        out.append(table)
+    out += [escape(line) for line in methods_legend(a)]
+    out.append(escape(summary_line(a)))
+    return out
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(a: Attribution) -> str:
+    """The same tables in GitHub Markdown."""
+    lines = [f"**{_md(a.model)} ({_md(a.architecture)})**: {_md(a.description)}", ""]
+    for t, target in enumerate(a.targets):
+        lines += [f"Target {t} (0-indexed): `{_md(repr(target))}`", ""]
+        labels = [f"`{_md(x)}`" for x in _token_labels(a)]
+        lines.append("| method | " + " | ".join(labels) + " | check | cost |")
+        lines.append("|---|" + "---:|" * len(labels) + "---|---:|")
+        for name, ms in a.methods.items():
+            cells = " | ".join(_cell(float(x)) for x in ms.scores[t])
+            lines.append(f"| {name} | {cells} | {_md(_check_cell(ms))} | {_cost_cell(ms)} |")
+        lines.append("")
+    lines += [f"- {_md(line)}" for line in methods_legend(a)]
+    lines += ["", f"**{summary_line(a)}**", ""]
+    return "\n".join(lines)
+
+
+def json_data(a: Attribution) -> dict[str, Any]:
+    """Strict JSON (NaN as null)."""
+    return a.to_json()

@@ -1,0 +1,94 @@
+"""attribute: which input tokens carry a prediction, by every method, each beside its check."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from typing import Any
+
+from attnscope.cli.common import add_format, add_text_args, console, integer, model_of, read_text, real
+from attnscope.errors import AttnscopeError, require_text
+
+# Heavy imports (torch, transformers, captum) happen inside the command, so --help and input errors are instant.
+SETTINGS = ("layer", "head", "ig_steps", "ig_max_steps", "ig_tolerance", "max_flow_tokens", "max_perturb_tokens")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "attribute", help="which input tokens carry the prediction: attention, gradient and leave-one-out methods",
+        description="Scores each input token for one prediction by each method, the method's check beside its "
+                    "scores. What is explained: a causal LM's log-probability of each target token (default: its "
+                    "greedy next token); an encoder-decoder's, given the source; an encoder's pooled sentence "
+                    "embedding's cosine similarity with the unperturbed one.",
+        epilog="exit status: 0 every check PASS; 1 a check FAILS; 2 bad input (an unknown method, one that does not "
+               "apply to the model, a text beyond a method's budget); 3 a check is NOT VERIFIED")
+    add_text_args(p, pair=False)
+    p.add_argument("--target", metavar="T", default=None,
+                   help="the continuation explained, e.g. ' Paris' (causal LMs and encoder-decoders; default: the "
+                        "model's greedy next token)")
+    p.add_argument("--methods", metavar="M1,M2", default=None,
+                   help="methods to run, comma-separated, or all (default: every method but flow that applies)")
+    p.add_argument("--layer", type=integer, default=None,
+                   help="attention, attention_x_gradient, rollout: the layer, 0-indexed (default: the last)")
+    p.add_argument("--head", type=integer, default=None,
+                   help="attention, attention_x_gradient: one head, 0-indexed (default: the mean of the heads)")
+    p.add_argument("--ig-steps", type=integer, default=32, metavar="N",
+                   help="integrated gradients: the first number of steps (default 32, doubled until complete)")
+    p.add_argument("--ig-max-steps", type=integer, default=512, metavar="N",
+                   help="integrated gradients: the cap on steps (default 512)")
+    p.add_argument("--ig-tolerance", type=real, default=0.01, metavar="F",
+                   help="integrated gradients: the completeness wanted, a fraction of f(x) - f(baseline) (0.01)")
+    p.add_argument("--max-flow-tokens", type=integer, default=64, metavar="N",
+                   help="flow: refuse longer inputs, its cost grows like tokens^4 (default 64)")
+    p.add_argument("--max-perturb-tokens", type=integer, default=256, metavar="N",
+                   help="leave-one-out: refuse longer inputs, it runs tokens + 1 forwards (default 256)")
+    p.add_argument("-o", "--output", metavar="FILE", default=None, help="write the output to FILE, not stdout")
+    add_format(p)
+    p.set_defaults(func=run_attribute)
+
+
+def run_attribute(args: argparse.Namespace) -> int:
+    text = require_text(read_text(args))
+    if args.target is not None and not args.target:
+        raise AttnscopeError("the target is empty: give a continuation such as ' Paris', or drop --target")
+    from attnscope.attribution.api import attribute_objective, make_settings
+    from attnscope.attribution.methods import method_names
+    from attnscope.attribution.objective import build_objective
+
+    names = method_names(args.methods)  # an unknown method fails before the model loads
+    settings = make_settings(**{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None})
+    m = model_of(args)
+    obj = build_objective(m, text, args.target, max_length=args.max_length, truncate=not args.no_truncate)
+    result = attribute_objective(obj, names, settings, explicit=args.methods not in (None, "all"))
+    _emit(result, args.format, args.output)
+    return result.exit_code
+
+
+def _emit(result: Any, fmt: str, path: str | None) -> None:
+    from attnscope.attribution import render
+    from attnscope.numbers import finite_or_null
+
+    if fmt == "json":
+        text = json.dumps(finite_or_null(render.json_data(result)), ensure_ascii=False, allow_nan=False) + "\n"
+    elif fmt == "markdown":
+        text = render.markdown(result)
+    else:
+        out = console() if path is None else _file_console()
+        for r in render.text_renderables(result):
+            out.print(r)
+        if path is None:
+            return
+        text = str(out.file.getvalue())  # type: ignore[union-attr]
+    if path is None:
+        sys.stdout.write(text)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def _file_console() -> Any:
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), width=200, soft_wrap=False, highlight=False, color_system=None)
