@@ -209,3 +209,23 @@ def test_smollm2_each_on_300_tokens_is_refused_at_once(smollm2: attnscope.Model)
         assert s.health()["memory"]["ok"]
     finally:
         _stop(s)
+
+
+def test_patching_is_admitted_by_time_and_by_memory(tight: Server, server: Server) -> None:
+    """Patching every head both ways is one batch of 146 rows: past the deadline, or past what the memory
+    ceiling leaves, it is refused before it runs."""
+    text = long_text(480)
+    with tight.client() as c:  # a 2 s deadline
+        late = c.post("/api/patch", json={"clean": text, "corrupt": text.replace("cat", "dog")})
+    assert late.status_code == 422, late.text[:300]
+    assert "patching every head both ways needs 146 forward rows of 480 tokens" in late.json()["error"]
+    text = long_text(300)
+    with server.client(timeout=120) as c:  # 146 rows of 300 tokens: ~3 GB in one batch, over a 1,100 MiB ceiling
+        big = c.post("/api/patch", json={"clean": text, "corrupt": text.replace("cat", "dog")})
+        assert big.status_code == 422, big.text[:300]
+        error = big.json()["error"]
+        assert "in one batch" in error and "this server may use under its memory ceiling" in error, error
+        assert "--max-memory" in error
+        small = c.post("/api/patch", json={"clean": SHORT, "corrupt": SHORT.replace("cat", "dog")})
+    assert small.status_code == 200, small.text[:300]
+    assert peak_rss(server) <= MEMORY_MIB * 2**20
