@@ -63,6 +63,7 @@ class Method:
     paper: str
     cost: str  # in forwards (F) and backwards (B) of the input, n tokens, T targets
     why_not: dict[str, str]  # kind -> why the method does not apply to it; the kinds absent here it applies to
+    per_family: bool = False  # also ask the module's why_not(name, objective) (a family it cannot decompose)
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -72,7 +73,10 @@ class Method:
     def supports(self, obj: Objective) -> str | None:
         """None when the method applies to this objective's model; else the reason, one line."""
         if obj.kind not in self.why_not:
-            return None
+            if not self.per_family:
+                return None
+            reason: str | None = importlib.import_module(self.module).why_not(self.name, obj)
+            return reason
         return f"{self.name} does not apply to {obj.model.name} ({obj.model.architecture}): {self.why_not[obj.kind]}"
 
     def run(self, ctx: Context) -> MethodScores:
@@ -87,6 +91,7 @@ class Method:
 _ATTN = "attnscope.attribution.attention"
 _GRAD = "attnscope.attribution.gradients"
 _LOO = "attnscope.attribution.leave_one_out"
+_MIX = "attnscope.attribution.decomposition"
 _ONE_MATRIX = ("an encoder-decoder mixes tokens through three kinds of attention (encoder, decoder, cross), so "
                "there is no one token-to-token matrix per layer to read or roll out; use a gradient or "
                "leave-one-out method")
@@ -119,9 +124,15 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("leave_one_out_replaced", _LOO, "replaced",
            "leave-one-out, the token replaced by the baseline token (Li, Monroe & Jurafsky 2016)",
            "n + 1 F, batched", _ALL),
+    Method("alti", _MIX, "alti", "ALTI (Ferrando, Gallego & Costa-jussa 2022), rolled out over layers",
+           "1 F (hooks on the real forward)", _NOT_ONE, per_family=True),
+    Method("norm", _MIX, "norm", "norm-based attention ||alpha f(x)|| (Kobayashi et al. 2020), rolled out",
+           "1 F (hooks on the real forward)", _NOT_ONE, per_family=True),
+    Method("value_zeroing", _MIX, "value_zeroing", "value zeroing (Mohebbi et al. 2023), rolled out",
+           "2 F + n single-layer runs per layer, batched", _NOT_ONE, per_family=True),
 )}
-DEFAULT_METHODS = ("attention", "rollout", "attention_x_gradient", "saliency", "input_x_gradient",
-                   "integrated_gradients", "leave_one_out", "leave_one_out_replaced")
+DEFAULT_METHODS = ("attention", "rollout", "attention_x_gradient", "norm", "alti", "value_zeroing", "saliency",
+                   "input_x_gradient", "integrated_gradients", "leave_one_out", "leave_one_out_replaced")
 
 
 def method_names(spec: str | Sequence[str] | None) -> list[str]:
