@@ -188,10 +188,12 @@
   A.sides = (model) => (model.payload.attention === "cross"
     ? { q: "queries: target (decoder) tokens", k: "keys: source (encoder) tokens" } : { q: "queries", k: "keys" });
 
-  C.query = function (ctx) {
+  // shown: the query a view draws while none is selected (the neuron view's first word), so that opening a view
+  // never selects a query for the others
+  C.query = function (ctx, shown) {
     const select = el("select", { "aria-label": "query token (0-indexed)", class: "as-query" });
     ctx.model.tokens.forEach((t, i) => select.append(el("option", { value: String(i), text: A.tokenLabel(ctx.model, i) })));
-    const sync = () => (select.value = String(ctx.state.query ?? 0));
+    const sync = () => (select.value = String(ctx.state.query ?? shown ?? 0));
     select.addEventListener("change", () => ctx.set({ query: Number(select.value) }));
     ctx.subscribe((s, p) => "query" in p && sync());
     sync();

@@ -64,7 +64,7 @@
   }
 
   function exactFigure(model, state, b, options) {
-    const [layer, head, query] = [state.layer, state.head, state.query ?? 0];
+    const [layer, head, query] = [state.layer, state.head, A.neuronQuery(model, state)];
     const [n, d] = [A.keys(model).n, b.d];
     const cw = Math.max(2, Math.min(8, Math.floor(256 / d)));
     const label = F.widest(model, 12) + 8;
@@ -99,7 +99,7 @@
   // Without the exact block: one query's row of one head from the page's 8-bit map, every key's weight.
   function weightsFigure(model, state, options) {
     const src = model.sources.get("weights") || model.sources.values().next().value;
-    const [layer, head, query] = [state.layer, state.head, state.query ?? 0];
+    const [layer, head, query] = [state.layer, state.head, A.neuronQuery(model, state)];
     const n = A.keys(model).n;
     const label = F.widest(model, 12) + 8;
     const rows = ['<g class="rows">'];

@@ -200,15 +200,18 @@
     return i < 0 ? 0 : i;
   }
 
+  A.neuronQuery = (model, state) => state.query ?? firstWord(model); // the query the view shows
+
   A.views.neuron = {
     label: "Neuron",
     render(panel, ctx) {
       const { model } = ctx;
-      if (ctx.state.query === null || ctx.state.query === undefined) ctx.set({ query: firstWord(model) });
+      // with no query selected it shows the first word's, without selecting it (the head view stays as it was)
+      const shownQuery = () => A.neuronQuery(model, ctx.state);
       const order = el("select", { "aria-label": "order of the keys" });
       for (const o of ["position", "weight"]) order.append(el("option", { value: o, text: o }));
       panel.append(el("div", { class: "as-controls" }, [
-        A.controls.attention(ctx), A.controls.layer(ctx), A.controls.heads(ctx, "single"), A.controls.query(ctx),
+        A.controls.attention(ctx), A.controls.layer(ctx), A.controls.heads(ctx, "single"), A.controls.query(ctx, firstWord(model)),
         el("label", { class: "as-control" }, [el("span", { text: "order" }), order]),
         A.controls.badge(ctx, () => ({ layer: ctx.state.layer, heads: [ctx.state.head] })),
       ]));
@@ -221,7 +224,8 @@
       let generation = 0;
       const refresh = async () => {
         const mine = ++generation;
-        const { layer, head, query } = ctx.state;
+        const { layer, head } = ctx.state;
+        const query = shownQuery();
         const block = await blockFor(ctx, layer, head, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
@@ -236,7 +240,7 @@
         const key = Number(cell.dataset.key);
         ctx.set({ key: key });
         ctx.emit("attnscope:select", { view: "neuron", layer: ctx.state.layer, head: ctx.state.head,
-                                       query: ctx.state.query, key: key, source: "weights" });
+                                       query: shownQuery(), key: key, source: "weights" });
       });
       order.addEventListener("change", refresh);
       ctx.subscribe((s, p) => ctx.changed(p, ["layer", "head", "query", "theme"]) && refresh());
