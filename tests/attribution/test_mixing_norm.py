@@ -47,14 +47,15 @@ def test_norm_based_adds_up_on_random_weights(family: str, tiny_model: Callable[
 
 def test_a_missing_bias_or_head_or_wrong_split_fails_the_check(minilm: attnscope.Model) -> None:
     for block in capture_blocks(minilm, inputs(minilm), whole_block=False)[:2]:
-        assert output_error(block, block.attention_vectors()) <= 1e-5
+        assert output_error(block, block.attention_sum()) <= 1e-5
+        assert torch.allclose(block.attention_sum(), block.attention_vectors().sum(dim=1), rtol=0, atol=1e-9)
         no_bias = dataclasses.replace(block, b_o=torch.zeros_like(block.b_o))
-        assert output_error(no_bias, block.attention_vectors()) > 1e-3
-        one_head_less = torch.einsum("hqk,hkd->qkd", block.weights[:-1], block.f[:-1])
+        assert output_error(no_bias, block.attention_sum()) > 1e-3
+        one_head_less = torch.einsum("hqk,hkd->qd", block.weights[:-1], block.f[:-1])
         assert output_error(block, one_head_less) > 1e-3
         heads, _, d_head = block.v.shape  # W_O's rows read as [d_head, head] instead of [head, d_head]
         crossed = block.w_o.reshape(d_head, heads, -1).transpose(0, 1).reshape(heads * d_head, -1)
-        assert output_error(block, dataclasses.replace(block, w_o=crossed).attention_vectors()) > 1e-3
+        assert output_error(block, dataclasses.replace(block, w_o=crossed).attention_sum()) > 1e-3
 
 
 def test_an_encoder_decoder_is_refused_in_one_line(seq2seq: Callable[[str], attnscope.Model]) -> None:

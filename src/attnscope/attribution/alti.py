@@ -46,15 +46,16 @@ from attnscope.records.check_report import tolerance_for
 def transformed_vectors(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor]:
     """T_i(x_j) [query, key, d_model] and the bias part [query, d_model] of one layer's block output."""
     assert block.residual is not None
-    z = block.attention_vectors()  # [query, key, d_model]
-    z = z + torch.diag_embed(block.residual.T).permute(1, 2, 0)  # += [i == j] x_i: [query, key, d_model]
+    z = block.attention_vectors().contiguous()  # [query, key, d_model]: a fresh tensor, edited in place below
+    diagonal = torch.arange(z.shape[0])
+    z[diagonal, diagonal] += block.residual  # + [i == j] x_i
     if block.norm is None:
         return z, block.b_o.expand(z.shape[0], -1)
     n = block.norm
     full = z.sum(dim=1) + block.b_o  # [query, d_model]: what the LayerNorm receives
     sigma = torch.sqrt(full.var(dim=-1, unbiased=False) + n.eps)  # [query]: the full sum's statistic
     scale = n.gamma / sigma[:, None]  # [query, d_model]
-    t = (z - z.mean(dim=-1, keepdim=True)) * scale[:, None, :]  # [query, key, d_model]
+    t = z.sub_(z.mean(dim=-1, keepdim=True)).mul_(scale[:, None, :])  # [query, key, d_model]
     bias = (block.b_o - block.b_o.mean()) * scale + n.beta  # [query, d_model]
     return t, bias
 
@@ -70,8 +71,10 @@ def block_error(block: LayerBlock, t: torch.Tensor, bias: torch.Tensor) -> float
 def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
     """The paper's c_ij: max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised. [query, key]"""
     y = t.sum(dim=1) + bias  # [query, d_model]
-    distance = (y[:, None, :] - t).abs().sum(dim=-1)  # [query, key]
-    closeness = (y.abs().sum(dim=-1, keepdim=True) - distance).clamp(min=0.0)  # the method's clip
+    distance = torch.cdist(y[:, None, :], t, p=1)[:, 0]  # ||y_i - T_i(x_j)||_1: [query, 1, key] -> [query, key]
+    # ||y_i||_1 = ||y_i - 0||_1 the same way, so a source with T_i(x_j) = 0 (a later token) gets exactly 0
+    norm = torch.cdist(y[:, None, :], torch.zeros_like(y[:, None, :]), p=1)[:, 0]  # [query, 1]
+    closeness = (norm - distance).clamp(min=0.0)  # the method's clip
     return normalise_rows(closeness.numpy())
 
 

@@ -68,6 +68,10 @@ class LayerBlock:
         heads, _, d_head = self.v.shape
         return self.v @ self.w_o.reshape(heads, d_head, -1)  # [head, key, d_head] @ [head, d_head, d_model]
 
+    def attention_sum(self) -> torch.Tensor:
+        """sum_j sum_h alpha^h_ij f^h(x_j), without the [query, key, d_model] tensor: [query, d_model]."""
+        return torch.einsum("hqk,hkd->qd", self.weights, self.f)
+
     def attention_vectors(self) -> torch.Tensor:
         """sum_h alpha^h_ij f^h(x_j): [query, key, d_model]."""
         return torch.einsum("hqk,hkd->qkd", self.weights, self.f)

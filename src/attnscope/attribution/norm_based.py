@@ -36,10 +36,11 @@ def layer_norms(block: LayerBlock) -> torch.Tensor:
     return out["norm_layer"][0, 0]
 
 
-def output_error(block: LayerBlock, vectors: torch.Tensor) -> float:
-    """max |sum_j vectors_ij + b_O - output_i| over the layer, relative to max(1, max |output|)."""
+def output_error(block: LayerBlock, summed: torch.Tensor) -> float:
+    """max |summed_i + b_O - output_i| over the layer, relative to max(1, max |output|); summed [query, d_model]
+    is sum_j of the vectors alpha f(x_j) whose norms are taken."""
     scale = max(1.0, float(block.output.abs().max()))
-    return float((vectors.sum(dim=1) + block.b_o - block.output).abs().max()) / scale
+    return float((summed + block.b_o - block.output).abs().max()) / scale
 
 
 def norm_based(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
@@ -48,7 +49,7 @@ def norm_based(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     one_text(inputs, "norm")
     matrices, errors = [], []
     for block in capture_blocks(m, inputs, whole_block=False):
-        errors.append(output_error(block, block.attention_vectors()))
+        errors.append(output_error(block, block.attention_sum()))
         matrices.append(normalise_rows(layer_norms(block).numpy()))
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
