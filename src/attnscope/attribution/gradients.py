@@ -57,7 +57,8 @@ def _forward(obj: Objective) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def _input_embeds(obj: Objective) -> torch.Tensor:
     with torch.no_grad():
-        return obj.embed(obj.ids[None].to(obj.model.device)).detach()  # [1, token, d_model]
+        embeds = obj.embed(obj.ids[None].to(obj.model.device)).detach()  # [1, token, d_model]
+    return embeds.requires_grad_(True)  # Captum would set it, with a warning
 
 
 def gradients(obj: Objective) -> tuple[torch.Tensor, torch.Tensor]:

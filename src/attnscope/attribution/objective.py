@@ -114,7 +114,7 @@ class Objective:
                                    decoder_attention_mask=mask[:, n_source:])
             keep = torch.arange(embeds.shape[1] - n_source, device=embeds.device)
         where = torch.searchsorted(keep, (positions - (n_source if self.kind == SEQ2SEQ else 0)).clamp(min=0))
-        logits: torch.Tensor = out.logits.float()  # [batch, kept, vocab]
+        logits: torch.Tensor = _at_least_float32(out.logits)  # [batch, kept, vocab]
         picked = logits.gather(1, where[..., None].expand(-1, -1, logits.shape[-1]))  # [batch, target, vocab]
         targets = torch.tensor(self.target_ids, device=embeds.device)
         lp = picked.log_softmax(-1).gather(-1, targets.expand(picked.shape[0], -1)[..., None])[..., 0]
@@ -161,6 +161,11 @@ class Objective:
             kept_before = keep[:, start:p + 1].sum(dim=1) - 1  # [variant]: index of p, or of the last kept before it
             cols.append(torch.where(kept_before >= 0, kept_before + (n_source if self.kind == SEQ2SEQ else 0), -1))
         return torch.stack(cols, dim=1).to(self.model.device)
+
+
+def _at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities in float32 from a bfloat16 model, in float64 from a float64 one (the gradient tests)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -332,6 +337,6 @@ def _own_scores(obj: Objective) -> torch.Tensor:
         cos: torch.Tensor = F.cosine_similarity(pooled, obj.pooled[None], dim=-1)  # [1]
         return cos
     offset = obj.n_source if obj.kind == SEQ2SEQ else 0
-    rows = out.logits[0, [p - offset for p in obj.positions]].float()  # [target, vocab]
+    rows = _at_least_float32(out.logits[0, [p - offset for p in obj.positions]])  # [target, vocab]
     lp: torch.Tensor = rows.log_softmax(-1).gather(-1, torch.tensor(obj.target_ids, device=rows.device)[:, None])
     return lp[:, 0]
