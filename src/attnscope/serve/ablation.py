@@ -4,8 +4,9 @@
 `/api/patch` two per head; on a long text that is minutes of work and gigabytes of activations in one batch.
 So, holding the model's lock:
 
-- one row of the text is timed first, and a job whose rows x that time would pass the request's deadline
-  is refused (422) up front, saying how many heads or tokens would fit;
+- one row of the text is timed first (and a batch of rows, when that is cheap), and a job whose rows x
+  that time would pass the request's deadline is refused (422) up front, saying how many heads or tokens
+  would fit;
 - one row's activations are estimated from the model's widths (`row_bytes`), and a one-kind model's grid
   runs in batches that fit between the resident memory and the ceiling (at most BATCH_ROWS rows each);
   an intervention that cannot be split (patch, encoder-decoders) is refused when its one batch cannot fit;
@@ -43,7 +44,7 @@ class Cost:
 
     rows: int
     tokens: int
-    row_seconds: float  # one row's forward, measured on this text
+    row_seconds: float  # one row's forward, measured on this text (alone, or in a batch: the less)
     row_bytes: int  # one row's activations, estimated (row_bytes)
 
     @property
@@ -85,6 +86,19 @@ def timed(forward: Callable[[], Any]) -> float:
     with torch.no_grad():
         forward()
     return time.perf_counter() - started
+
+
+def measure(forward: Callable[[int], Any], rows: int, tokens: int, row_bytes: int, deadline: float) -> Cost:
+    """The cost of `rows` rows of forward(n_rows): one row timed; when rows x that would not fit before the
+    deadline and a batch is cheap to time, BATCH_ROWS rows timed too (a short text's rows cost several times
+    less in a batch; a long text's barely less, and timing its batch would spend the deadline)."""
+    cost = Cost(rows=rows, tokens=tokens, row_seconds=timed(lambda: forward(1)), row_bytes=row_bytes)
+    batch = min(rows, BATCH_ROWS)
+    left = deadline - time.monotonic()
+    if cost.seconds > left and batch * cost.row_seconds < left / 4:
+        per_row = timed(lambda: forward(batch)) / batch
+        cost = Cost(rows=rows, tokens=tokens, row_seconds=min(cost.row_seconds, per_row), row_bytes=row_bytes)
+    return cost
 
 
 def batch_rows(cost: Cost, ceiling: int) -> int:

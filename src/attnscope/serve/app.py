@@ -2,8 +2,9 @@
 
 Every refusal is `{"error": "<one line>"}` with its status: 403 not this server's page or
 client (serve.guard), 408 body too slow, 413 body too large, 415 not JSON, 422 bad JSON or
-fields or an untraceable text, 503 queue full, 504 past the deadline, 404/405; 500 says only
-"internal error" and the request id.
+fields or an untraceable text or a job too costly for the deadline or the memory ceiling, 503 queue
+full or memory ceiling (and, from serve.connections, the connection cap), 504 past the deadline,
+404/405; 500 says only "internal error" and the request id.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from attnscope.interventions.patch import patch
 from attnscope.interventions.seq2seq import KINDS, AnyHead, layout, parse_kind_heads, seq2seq_inputs
 from attnscope.models import Model
 from attnscope.numbers import finite_or_null
-from attnscope.serve.ablation import Cost, admit, batch_rows, grid_in_batches, row_bytes, stopping, timed
+from attnscope.serve.ablation import admit, batch_rows, grid_in_batches, measure, row_bytes, stopping
 from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq
@@ -140,19 +140,30 @@ def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> 
 def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]) -> Ablation:
     """The library's ablate; an each grid admitted by its cost first, and on a one-kind model run in batches."""
     n = _max_length(service, m, req.max_length)
-    run = {"model": m, "mode": req.mode, "target": req.target, "max_length": n}
     if not req.each:
-        return ablate(req.text, heads, each=False, attention=req.attention, **run)  # type: ignore[arg-type]
-    ceiling = service.settings.max_memory_bytes
-    if is_seq2seq(m):  # one batch: admitted by time and memory
-        if req.attention in KINDS:
-            inputs, _tokens, _labels = seq2seq_inputs(m, req.text, req.target, n)
-            layers, n_heads = layout(m)[req.attention]
-            tokens = int(inputs["input_ids"].shape[1] + inputs["decoder_input_ids"].shape[1])
-            cost = Cost(rows=2 + layers * n_heads, tokens=tokens, row_seconds=timed(lambda: m.model(**inputs)),
-                        row_bytes=row_bytes(m, tokens))
-            admit(cost, req.deadline, f"ablating each {req.attention} head", split=False, ceiling=ceiling)
-        return ablate(req.text, heads, each=True, attention=req.attention, **run)  # type: ignore[arg-type]
+        return ablate(req.text, heads, model=m, mode=req.mode, target=req.target,  # type: ignore[arg-type]
+                      max_length=n, attention=req.attention)
+    if is_seq2seq(m):
+        return _seq2seq_grid(service, m, req, heads, n)
+    return _grid(service, m, req, heads, n)
+
+
+def _seq2seq_grid(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead], n: int) -> Ablation:
+    """An encoder-decoder's grid: one batch, admitted by time and memory (no attention: the library's 422)."""
+    if req.attention in KINDS:
+        inputs, _tokens, _labels = seq2seq_inputs(m, req.text, req.target, n)
+        layers, n_heads = layout(m)[req.attention]
+        tokens = int(inputs["input_ids"].shape[1] + inputs["decoder_input_ids"].shape[1])
+        cost = measure(lambda k: m.model(**{key: v.expand(k, -1) for key, v in inputs.items()}),
+                       2 + layers * n_heads, tokens, row_bytes(m, tokens), req.deadline)
+        admit(cost, req.deadline, f"ablating each {req.attention} head", split=False,
+              ceiling=service.settings.max_memory_bytes)
+    return ablate(req.text, heads, model=m, mode=req.mode, target=req.target, each=True,  # type: ignore[arg-type]
+                  max_length=n, attention=req.attention)
+
+
+def _grid(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead], n: int) -> Ablation:
+    """A one-kind model's grid: admitted by time, run in batches under the memory ceiling."""
     if req.attention is not None:
         raise AttnscopeError(f"attention names a kind of an encoder-decoder's attention; {m.name} has one kind: "
                              "leave it out", parameter="attention")
@@ -161,8 +172,9 @@ def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]
                              parameter="heads")
     chosen = validate_heads(m, heads) if heads else []  # type: ignore[arg-type]
     probe = prepare(m, req.text, req.target, n)
-    cost = Cost(rows=1 + bool(chosen) + m.n_layers * m.n_heads, tokens=probe.n_tokens,
-                row_seconds=timed(lambda: outputs(probe, probe.inputs, None)), row_bytes=row_bytes(m, probe.n_tokens))
+    ceiling = service.settings.max_memory_bytes
+    cost = measure(lambda k: outputs(probe, probe.rows(k), None), 1 + bool(chosen) + m.n_layers * m.n_heads,
+                   probe.n_tokens, row_bytes(m, probe.n_tokens), req.deadline)
     admit(cost, req.deadline, f"ablating each of the {m.n_layers * m.n_heads} heads", split=True, ceiling=ceiling)
     source = mean_contexts(m, probe.inputs) if req.mode == "mean" else None
     fx = grid_in_batches(probe, chosen, source, batch_rows(cost, ceiling))
@@ -176,9 +188,8 @@ def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> by
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
         probe = prepare(m, req.clean, None, n)
-        cost = Cost(rows=2 + 2 * m.n_layers * m.n_heads, tokens=probe.n_tokens,
-                    row_seconds=timed(lambda: outputs(probe, probe.inputs, None)),
-                    row_bytes=row_bytes(m, probe.n_tokens))
+        cost = measure(lambda k: outputs(probe, probe.rows(k), None), 2 + 2 * m.n_layers * m.n_heads,
+                       probe.n_tokens, row_bytes(m, probe.n_tokens), req.deadline)
         admit(cost, req.deadline, "patching every head both ways", split=False,
               ceiling=service.settings.max_memory_bytes)
         r = patch(req.clean, req.corrupt, model=m, target=req.target, contrast=req.contrast, max_length=n)
