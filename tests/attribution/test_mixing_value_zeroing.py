@@ -14,11 +14,16 @@ import attnscope
 from attnscope.attribution.mixing import normalise_rows
 from attnscope.attribution.value_zeroing import (
     ValueZeroing,
+    _hidden,
+    _mixing,
     cosine_distance,
+    layer_modules_of,
     layer_outputs,
     unchanged_error,
     value_zeroing,
+    zeroed_output,
 )
+from attnscope.capture import intervening
 from attnscope.errors import AttnscopeError
 from attnscope.families import attention_modules
 
@@ -109,3 +114,24 @@ def test_an_encoder_decoder_is_refused_in_one_line(seq2seq: Callable[[str], attn
     with pytest.raises(AttnscopeError, match="encoder-decoder") as err:
         value_zeroing(m, inputs(m))
     assert "\n" not in str(err.value)
+
+
+def test_a_layer_call_that_bypasses_the_registered_function_fails_the_check(minilm: attnscope.Model) -> None:
+    """The zeroing happens only where the layer's attention calls the registered function: the intervention counts
+    those calls, and value zeroing's check fails (NOT equal, NaN errors) when a call did not reach it."""
+    x = inputs(minilm)
+    plain = layer_outputs(minilm, x)
+    _, cap, calls = unchanged_error(minilm, x, plain, ValueZeroing([(-1, -1)], [], []))
+    weights, v = [c.weights[0] for c in cap.calls], [c.v[0] for c in cap.calls]
+    module = layer_modules_of(minilm.model)[1]
+    through = ValueZeroing([(-1, -1), (1, 2)], weights, v, first=1)
+    out = zeroed_output(minilm, module, calls[1], through)
+    assert through.calls == 1 and cosine_distance(out[0], out[1]).max() > 1e-6  # it ran, and it changed the output
+    bypass = ValueZeroing([(-1, -1), (1, 2)], weights, v, first=1)
+    with torch.no_grad(), intervening(minilm.model, bypass):  # installed, but attention routed around the registry
+        minilm.model.set_attn_implementation("eager")  # (intervening restores the implementation it found)
+        args, kwargs = calls[1].widened(2)
+        bypassed = _hidden(module(*args, **kwargs))
+    assert bypass.calls == 0 and cosine_distance(bypassed[0], bypassed[1]).max() == 0.0  # nothing was zeroed
+    r = _mixing(np.zeros((6, 3, 3)), np.zeros(6), calls_ok=False, forwards=2, layer_runs=6)
+    assert r.verified is False and np.isnan(r.max_error).all() and "NO, nothing was zeroed" in r.detail

@@ -4,7 +4,7 @@
 Per layer, the attention block's output y_i for position i is split into one transformed vector per source
 position j, y_i = sum_j T_i(x_j) + (the biases), from the captured pieces (attribution.blocks):
 
-    post-norm (BERT, RoBERTa, ELECTRA), y_i = LN(z_i + b_O), z_i = sum_j z_ij:
+    post-norm (BERT, RoBERTa, ELECTRA, DistilBERT), y_i = LN(z_i + b_O), z_i = sum_j z_ij:
         z_ij    = sum_h alpha^h_ij f^h(x_j) + [i == j] x_i             # attention plus the residual
         T_i(x_j) = gamma * (z_ij - mean(z_ij)) / sigma_i                # LN applied linearly per source
         bias_i  = gamma * (b_O - mean(b_O)) / sigma_i + beta
@@ -47,7 +47,7 @@ def transformed_vectors(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor]:
     """T_i(x_j) [query, key, d_model] and the bias part [query, d_model] of one layer's block output."""
     assert block.residual is not None
     z = block.attention_vectors().contiguous()  # [query, key, d_model]: a fresh tensor, edited in place below
-    diagonal = torch.arange(z.shape[0])
+    diagonal = torch.arange(z.shape[0], device=z.device)
     z[diagonal, diagonal] += block.residual  # + [i == j] x_i
     if block.norm is None:
         return z, block.b_o.expand(z.shape[0], -1)
@@ -75,7 +75,7 @@ def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
     # ||y_i||_1 = ||y_i - 0||_1 the same way, so a source with T_i(x_j) = 0 (a later token) gets exactly 0
     norm = torch.cdist(y[:, None, :], torch.zeros_like(y[:, None, :]), p=1)[:, 0]  # [query, 1]
     closeness = (norm - distance).clamp(min=0.0)  # the method's clip
-    return normalise_rows(closeness.numpy())
+    return normalise_rows(closeness.cpu().numpy())
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:

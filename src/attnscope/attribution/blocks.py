@@ -9,7 +9,7 @@ serve) and W_O^h head h's d_head rows of the output projection. The residual str
 come from hooks on the real modules (named below); nothing is recomputed from the model's code.
 
 Two block shapes are decomposed (ALTI needs the whole block; norm-based attention only the sum above):
-- post-norm (BERT, RoBERTa, ELECTRA): block output = LayerNorm(x + output), x the attention input;
+- post-norm (BERT, RoBERTa, ELECTRA, DistilBERT): block output = LayerNorm(x + output), x the attention input;
 - pre-norm (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3): block output = x + output, with the attention
   reading norm(x); the block output is what enters the layer's second norm (ln_2, post_attention_layernorm).
 """
@@ -30,12 +30,15 @@ from attnscope.families import attention_modules, base_of, family_of, is_encoder
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 
-POST_NORM = {"bert", "roberta", "electra"}  # LayerNorm after the residual sum: <attention>.output.LayerNorm
+POST_NORM = {  # the LayerNorm after the residual sum, relative to the attention module's parent
+    **{name: "output.LayerNorm" for name in ("bert", "roberta", "electra")},  # <layer>.attention.output.LayerNorm
+    "distilbert": "sa_layer_norm",  # <layer>.sa_layer_norm beside <layer>.attention
+}
 PRE_NORM_OUT = {  # the module whose input is the block output x + attention output (relative to the base model)
     "gpt2": "h.{layer}.ln_2",
     **{name: "layers.{layer}.post_attention_layernorm" for name in ("llama", "mistral", "qwen2", "qwen3", "phi3")},
 }
-BLOCK_FAMILIES = tuple(sorted(POST_NORM | set(PRE_NORM_OUT)))
+BLOCK_FAMILIES = tuple(sorted(set(POST_NORM) | set(PRE_NORM_OUT)))
 
 
 @dataclass(frozen=True)
@@ -168,9 +171,13 @@ def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
 
 
 def _post_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm:
-    """BERT's <layer>.attention.output.LayerNorm, found from its <layer>.attention.self."""
+    """The post-norm block's LayerNorm, found from the attention module (BERT's <layer>.attention.self ->
+    <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm)."""
+    fam = family_of(model)
+    assert fam is not None
     name = next(n for n, mod in model.named_modules() if mod is attention)
-    ln = model.get_submodule(name.rsplit(".", 1)[0] + ".output.LayerNorm")
+    parent = name.rsplit(".", 1)[0] if "." in name else ""
+    ln = model.get_submodule(f"{parent}.{POST_NORM[fam.name]}" if parent else POST_NORM[fam.name])
     assert isinstance(ln, nn.LayerNorm)
     return ln
 

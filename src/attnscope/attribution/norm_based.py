@@ -50,7 +50,7 @@ def norm_based(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     matrices, errors = [], []
     for block in capture_blocks(m, inputs, whole_block=False):
         errors.append(output_error(block, block.attention_sum()))
-        matrices.append(normalise_rows(layer_norms(block).numpy()))
+        matrices.append(normalise_rows(layer_norms(block).cpu().numpy()))
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
     detail = (f"per layer, the vectors alpha f(x_j) whose norms are taken add up with b_O to the output "

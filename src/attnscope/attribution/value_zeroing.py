@@ -139,7 +139,7 @@ def cosine_distance(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     below 0 and exact near 0 where 1 - cos would cancel): [token, d_model] x2 -> [token]."""
     a64, b64 = a.double(), b.double()
     unit_a, unit_b = a64 / a64.norm(dim=-1, keepdim=True), b64 / b64.norm(dim=-1, keepdim=True)
-    return np.asarray((0.5 * (unit_a - unit_b).pow(2).sum(-1)).numpy(), dtype=np.float64)
+    return np.asarray((0.5 * (unit_a - unit_b).pow(2).sum(-1)).cpu().numpy(), dtype=np.float64)
 
 
 @torch.no_grad()
