@@ -204,3 +204,16 @@ def test_no_caption_leaves_the_caption_out(capsys: pytest.CaptureFixture[str], c
     assert pdf_pages(pdf.read_bytes()) == 1
     code, out, err = run(capsys, "view", TEXT, "--no-caption", "-o", str(tmp_path / "page.html"))
     assert code == 2 and out == "" and err.count("\n") == 1 and "--no-caption is for a figure" in err
+
+
+def test_neuron_figure_of_a_long_text_draws_the_strongest_keys(open_page: Callable[..., Any],
+                                                               minilm: attnscope.Model) -> None:
+    long = trace("every token of this long sentence attends to the others again " * 12, model=minilm,
+                 max_length=128)
+    root = figure_svg(open_page, long, "neuron", "paper-neuron-long", layer=0, head=0, query=5, neuron="all")
+    drawn = [int(g.get("data-key", "-1")) for g in root.iter(f"{NS}g") if g.get("class") == "k"]
+    row = long.weights[0, 0, 5]  # [key]
+    assert long.n_tokens == 128 and len(drawn) == 96 and drawn == sorted(drawn)
+    assert row[drawn].min() >= np.delete(row, drawn).max()  # the 96 largest weights (ties either way)
+    caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))
+    assert "the 96 keys with the largest weights of 128" in caption

@@ -14,7 +14,6 @@
   const FIG_LABELS = 160; // up to this many rows carry token labels, more carry index ticks
   const FIG_LINES = 12000; // a head figure draws at most this many lines, the strongest (the caption says so)
 
-
   function colour(value) {
     const lut = A.lut("light");
     const i = Math.max(0, Math.min(255, Math.round(value * 255))) * 4;
@@ -29,7 +28,6 @@
     }
     return A.describeCheck(model, layer, heads).text;
   }
-
 
   // An encoder-decoder page's kind of attention is named first (cross: rows target tokens, columns source tokens);
   // a self-attention page has no kind (an empty attention_label), left out.

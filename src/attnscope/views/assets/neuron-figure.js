@@ -13,6 +13,7 @@
   const GAP = 16; // px between the figure's columns
   const NUMBER = 72; // px: a column of numbers
   const BAR = 90; // px: a weight of 1
+  const MAX_KEYS = 96; // rows a figure draws: past this, the keys with the largest weights (the caption says so)
 
   function maxAbs(values) {
     let m = 0;
@@ -36,15 +37,23 @@
     return { k: label, qk: qk, score: score, scaled: score + NUMBER + 8, bar: score + NUMBER + 8 + GAP };
   }
 
-  // Every key's row: its label, k, q × k, q · k, scaled (masked keys of a causal model: −∞) and the weight.
-  function keyRows(model, b, query, x, y0, cw, tops) {
+  // The keys drawn, in order: every key, or on a long text the MAX_KEYS with the largest weights.
+  function drawnKeys(b, query, n) {
+    const keys = [...Array(n).keys()];
+    if (n <= MAX_KEYS) return keys;
+    const row = b.weights.subarray(query * n, (query + 1) * n);
+    return keys.sort((i, j) => row[j] - row[i]).slice(0, MAX_KEYS).sort((i, j) => i - j);
+  }
+
+  // Each drawn key's row: its label, k, q × k, q · k, scaled (masked keys of a causal model: −∞) and the weight.
+  function keyRows(model, b, query, keys, x, y0, cw, tops) {
     const [n, d] = [A.keys(model).n, b.d];
     const q = Array.from(b.q.subarray(query * d, (query + 1) * d));
     const scaling = f32(b.scaling);
     const bias = b.position_bias ? b.position_bias.subarray(query * n, (query + 1) * n) : null; // T5's, per key
     const out = [];
-    for (let j = 0; j < n; j++) {
-      const y = y0 + j * F.ROW;
+    for (const [r, j] of keys.entries()) {
+      const y = y0 + r * F.ROW;
       const k = Array.from(b.k.subarray(j * d, (j + 1) * d));
       const masked = model.causal && j > query;
       const score = b.scores[query * n + j];
@@ -69,20 +78,20 @@
     const cw = Math.max(2, Math.min(8, Math.floor(256 / d)));
     const label = F.widest(model, 12) + 8;
     const x = columns(label, d * cw);
+    const keys = drawnKeys(b, query, n);
     const q = Array.from(b.q.subarray(query * d, (query + 1) * d));
-    const k = Array.from(b.k.subarray(0, n * d));
-    const prod = [];
-    for (let j = 0; j < n; j++) for (let t = 0; t < d; t++) prod.push(f32(q[t] * k[j * d + t]));
+    const k = keys.flatMap((j) => Array.from(b.k.subarray(j * d, (j + 1) * d)));
+    const prod = k.map((v, i) => f32(q[i % d] * v));
     const tops = { qk: maxAbs([...q, ...k]) || 1, prod: maxAbs(prod) || 1 }; // one colour scale for q and k
     const y0 = 2 * F.ROW + 10; // below the query's row and the column titles
     const heads = [[x.k, "k", ""], [x.qk, "q × k (elementwise)", ""], [x.score, "q · k", ' text-anchor="end"'],
       [x.scaled, b.position_bias ? "scaled + bias" : "scaled", ' text-anchor="end"'], [x.bar, "softmax weight", ""]];
-    const legend = y0 + n * F.ROW + 22;
+    const legend = y0 + keys.length * F.ROW + 22;
     const body = [F.text(x.k - 4, 13, A.tokenLabel(model, query), ' text-anchor="end" font-weight="600"'),
       vector("q", q, x.k, 0, cw, tops.qk), F.text(x.k + d * cw + 6, 13, "q (the query)", ` fill="${F.MUTED}"`),
       `<g class="titles" font-weight="600">${F.text(x.k - 4, y0 - 6, "key", ' text-anchor="end"')}` +
       `${heads.map(([at, s, extra]) => F.text(at, y0 - 6, s, extra)).join("")}</g>`,
-      `<g class="keys">${keyRows(model, b, query, x, y0, cw, tops)}</g>`,
+      `<g class="keys">${keyRows(model, b, query, keys, x, y0, cw, tops)}</g>`,
       F.divergingBar(x.k, legend, d * cw, tops.qk, "colour of q and k"),
       F.divergingBar(x.qk, legend, d * cw, tops.prod, "colour of q × k")];
     const info = model.payload.model || {};
@@ -91,7 +100,7 @@
     const grouped = info.kv_heads && info.kv_heads < info.heads; // grouped-query attention: k of a shared k/v head
     const parts = [`layer ${layer}`, `head ${head}`, grouped ? `k of k/v head ${Math.floor(head / (info.heads / info.kv_heads))}` : null,
       `query ${A.tokenLabel(model, query)}`, info.rope ? "q and k after the rotation (RoPE)" : null,
-      "exact float32"];
+      keys.length < n ? `the ${keys.length} keys with the largest weights of ${n}` : null, "exact float32"];
     return F.svg(body.join("\n"), x.bar + BAR + 70, legend + 30,
                  [...F.caption(model, "neuron", parts, layer, [head]), rule], options);
   }
