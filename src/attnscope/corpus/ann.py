@@ -24,9 +24,9 @@ if TYPE_CHECKING:
 LIBRARY = "faiss"
 INSTALL = "pip install 'attnscope[corpus]'"
 KINDS = ("embedding", "context")  # the whole-layer vectors that get an approximate index
-CONNECTIONS = 32  # HNSW's M: links per node
-EF_CONSTRUCTION = 128
-EF_SEARCH = 128  # candidates kept while searching (at least 2 k)
+CONNECTIONS = 16  # HNSW's M: links per node
+EF_CONSTRUCTION = 100
+EF_SEARCH = 64  # candidates kept while searching (at least 2 k)
 ADD_ROWS = 65536
 
 _LOADED: dict[str, Any] = {}  # path -> faiss index, read once per process

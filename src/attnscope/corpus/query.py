@@ -26,7 +26,7 @@ def index_model(index: CorpusIndex, model: ModelLike = None) -> Model:
     model is refused in one line naming both."""
     m = model if isinstance(model, Model) else load_model(model if model is not None else index.model)
     if m.name != index.model:
-        raise AttnscopeError(f"{index.root} was built with the model {index.model}, not {m.name}: search it with "
+        raise AttnscopeError(f"{index.root} was built with {index.model}, not {m.name}: search it with "
                              f"model={index.model}, or build an index with {m.name}", parameter="model")
     return m
 

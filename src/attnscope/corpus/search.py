@@ -76,18 +76,18 @@ def check_query(index: CorpusIndex, layer: int, by: str, head: int | None) -> No
     if by not in BY:
         raise AttnscopeError(f"by={by!r} is not one of {', '.join(BY)}", parameter="by")
     if layer not in index.layers:
-        raise AttnscopeError(f"{index.root} holds layers {_listed(index.layers)} (0-indexed), not layer {layer}: "
-                             "search one of those, or build an index with that layer", parameter="layer")
+        raise AttnscopeError(f"{index.root} holds layers {_listed(index.layers)} (0-indexed), not layer={layer}: "
+                             "search one of those, or build an index that keeps it", parameter="layer")
     if by in PER_HEAD:
         if head is None:
-            raise AttnscopeError(f"by={by!r} compares one head's vectors: name the head (head=H, one of "
-                                 f"{_listed(index.heads)})", parameter="head")
+            raise AttnscopeError(f"by={by!r} compares per-head vectors: give head=H, one of {_listed(index.heads)} "
+                                 "(0-indexed)", parameter="head")
         if head not in index.heads:
             raise AttnscopeError(f"{index.root} holds the q and k of heads {_listed(index.heads)} (0-indexed), not "
-                                 f"head {head}: search one of those, or build an index with that head",
+                                 f"head={head}: search one of those, or build an index that keeps it",
                                  parameter="head")
     elif head is not None:
-        raise AttnscopeError(f"by={by!r} compares whole-layer vectors: head={head} applies to by='query' or 'key'",
+        raise AttnscopeError(f"by={by!r} compares whole-layer vectors: head={head} applies to by='query' and by='key'",
                              parameter="head")
 
 
