@@ -13,6 +13,7 @@ import attnscope
 from attnscope.attribution.blocks import capture_blocks
 from attnscope.attribution.norm_based import layer_norms, norm_based, output_error
 from attnscope.errors import AttnscopeError
+from tests.support.families import build_model, modern_configs
 
 TEXT = "The capital of France is Paris, a city of light."
 
@@ -43,6 +44,13 @@ def test_norm_based_adds_up_on_smollm2(smollm2: attnscope.Model) -> None:
 @pytest.mark.parametrize("family", ["bert", "distilbert", "gpt2", "llama"])
 def test_norm_based_adds_up_on_random_weights(family: str, tiny_model: Callable[[str], attnscope.Model]) -> None:
     check(tiny_model(family), causal=family in ("gpt2", "llama"))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen3", "gpt_oss"])
+def test_norm_based_adds_up_on_modern_random_weights(family: str, minilm: attnscope.Model) -> None:
+    """Soft-capping and windows, QK-norm, attention sinks (weights that sum to less than 1): still additive."""
+    model = build_model(modern_configs()[family](), head="ForCausalLM")
+    check(attnscope.load_model(model, tokenizer=minilm.tokenizer), causal=True)
 
 
 def test_a_missing_bias_or_head_or_wrong_split_fails_the_check(minilm: attnscope.Model) -> None:

@@ -26,6 +26,7 @@ from attnscope.attribution.value_zeroing import (
 from attnscope.capture import intervening
 from attnscope.errors import AttnscopeError
 from attnscope.families import attention_modules
+from tests.support.families import build_model, modern_configs
 
 TEXT = "The capital of France is Paris."
 
@@ -109,11 +110,19 @@ def test_an_intervention_that_changes_anything_fails_the_bit_for_bit_check(minil
     assert (unchanged_error(minilm, x, plain, nudged)[0] > 0.0).any()
 
 
-def test_an_encoder_decoder_is_refused_in_one_line(seq2seq: Callable[[str], attnscope.Model]) -> None:
-    m = seq2seq("bart")
-    with pytest.raises(AttnscopeError, match="encoder-decoder") as err:
-        value_zeroing(m, inputs(m))
-    assert "\n" not in str(err.value)
+def test_value_zeroing_on_gemma2_equals_the_definition(minilm: attnscope.Model) -> None:
+    """Sliding windows, soft-capping and grouped k/v heads: the zeroing still happens inside the real attention."""
+    m = attnscope.load_model(build_model(modern_configs()["gemma2"](), head="ForCausalLM"), tokenizer=minilm.tokenizer)
+    r = value_zeroing(m, inputs(m))
+    assert r.verified is True and np.abs(r.matrices - by_value_projection(m, inputs(m), (0, 1))).max() <= 1e-4
+
+
+def test_encoder_decoders_and_shared_layers_are_refused_in_one_line(
+        seq2seq: Callable[[str], attnscope.Model], tiny_model: Callable[[str], attnscope.Model]) -> None:
+    for m, says in ((seq2seq("bart"), "encoder-decoder"), (tiny_model("albert"), "shared module")):
+        with pytest.raises(AttnscopeError, match=says) as err:
+            value_zeroing(m, inputs(m))
+        assert "\n" not in str(err.value) and err.value.parameter == "methods"
 
 
 def test_a_layer_call_that_bypasses_the_registered_function_fails_the_check(minilm: attnscope.Model) -> None:

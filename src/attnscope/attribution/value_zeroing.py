@@ -43,7 +43,8 @@ from transformers import Cache
 from attnscope.attribution.blocks import one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows
 from attnscope.capture import LayerCapture, capturing, intervening
-from attnscope.families import attention_modules
+from attnscope.errors import AttnscopeError
+from attnscope.families import attention_modules, family_of
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 
@@ -103,6 +104,10 @@ class LayerCall:
 def value_zeroing(m: Model, inputs: dict[str, torch.Tensor], max_batch_tokens: int = MAX_BATCH_TOKENS) -> LayerMixing:
     """Value zeroing per layer for one text (inputs: a tokenizer's tensors, batch of one)."""
     refuse_unsupported(m, "value_zeroing", whole_block=False)
+    fam = family_of(m.model)
+    if fam is not None and fam.shared_layers:
+        raise AttnscopeError(f"value_zeroing calls each layer alone, and {fam.name} runs one shared module for every "
+                             "layer: choose another method (norm applies)", parameter="methods")
     n = one_text(inputs, "value_zeroing")
     plain = layer_outputs(m, inputs)
     errors, cap, layer_calls = unchanged_error(m, inputs, plain, ValueZeroing([(-1, -1)], [], []))
