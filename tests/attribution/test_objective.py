@@ -79,5 +79,5 @@ def test_bad_targets(smollm2: attnscope.Model, minilm: attnscope.Model,
     with pytest.raises(AttnscopeError, match="tokenizes to nothing") as exc:
         build_objective(tiny_lm("gpt2"), "the capital of france is", target="  ")
     assert exc.value.parameter == "target"
-    with pytest.raises(AttnscopeError, match="no target: drop --target"):
+    with pytest.raises(AttnscopeError, match="not a predicted token: drop --target"):
         build_objective(minilm, "time flies", target=" Paris")

@@ -74,7 +74,7 @@ def finite_difference_check(obj: Objective, embeds: torch.Tensor, grads: torch.T
     """Central difference of each target's objective along its gradient's direction u: (f(x+hu) - f(x-hu)) / 2h
     should equal g . u = |g|. The measured value: the largest |fd - |g|| / |g| over targets."""
     errors = []
-    h = FD_STEP_GRADIENT * float(embeds.norm())
+    h = FD_STEP_GRADIENT * float(embeds.detach().norm())
     for t in range(obj.n_targets):
         g = grads[t][None]  # [1, token, d_model]
         u = g / g.norm()

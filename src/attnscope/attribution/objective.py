@@ -227,7 +227,7 @@ def build_objective(m: Model, text: str, target: str | None = None, max_length: 
     if kind == ENCODER:
         if target is not None:
             raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder without a head: what is explained is "
-                                 "the cosine similarity of its pooled sentence embedding, so there is no target: "
+                                 "the cosine similarity of its pooled sentence embedding, not a predicted token: "
                                  "drop --target", parameter="target")
         obj = _encoder_objective(m, ids, tokens, type_ids)
         obj.text, obj.max_length = text, max_length

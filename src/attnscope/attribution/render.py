@@ -18,8 +18,8 @@ def _check_cell(ms: MethodScores) -> str:
     c = ms.check
     if c.verified is None:
         return f"NOT VERIFIED: {c.detail}"
-    return f"{c.status} {c.name} {_cell(c.value)} <= {c.bound:.0e}" if c.verified else \
-        f"FAIL {c.name} {_cell(c.value)} > {c.bound:.0e}"
+    return f"{c.status} {c.name} {_cell(c.value)} <= {c.bound:.1g}" if c.verified else \
+        f"FAIL {c.name} {_cell(c.value)} > {c.bound:.1g}"
 
 
 def _cost_cell(ms: MethodScores) -> str:
@@ -52,22 +52,26 @@ def methods_legend(a: Attribution) -> list[str]:
 
 
 def text_renderables(a: Attribution) -> list[Any]:
-    """rich renderables: a header, per target a table (methods x tokens, check, cost), the legend, the verdict."""
+    """rich renderables: a header; per target a table (a row per token, a column per method); the checks table
+    (check, measured value, bound, cost per method); the legend; the verdict."""
     from rich.markup import escape
     from rich.table import Table
 
     out: list[Any] = [escape(f"{a.model} ({a.architecture}): {a.description}")]
     for t, target in enumerate(a.targets):
         table = Table(title=escape(f"target {t} (0-indexed): {target!r}"), title_justify="left")
-        table.add_column("method")
-        for label in _token_labels(a):
-            table.add_column(escape(label), justify="right")
-        table.add_column("check")
-        table.add_column("cost", justify="right")
-        for name, ms in a.methods.items():
-            table.add_row(escape(name), *(_cell(float(x)) for x in ms.scores[t]), escape(_check_cell(ms)),
-                          _cost_cell(ms))
+        table.add_column("token")
+        for name in a.methods:
+            table.add_column(escape(name), justify="right")
+        for i, label in enumerate(_token_labels(a)):
+            table.add_row(escape(label), *(_cell(float(ms.scores[t, i])) for ms in a.methods.values()))
         out.append(table)
+    checks = Table(title="checks", title_justify="left")
+    for col in ("method", "check", "cost"):
+        checks.add_column(col, justify="right" if col == "cost" else "left")
+    for name, ms in a.methods.items():
+        checks.add_row(escape(name), escape(_check_cell(ms)), _cost_cell(ms))
+    out.append(checks)
     out += [escape(line) for line in methods_legend(a)]
     out.append(escape(summary_line(a)))
     return out
