@@ -18,7 +18,7 @@ def gpt2_dir(tiny_lm: Callable[[str], attnscope.Model], tmp_path_factory: pytest
 
 
 def test_json_minilm(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run(capsys, "attribute", "time flies like an arrow", "--methods",
+    code, out, _ = run(capsys, "attribute", "time flies like an arrow", "--methods",
                          "rollout,integrated_gradients,leave_one_out", "--format", "json")
     data = json.loads(out)
     assert code == 0 and data["status"] == "PASS" and data["kind"] == "encoder"

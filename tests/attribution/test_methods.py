@@ -51,7 +51,7 @@ def test_encoder_decoders_run_what_applies(tiny_lm: Callable[[str], attnscope.Mo
     a = attribute(TEXT, model=tiny_lm("bart"), methods="all")
     assert set(a.methods) == {"saliency", "input_x_gradient", "integrated_gradients", "leave_one_out",
                               "leave_one_out_replaced"}
-    with pytest.raises(AttnscopeError, match="rollout does not apply to .*three kinds of attention"):
+    with pytest.raises(AttnscopeError, match=r"rollout does not apply to .*three kinds of attention"):
         attribute(TEXT, model=tiny_lm("t5"), methods="rollout")
 
 
@@ -59,7 +59,7 @@ def test_refusals(minilm: attnscope.Model) -> None:
     with pytest.raises(AttnscopeError, match="unknown attribution method 'ig'") as exc:
         method_names("saliency,ig")
     assert exc.value.parameter == "methods"
-    with pytest.raises(AttnscopeError, match="saliency does not apply to .*gradient there is 0"):
+    with pytest.raises(AttnscopeError, match=r"saliency does not apply to .*gradient there is 0"):
         attribute("time flies", model=minilm, methods="saliency")
     with pytest.raises(AttnscopeError, match="beyond its budget of max_flow_tokens=3") as exc:
         attribute("time flies like an arrow", model=minilm, methods="flow", max_flow_tokens=3)
