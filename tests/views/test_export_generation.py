@@ -108,3 +108,15 @@ def test_page_download_buttons(generation: GenerationTrace, tmp_path: Path) -> N
             page.click(".as-export[data-format=png]")
         assert Path(got.value.path()).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert errors == []
+
+
+def test_step_figure_without_its_caption(generation: GenerationTrace, tmp_path: Path) -> None:
+    kept = ET.fromstring(generation_figure(generation, tmp_path / "kept.svg", step=1, layer=0).read_bytes())
+    dropped = ET.fromstring(generation_figure(generation, tmp_path / "bare.svg", step=1, layer=0,
+                                              caption=False).read_bytes())
+    assert [e for e in kept.iter(f"{NS}g") if e.get("class") == "caption"]
+    assert not [e for e in dropped.iter(f"{NS}g") if e.get("class") == "caption"]
+    assert "generation view" not in " ".join(t.text or "" for t in dropped.iter(f"{NS}text"))
+    tokens = [t.text for t in group(dropped, "tokens").iter(f"{NS}text")]
+    assert tokens == [t.text for t in group(kept, "tokens").iter(f"{NS}text")] and tokens  # the same step drawn
+    assert float(dropped.get("height", "0")) < float(kept.get("height", "0"))
