@@ -217,3 +217,24 @@ def test_neuron_figure_of_a_long_text_draws_the_strongest_keys(open_page: Callab
     assert row[drawn].min() >= np.delete(row, drawn).max()  # the 96 largest weights (ties either way)
     caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))
     assert "the 96 keys with the largest weights of 128" in caption
+
+
+def test_neuron_figure_of_a_causal_grouped_query_model(open_page: Callable[..., Any],
+                                                       smollm2: attnscope.Model) -> None:
+    """SmolLM2: k from the k/v head the query head reads (grouped-query attention), q and k after RoPE as traced,
+    the keys after the query masked (−∞, weight 0)."""
+    tr = trace("Hello world,\nhow are you today?", model=smollm2)
+    layer, head, query = 3, 4, 5
+    root = figure_svg(open_page, tr, "neuron", "paper-neuron-smol", layer=layer, head=head, query=query,
+                      neuron=[(layer, head)])
+    q, k = tr.arrays["q"][layer, head, query], tr.arrays["k"][layer, tr.kv_head(head)]  # [d_head], [key, d_head]
+    assert tr.kv_head(head) != head
+    for j in range(tr.n_tokens):
+        g = group(root, "qk", j)
+        assert np.array_equal([float(r.get("data-value", "nan")) for r in g.iter(f"{NS}rect")], q * k[j])
+    scaled, weights = by_class(root, "scaled"), [float(w) for w in by_class(root, "weight")]
+    assert scaled[query + 1:] == ["−∞"] * (tr.n_tokens - query - 1) and not any(weights[query + 1:])
+    assert [float(s) for s in scaled[: query + 1]] == pytest.approx(
+        tr.arrays["scores"][layer, head, query, : query + 1] * tr.scaling[layer], abs=1e-4)
+    caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))
+    assert f"k of k/v head {tr.kv_head(head)}" in caption and "keys after the query masked (−∞)" in caption

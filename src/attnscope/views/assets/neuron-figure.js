@@ -63,7 +63,7 @@
       out.push(F.text(x.k - 4, y + 13, F.keyText(model, j), ` text-anchor="end"${off}`),
         vector("k", k, x.k, y, cw, tops.qk, j), vector("qk", q.map((v, t) => f32(v * k[t])), x.qk, y, cw, tops.prod, j),
         F.text(x.score, y + 13, A.fmt(score), ` text-anchor="end" class="score" data-key="${j}"${MONO}${off}`),
-        F.text(x.scaled, y + 13, masked ? "masked (−∞)" : A.fmt(scaled),
+        F.text(x.scaled, y + 13, masked ? "−∞" : A.fmt(scaled),
                ` text-anchor="end" class="scaled" data-key="${j}"${MONO}${off}`),
         `<rect x="${F.num(x.bar)}" y="${y + 4}" width="${F.num(Math.max(0, weight) * BAR)}" height="${F.ROW - 8}" ` +
         `fill="${F.colour(0.6)}"/>`,
@@ -100,7 +100,8 @@
     const grouped = info.kv_heads && info.kv_heads < info.heads; // grouped-query attention: k of a shared k/v head
     const parts = [`layer ${layer}`, `head ${head}`, grouped ? `k of k/v head ${Math.floor(head / (info.heads / info.kv_heads))}` : null,
       `query ${A.tokenLabel(model, query)}`, info.rope ? "q and k after the rotation (RoPE)" : null,
-      keys.length < n ? `the ${keys.length} keys with the largest weights of ${n}` : null, "exact float32"];
+      keys.length < n ? `the ${keys.length} keys with the largest weights of ${n}` : null,
+      model.causal ? "keys after the query masked (−∞)" : null, "exact float32"];
     return F.svg(body.join("\n"), x.bar + BAR + 70, legend + 30,
                  [...F.caption(model, "neuron", parts, layer, [head]), rule], options);
   }
