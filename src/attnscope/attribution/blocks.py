@@ -39,6 +39,7 @@ PRE_NORM_OUT = {  # the module whose input is the block output x + attention out
     **{name: "layers.{layer}.post_attention_layernorm" for name in ("llama", "mistral", "qwen2", "qwen3", "phi3")},
 }
 BLOCK_FAMILIES = tuple(sorted(set(POST_NORM) | set(PRE_NORM_OUT)))
+LAYER_ALONE = {"value_zeroing"}  # methods that call each layer module alone (not one shared module: ALBERT)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,9 @@ def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
     if fam is None or not attention_modules(m.model):
         raise AttnscopeError(f"{method} needs a model family attnscope has an adapter for; {kind!r} has none",
                              parameter="methods")
+    if method in LAYER_ALONE and fam.shared_layers:
+        raise AttnscopeError(f"{method} calls each layer alone, and {fam.name} runs one shared module for every "
+                             "layer: choose another method (norm applies)", parameter="methods")
     if whole_block and fam.name not in BLOCK_FAMILIES:
         raise AttnscopeError(f"{method} decomposes the whole attention block of {', '.join(BLOCK_FAMILIES)} "
                              f"models only; {kind!r} places its norms otherwise", parameter="methods")

@@ -23,9 +23,10 @@ How it runs, no model code copied:
 The check: with nothing zeroed, the intervened forward's layer outputs equal the untouched model's forward
 bit for bit (max error 0, bound 0), and every layer call made exactly one attention call through the
 registered function (else nothing was zeroed: the check fails). Cost: 2 forward passes plus, per layer,
-ceil(n / rows per call) calls of that layer alone (about one forward pass of n + 1 copies of the text in all);
-no backward. Every family with an attnscope adapter whose layers are separate modules (not ALBERT), encoder-
-decoders excepted.
+ceil(n / rows per call) calls of that layer alone, 1 + n rows in all (one untouched row per call); counted
+in forward passes of the text (the rows of all layer calls over the number of layers), LayerMixing.forwards
+is n + 3 where each layer takes one call; no backward. Every family with an attnscope adapter whose layers
+are separate modules (not ALBERT), encoder-decoders excepted.
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ from transformers import Cache
 from attnscope.attribution.blocks import one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows
 from attnscope.capture import LayerCapture, capturing, intervening
-from attnscope.errors import AttnscopeError
-from attnscope.families import attention_modules, family_of
+from attnscope.families import attention_modules
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 
@@ -104,10 +104,6 @@ class LayerCall:
 def value_zeroing(m: Model, inputs: dict[str, torch.Tensor], max_batch_tokens: int = MAX_BATCH_TOKENS) -> LayerMixing:
     """Value zeroing per layer for one text (inputs: a tokenizer's tensors, batch of one)."""
     refuse_unsupported(m, "value_zeroing", whole_block=False)
-    fam = family_of(m.model)
-    if fam is not None and fam.shared_layers:
-        raise AttnscopeError(f"value_zeroing calls each layer alone, and {fam.name} runs one shared module for every "
-                             "layer: choose another method (norm applies)", parameter="methods")
     n = one_text(inputs, "value_zeroing")
     plain = layer_outputs(m, inputs)
     errors, cap, layer_calls = unchanged_error(m, inputs, plain, ValueZeroing([(-1, -1)], [], []))
@@ -115,17 +111,17 @@ def value_zeroing(m: Model, inputs: dict[str, torch.Tensor], max_batch_tokens: i
     v = [expand_kv(c.v[0], c.weights.shape[1] // c.v.shape[1]) for c in cap.calls]  # [head, key, d_head]
     per_call = max(1, max_batch_tokens // n - 1)
     scores = np.zeros((len(plain), n, n))  # [layer, query i, zeroed token j]
-    calls_ok, layer_runs = True, 0
+    calls_ok, layer_runs, rows_run = True, 0, 0
     for layer, module in enumerate(layer_modules_of(m.model)):
         for start in range(0, n, per_call):
             rows: list[Row] = [(-1, -1), *((layer, j) for j in range(start, min(n, start + per_call)))]
             edit = ValueZeroing(rows, weights, v, first=layer)
             out = zeroed_output(m, module, layer_calls[layer], edit)  # [row, token, d_model]
             calls_ok &= edit.calls == 1  # the layer's one attention call went through the registry
-            layer_runs += 1
+            layer_runs, rows_run = layer_runs + 1, rows_run + len(rows)
             for r, (_, j) in enumerate(rows[1:], start=1):
                 scores[layer, :, j] = cosine_distance(out[0], out[r])
-    return _mixing(scores, errors, calls_ok, 2, layer_runs)
+    return _mixing(scores, errors, calls_ok, 2 + -(-rows_run // len(plain)), layer_runs)  # layer calls as forwards
 
 
 def _mixing(scores: np.ndarray, errors: np.ndarray, calls_ok: bool, forwards: int, layer_runs: int) -> LayerMixing:
