@@ -1,0 +1,185 @@
+"""`POST /api/attribute`: which input tokens carry a prediction, per method, each beside its check (issue 31).
+
+Bounded like the interventions: the text's characters (fields) and tokens (max_length, at most the server's
+max_tokens; a longer text is refused, not cut), the pool's queue and deadline, one model forward at a time; and by
+its cost: one forward of the input is timed and the methods' forward-pass equivalents (`rows`) are admitted against
+the request's deadline before any method runs (422 naming the costliest methods otherwise), and every layer of
+every forward checks the job's stop event. The answer is `Attribution.to_json()` plus "view": the payload that
+assets/attribution.js draws (`attnscope.renderAttributionResponse(element, answer)`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from attnscope.errors import AttnscopeError
+from attnscope.numbers import finite_or_null
+from attnscope.serve.ablation import stopping, timed
+from attnscope.serve.fields import Field, parse_body, read_json
+from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
+from attnscope.serve.pool import checkpoint
+from attnscope.serve.service import Service
+from attnscope.serve.settings import Settings
+from attnscope.views.attribution import attribution_payload
+
+if TYPE_CHECKING:
+    from attnscope.attribution.methods import Method
+    from attnscope.attribution.objective import Objective
+    from attnscope.attribution.record import Attribution
+
+BACKWARD = 2.0  # a backward pass costs about two forwards
+MAX_IG_STEPS = 1024  # the most integrated-gradient steps a request may ask for
+SETTINGS = ("layer", "head", "ig_steps", "ig_max_steps", "ig_tolerance")  # body fields that are methods.Settings
+
+
+@dataclass(frozen=True)
+class AttributeRequest:
+    text: str
+    model: str | None
+    target: str | None
+    methods: str | None
+    layer: int | None = None
+    head: int | None = None
+    ig_steps: int | None = None
+    ig_max_steps: int | None = None
+    ig_tolerance: float | None = None
+    raw_tokens: bool = False
+    max_length: int | None = None  # null: the server's max_tokens or the model's positions, the smaller
+    deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
+
+
+_NUMBER = {"type": "number", "nullable": True}
+_ROWS = {"type": "array", "items": {"type": "array", "items": _NUMBER}, "description": "[target][token]; null: NaN"}
+_CHECK = {"type": "object", "required": ["name", "status", "value", "bound", "verified", "detail"], "properties": {
+    "name": {"type": "string"}, "status": {"type": "string", "enum": ["PASS", "FAIL", "NOT VERIFIED"]},
+    "value": _NUMBER, "bound": _NUMBER, "verified": {"type": "boolean", "nullable": True},
+    "detail": {"type": "string"}}}
+_METHOD = {"type": "object", "required": ["method", "unit", "scores", "check", "cost", "settings"], "properties": {
+    "method": {"type": "string"}, "unit": {"type": "string"}, "scores": _ROWS, "check": _CHECK,
+    "cost": {"type": "object", "description": "forwards, backwards (one sequence each) and seconds"},
+    "settings": {"type": "object"}}}
+# The 200 answer's schema, for the OpenAPI document (serve/openapi.py).
+RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "architecture", "kind", "description", "tokens", "targets", "status", "methods", "view"],
+    "properties": {
+        "model": {"type": "string"}, "architecture": {"type": "string"},
+        "kind": {"type": "string", "enum": ["causal", "seq2seq", "encoder"], "description": "what is explained"},
+        "description": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "object"}},
+        "targets": {"type": "array", "items": {"type": "string"}},
+        "status": {"type": "string", "enum": ["PASS", "FAIL", "NOT VERIFIED"]},
+        "methods": {"type": "object", "additionalProperties": _METHOD, "description": "by method name"},
+        "view": {"type": "object", "description": "the attribution view's payload (views/attribution.py), drawn "
+                 "by attnscope.renderAttributionResponse"},
+    },
+}
+SUMMARY = ("Which input tokens carry a prediction, per attribution method, each beside its check "
+           "(as `attnscope attribute --format json`, plus the view's payload)")
+
+
+def attribute_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+    """The body of POST /api/attribute (validation and the OpenAPI schema alike)."""
+    return [
+        Field("text", "string", "The input (encoder-decoders: the source).", required=True,
+              max_length=settings.max_chars),
+        _model_field(models),
+        Field("target", "string", "Causal LMs and encoder-decoders: the continuation explained, e.g. \" Paris\" "
+              "(null: the model's greedy next token; encoders explain their pooled embedding and take none).",
+              nullable=True, max_length=settings.max_chars),
+        Field("methods", "string", "Methods, comma-separated (\"saliency,rollout\"), or \"all\"; null for the "
+              "defaults that apply to the model. A method named that does not apply is refused (422).",
+              nullable=True, max_length=1000, empty='name methods such as "saliency,rollout", or send null'),
+        Field("layer", "integer", "attention, attention_x_gradient, rollout: the layer, 0-indexed (null: the last).",
+              nullable=True, minimum=0),
+        Field("head", "integer", "attention, attention_x_gradient: one head, 0-indexed (null: the mean of the "
+              "heads).", nullable=True, minimum=0),
+        Field("ig_steps", "integer", "integrated_gradients: the first number of steps (null: 32), doubled until "
+              "completeness holds.", nullable=True, minimum=1, maximum=MAX_IG_STEPS),
+        Field("ig_max_steps", "integer", "integrated_gradients: the cap on steps (null: 512).", nullable=True,
+              minimum=1, maximum=MAX_IG_STEPS),
+        Field("ig_tolerance", "number", "integrated_gradients: the completeness wanted, a fraction of "
+              "f(x) - f(baseline) (null: 0.01).", nullable=True, minimum=0, maximum=0.5, exclusive_minimum=True),
+        Field("raw_tokens", "boolean", "The view's tokens as the tokenizer spells its pieces (\"Ġworld\") rather "
+              "than as they read.", default=False),
+        _max_length_field(settings),
+    ]
+
+
+def forward_rows(method: str, obj: Objective, steps: int) -> float:
+    """Forward-pass equivalents of one method on this input (a backward counts BACKWARD): n tokens, T targets;
+    integrated gradients at its first `steps` (more when completeness asks for them: then the deadline stops it)."""
+    n, t = obj.n_tokens, obj.n_targets
+    grad = t * (1 + BACKWARD)
+    rows = {"attention_x_gradient": grad, "saliency": grad + 2 * t, "input_x_gradient": grad + 2 * t,
+            "integrated_gradients": steps * grad + 1, "leave_one_out": n + 1, "leave_one_out_replaced": n + 1,
+            "value_zeroing": n + 2}
+    return rows.get(method, 1.0)  # attention, rollout, flow, alti, norm: one (hooked or traced) forward
+
+
+def admit(methods: Sequence[Method], obj: Objective, steps: int, row_seconds: float, deadline: float) -> None:
+    """Refuse (AttnscopeError: 422) methods whose forwards cannot finish before `deadline` (time.monotonic()),
+    naming the costliest and how to fit."""
+    rows = {m.name: forward_rows(m.name, obj, steps) for m in methods}
+    if any(name in rows for name in ("attention", "rollout", "flow", "attention_x_gradient")):
+        rows["the verified trace"] = 2.0  # the attention-based methods share one traced and recomputed forward
+    total = sum(rows.values())
+    left = deadline - time.monotonic()
+    if total * row_seconds <= left:
+        return
+    costly = ", ".join(f"{name} ~{rows[name]:.0f}" for name in sorted(rows, key=rows.__getitem__, reverse=True)[:3])
+    raise AttnscopeError(
+        f"these methods need about {total:.0f} forward passes of {obj.n_tokens} tokens ({costly}), about "
+        f"{total * row_seconds:.0f} s at the {row_seconds:.2f} s one took here, over the {max(0.0, left):.0f} s left "
+        "before this request's deadline: name fewer or cheaper methods, lower ig_steps, shorten the text, or start "
+        "the server with a longer --timeout", parameter="methods")
+
+
+def run_attribution(service: Service, req: AttributeRequest, stop: threading.Event) -> Attribution:
+    """The library's attribute_objective on the served model, admitted by its cost, stoppable between layers."""
+    from attnscope.attribution.api import attribute_objective, make_settings
+    from attnscope.attribution.methods import method_names, resolve
+    from attnscope.attribution.objective import build_objective
+
+    m = service.model(req.model)
+    _validate_tokens(service, m, req.text)
+    names = method_names(req.methods)  # an unknown method: 422 before any forward
+    settings = make_settings(**{k: getattr(req, k) for k in SETTINGS if getattr(req, k) is not None})
+    explicit = req.methods not in (None, "all")
+    with service.model_lock(m), stopping(m, stop):
+        checkpoint(stop)
+        obj = build_objective(m, req.text, req.target, max_length=_max_length(service, m, req.max_length),
+                              truncate=False)
+        methods = resolve(names, obj, explicit)
+        admit(methods, obj, settings.ig_steps, timed(lambda: m.model(**obj.inputs())), req.deadline)
+        return attribute_objective(obj, names, settings, explicit)
+
+
+def attribute_body(service: Service, req: AttributeRequest, stop: threading.Event) -> bytes:
+    """The answer: the attribution as JSON (NaN as null) and "view", the payload the page draws."""
+    a = run_attribution(service, req, stop)
+    body: dict[str, Any] = {**a.to_json(), "view": attribution_payload(a, raw_tokens=req.raw_tokens)}
+    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def routes(settings: Settings, service: Service, run: Run, fields: list[Field]) -> list[Route]:
+    """The endpoint; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
+    its 422); fields: attribute_fields (the app's OpenAPI document shows the same)."""
+
+    async def attribute(request: Request) -> Response:
+        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
+        req = AttributeRequest(**parsed, deadline=time.monotonic() + settings.timeout)
+        body_of: Callable[[Any, threading.Event], bytes] = lambda r, stop: attribute_body(service, r, stop)  # noqa: E731
+        body = await run(request, body_of, req)
+        return Response(body, media_type="application/json")
+
+    return [Route("/api/attribute", attribute, methods=["POST"])]
