@@ -1,0 +1,167 @@
+"""Corpus index (issue 33): build speed against the plain forward, search latency and recall at scale, memory and
+disk per token.
+
+(1) Build speed, on the first --documents sentences of the UD slice with the bundled MiniLM: `build_index` (every
+    layer, every head: q, k, context, embedding and attention summary written to disk; no approximate index)
+    against the plain forward (the model's own attention, no capture, no hidden states) over the same batches
+    (attnscope.stats.batching, tokenizing counted for both). Best of --repeats. Target: >= 0.7x.
+(2) Search at --tokens tokens (default 1,000,000): the corpus is made from the bundled sentences, each document the
+    sentence i followed by the sentence (i + step) mod 500 for step = 1, 2, ... (every pair is a new context, so
+    every token's vector is a new one), indexed at layer 3 (head 0) with the FAISS index of the embeddings. 200 queries
+    (stored vectors plus Gaussian noise of 0.05 per coordinate): exact (float64, the reference) and approximate
+    latency p50/p95 and recall@10. Target: p95 < 50 ms at recall@10 >= 0.95.
+(3) Peak RSS of this process after each part; bytes on disk per token (arrays; approximate index).
+
+Usage: .venv/bin/python benchmarks/bench_index.py [--documents 500] [--tokens 1000000] [--repeats 2] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import attnscope
+from attnscope.corpus.index import build_index
+from attnscope.corpus.search import exact_search, find, vectors
+from attnscope.corpus.store import CorpusIndex
+from attnscope.corpus.tags import TaggedSource
+from attnscope.stats.batching import batches, chunks
+from attnscope.stats.settings import Settings
+from attnscope.stats.sources import Source
+from corpus import ud_dev
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def plain_forward(model: attnscope.Model, source: Source, settings: Settings) -> tuple[float, int]:
+    """Seconds and tokens of the plain forward over the build's batches (tokenizing included)."""
+    tokens, start = 0, time.perf_counter()
+    with torch.inference_mode():
+        for chunk in chunks(source, settings.limit, settings.chunk_documents):
+            for batch in batches(model, chunk, settings):
+                model.base(**batch.inputs)
+                tokens += batch.tokens
+    return time.perf_counter() - start, tokens
+
+
+def build_speed(model: attnscope.Model, documents: int, repeats: int, work: Path) -> None:
+    settings = Settings(limit=documents, batch_size=32, checkpoint_every=10**6)
+    source = TaggedSource(str(ud_dev()))
+    plain, built = [], []
+    for r in range(repeats):
+        plain.append(plain_forward(model, source, settings)[0])
+        start = time.perf_counter()
+        result = build_index(source, work / f"speed{r}", model, settings=settings, ann=())
+        built.append(time.perf_counter() - start)
+    disk = sum(p.stat().st_size for p in (work / "speed0").rglob("*") if p.is_file())
+    print(f"(1) {documents} sentences, {result.tokens:,} tokens, all {model.n_layers} layers and {model.n_heads} heads")
+    print(f"    plain forward {min(plain):.2f} s ({result.tokens / min(plain):,.0f} tokens/s); index build "
+          f"{min(built):.2f} s ({result.tokens / min(built):,.0f} tokens/s): {min(plain) / min(built):.2f}x "
+          f"(target >= 0.7x); runs: plain {', '.join(f'{t:.2f}' for t in plain)}, build "
+          f"{', '.join(f'{t:.2f}' for t in built)}")
+    print(f"    disk {disk / result.tokens:,.0f} bytes per token (every layer and head); "
+          f"peak RSS {peak_rss_mb():,.0f} MB")
+
+
+def pairs_corpus(path: Path, tokens: int, model: attnscope.Model) -> int:
+    """Write documents of sentence pairs until about `tokens` tokens; returns the number of documents."""
+    sentences = [d.text for d in Source(str(ud_dev()))]
+    lengths = [len(model.tokenizer(s)["input_ids"]) - 2 for s in sentences]  # without [CLS] and [SEP]
+    total = n = 0
+    with path.open("w", encoding="utf-8") as out:
+        for step in range(1, len(sentences)):
+            for i, s in enumerate(sentences):
+                if total >= tokens:
+                    return n
+                j = (i + step) % len(sentences)
+                out.write(f"{s} {sentences[j]}\n")
+                total += lengths[i] + lengths[j] + 2
+                n += 1
+    return n
+
+
+def search_at_scale(model: attnscope.Model, tokens: int, work: Path) -> None:
+    text = work / "pairs.txt"
+    n = pairs_corpus(text, tokens, model)
+    start = time.perf_counter()
+    result = build_index(Source(str(text)), work / "big", model, layers=[3], heads=[0],
+                         settings=Settings(batch_size=32, checkpoint_every=50), ann=("embedding",))
+    seconds = time.perf_counter() - start
+    index = CorpusIndex(work / "big", verify=False)
+    arrays = sum(p.stat().st_size for p in (work / "big" / "arrays").iterdir())
+    ann = sum(p.stat().st_size for p in (work / "big" / "ann").iterdir())
+    print(f"(2) {n:,} documents (pairs of the bundled sentences), {result.tokens:,} tokens, layer 3, head 0: built in "
+          f"{seconds:.0f} s with the FAISS index of the embeddings")
+    print(f"    disk per token: arrays {arrays / result.tokens:,.0f} bytes (layer 3: embedding, context, q and k of "
+          f"head 0, summary), FAISS {ann / result.tokens:,.0f} bytes; peak RSS {peak_rss_mb():,.0f} MB")
+    data = vectors(index, "embedding", 3, None)
+    rng = np.random.default_rng(0)
+    queries = np.stack([np.asarray(data[r]) + rng.normal(0, 0.05, data.shape[1])
+                        for r in rng.choice(len(data), 200, replace=False)])  # [query, d_model]
+    truth = top10(data, queries)
+    find(index, queries[0], layer=3)  # the FAISS file read once, as a server would keep it
+    times: dict[str, list[float]] = {"exact": [], "approximate": []}
+    recalls = []
+    for i, q in enumerate(queries):
+        if i < 10:  # exact search reads every vector: timed on 10 queries, and checked against the batched truth
+            t0 = time.perf_counter()
+            rows, _ = exact_search(data, q, 10)
+            times["exact"].append(time.perf_counter() - t0)
+            assert set(rows.tolist()) == set(truth[i].tolist())
+        t1 = time.perf_counter()
+        found, _, _ = find(index, q, layer=3, k=10)
+        times["approximate"].append(time.perf_counter() - t1)
+        recalls.append(len(set(truth[i].tolist()) & set(found.tolist())) / 10)
+    for name, ts in times.items():
+        print(f"    {name:11s} p50 {np.percentile(ts, 50) * 1000:8.2f} ms, p95 {np.percentile(ts, 95) * 1000:8.2f} ms "
+              f"({len(ts)} queries)")
+    print(f"    recall@10 of the approximate index against exact: {np.mean(recalls):.3f} (200 queries; "
+          "target p95 < 50 ms at recall@10 >= 0.95)")
+
+
+def top10(data: np.ndarray, queries: np.ndarray, rows: int = 65536) -> np.ndarray:
+    """The exact 10 nearest rows by cosine distance for every query at once, in float64 (exact_search's
+    definition, one pass over the vectors for all queries). -> [query, 10]"""
+    q = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    best = np.full((len(q), 10), -1, dtype=np.int64)
+    best_d = np.full((len(q), 10), np.inf)
+    for start in range(0, len(data), rows):
+        chunk = np.asarray(data[start:start + rows], dtype=np.float64)
+        d = 1.0 - (q @ chunk.T) / np.linalg.norm(chunk, axis=1)  # [query, rows]
+        all_d = np.concatenate([best_d, d], axis=1)
+        all_rows = np.concatenate([best, np.broadcast_to(np.arange(start, start + len(chunk)), d.shape)], axis=1)
+        keep = np.argsort(all_d, axis=1, kind="stable")[:, :10]
+        best_d, best = np.take_along_axis(all_d, keep, 1), np.take_along_axis(all_rows, keep, 1)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--documents", type=int, default=500)
+    parser.add_argument("--tokens", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--keep", type=Path, default=None, help="build in this directory and keep it")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model = attnscope.load_model()
+    work = args.keep or Path(tempfile.mkdtemp(prefix="bench_index_"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        build_speed(model, args.documents, args.repeats, work)
+        search_at_scale(model, args.tokens, work)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
