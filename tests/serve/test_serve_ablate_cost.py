@@ -39,8 +39,8 @@ def _stop(s: Server) -> None:
 
 @pytest.fixture(scope="module")
 def tight() -> Iterator[Server]:
-    """A 3 s deadline, 512 tokens."""
-    s = start_server("--max-tokens", "512", "--max-chars", "20000", "--timeout", "3")
+    """A 5 s deadline, 512 tokens."""
+    s = start_server("--max-tokens", "512", "--max-chars", "20000", "--timeout", "5")
     yield s
     _stop(s)
 
@@ -71,7 +71,7 @@ def test_an_each_grid_past_the_deadline_is_refused_up_front(tight: Server) -> No
     assert "ablating each of the 72 heads needs 73 forward rows of" in error, error
     assert "before this request's deadline" in error and "shorten the text to about" in error
     assert "--timeout" in error and "\n" not in error
-    assert took < 3.0  # refused after one row, before the deadline
+    assert took < 5.0  # refused after one row, before the deadline
     with tight.client() as c:  # the model is free at once
         t0 = time.monotonic()
         assert c.post("/api/trace", json={"text": SHORT, "stages": []}).status_code == 200
@@ -215,7 +215,7 @@ def test_patching_is_admitted_by_time_and_by_memory(tight: Server, server: Serve
     """Patching every head both ways is one batch of 146 rows: past the deadline, or past what the memory
     ceiling leaves, it is refused before it runs."""
     text = long_text(480)
-    with tight.client() as c:  # a 3 s deadline
+    with tight.client() as c:  # a 5 s deadline
         late = c.post("/api/patch", json={"clean": text, "corrupt": text.replace("cat", "dog")})
     assert late.status_code == 422, late.text[:300]
     assert "patching every head both ways needs 146 forward rows of 480 tokens" in late.json()["error"]

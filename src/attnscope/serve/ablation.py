@@ -95,7 +95,7 @@ def measure(forward: Callable[[int], Any], rows: int, tokens: int, row_bytes: in
     cost = Cost(rows=rows, tokens=tokens, row_seconds=timed(lambda: forward(1)), row_bytes=row_bytes)
     batch = min(rows, BATCH_ROWS)
     left = deadline - time.monotonic()
-    if cost.seconds > left and batch * cost.row_seconds < left / 4:
+    if cost.seconds > left and batch * cost.row_seconds < left / 2:
         per_row = timed(lambda: forward(batch)) / batch
         cost = Cost(rows=rows, tokens=tokens, row_seconds=min(cost.row_seconds, per_row), row_bytes=row_bytes)
     return cost
