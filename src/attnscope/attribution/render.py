@@ -9,6 +9,11 @@ import numpy as np
 
 from attnscope.attribution.record import Attribution, MethodScores
 
+# Column labels in the text table (a terminal is narrow); the legend under the table spells them out.
+SHORT = {"attention": "attn", "rollout": "rollout", "flow": "flow", "attention_x_gradient": "AxG", "saliency": "sal",
+         "input_x_gradient": "IxG", "integrated_gradients": "IG", "leave_one_out": "LOO", "leave_one_out_replaced":
+         "LOO-r", "alti": "ALTI", "norm": "norm", "value_zeroing": "VZ"}
+
 
 def _cell(x: float) -> str:
     return "nan" if not np.isfinite(x) else f"{x:.3g}"
@@ -62,7 +67,7 @@ def text_renderables(a: Attribution) -> list[Any]:
         table = Table(title=escape(f"target {t} (0-indexed): {target!r}"), title_justify="left")
         table.add_column("token")
         for name in a.methods:
-            table.add_column(escape(name), justify="right")
+            table.add_column(escape(SHORT.get(name, name)), justify="right")
         for i, label in enumerate(_token_labels(a)):
             table.add_row(escape(label), *(_cell(float(ms.scores[t, i])) for ms in a.methods.values()))
         out.append(table)
@@ -72,6 +77,7 @@ def text_renderables(a: Attribution) -> list[Any]:
     for name, ms in a.methods.items():
         checks.add_row(escape(name), escape(_check_cell(ms)), _cost_cell(ms))
     out.append(checks)
+    out.append(escape("columns: " + ", ".join(f"{SHORT.get(n, n)} = {n}" for n in a.methods)))
     out += [escape(line) for line in methods_legend(a)]
     out.append(escape(summary_line(a)))
     return out
