@@ -49,13 +49,22 @@ def test_step_figure_has_every_token_as_text_shaded_by_the_weights(generation: G
     assert root.tag == f"{NS}svg" and not list(root.iter(f"{NS}script"))
     pos = g.steps[2].position
     texts = [t.text for t in group(root, "tokens").iter(f"{NS}text")]
-    assert texts == [t.text for t in g.tokens[: pos + 1]]  # every token so far, the one step 2 writes last
+    # every token so far as it reads, the one step 2 writes last: the prompt's pieces as the tokenizer decodes them,
+    # each step's text added to the output (a special token, which adds none, as it is spelled)
+    shown = [t.shown for t in g.prompt_tokens] + [s.piece or s.text for s in g.steps]
+    assert texts == [t.replace("\n", "↵") for t in shown[: pos + 1]]
     assert {"<", "&", ">"} <= set(texts)  # markup characters stay text
     weights = g.step_weights(2)[1, 3]  # [key]: the step's query over positions 0..pos-1
     shades = [float(r.get("fill-opacity", "0")) for r in group(root, "tokens").iter(f"{NS}rect")]
     expected = 0.08 + 0.8 * weights / weights.max()
     assert len(shades) == pos + 1 and shades[-1] == 0  # the token written is not attended to: not shaded
     assert max(abs(s - e) for s, e in zip(shades[:-1], expected, strict=True)) <= 0.8 / 65535 + 5e-4
+    bar = group(root, "colourbar")  # what the shades mean: #08519c at opacity 0.08 (0) to 0.88 (the max)
+    top = next(t.text or "" for t in bar.iter(f"{NS}text") if t.get("class") == "max")
+    assert top.endswith("(max)") and float(top.split()[0]) == pytest.approx(float(weights.max()), abs=5e-5)
+    bands = [r.get("fill") for r in bar.iter(f"{NS}rect") if r.get("fill") != "none"]
+    blend = ["#" + "".join(f"{round(255 + (c - 255) * a):02x}" for c in (8, 81, 156)) for a in (0.88, 0.08)]
+    assert [bands[0], bands[-1]] == blend
     caption = " · ".join(t.text or "" for t in group(root, "caption").iter(f"{NS}text"))  # lines wrap at " · "
     assert f"generation view · step 2 writes position {pos} · layer 1 · head 3 · 0-indexed" in caption
     assert re.search(r"verified: every step recomputed with its KV cache .* max error \d\.\de-\d\d", caption), caption

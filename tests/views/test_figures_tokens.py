@@ -81,3 +81,23 @@ def test_a_trace_saved_without_decodings_still_loads(smol: Trace, tmp_path: Path
     assert [t.decoded for t in old.tokens] == [None] * smol.n_tokens
     assert page_payload(to_html(old, "head"))["tokens"] == smol.token_strings  # its pieces, as they were shown
     assert [t.shown for t in load_trace(path).tokens] == smol.token_strings
+
+
+def test_the_generation_figure_shows_tokens_as_they_read(smollm2: attnscope.Model, tmp_path: Path) -> None:
+    from attnscope.tracing.decoding import generate
+    from attnscope.views.generation import generation_figure
+
+    g = generate("The capital of France is", model=smollm2, max_new_tokens=3)
+    read = labels_of(generation_figure(g, tmp_path / "g.svg", step=2, layer=1).read_text(encoding="utf-8"))
+    shown = [t.shown for t in g.prompt_tokens] + [s.piece or s.text for s in g.steps]
+    assert read == [t.replace("\n", "↵") for t in shown]  # a newline drawn as ↵
+    assert not any("Ġ" in t for t in read) and " capital" in read
+    raw = labels_of(generation_figure(g, tmp_path / "r.svg", step=2, layer=1, raw_tokens=True).read_text("utf-8"))
+    assert raw == [t.text for t in g.tokens] and "Ġcapital" in raw
+
+
+def labels_of(svg: str) -> list[str]:
+    """The generation figure's tokens: one <text> each, whitespace kept (xml:space="preserve")."""
+    root = ET.fromstring(svg.encode("utf-8"))
+    g = next(e for e in root.iter(f"{NS}g") if e.get("class") == "tokens")
+    return [t.text or "" for t in g.iter(f"{NS}text")]

@@ -18,6 +18,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.views.page import _asset, _csp, json_for_script
+from attnscope.views.payload import token_texts
 
 if TYPE_CHECKING:
     from attnscope.records.generation import GeneratedToken, GenerationTrace
@@ -75,14 +76,20 @@ def step_payload(g: GenerationTrace, step: int, rollout: np.ndarray | None = Non
     return out
 
 
-def generation_payload(g: GenerationTrace, initial: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The page's data; initial: the step, layer, head (None: the mean over heads) and source shown first."""
+def generation_payload(g: GenerationTrace, initial: dict[str, Any] | None = None,
+                       raw_tokens: bool = False) -> dict[str, Any]:
+    """The page's data; initial: the step, layer, head (None: the mean over heads) and source shown first.
+
+    prompt_shown: the prompt's tokens as they read (the tokenizer's decoding of each piece), which the step figure
+    shows with each step's piece of the output; raw_tokens: the figure shows the pieces as spelled ("Ġthe")."""
     rollout = g.trace.rollout() if g.n_steps else None  # [layer, query, key]: causal rows need no later row
     report = g.check()
     return {
         "title": f"{g.model.get('name')}: generation from a {g.prompt_length}-token prompt",
         "model": {"name": g.model.get("name"), "layers": g.trace.n_layers, "heads": g.trace.n_heads},
         "prompt_tokens": [t.text for t in g.prompt_tokens],
+        "prompt_shown": token_texts(g.prompt_tokens),
+        "raw_tokens": raw_tokens,
         "prompt_length": g.prompt_length,
         "settings": g.settings,
         "stopped": g.stopped,
@@ -108,10 +115,10 @@ def script() -> str:
     return "\n".join(_asset(n) for n in SCRIPTS)
 
 
-def generation_html(g: GenerationTrace, initial: dict[str, Any] | None = None) -> str:
+def generation_html(g: GenerationTrace, initial: dict[str, Any] | None = None, raw_tokens: bool = False) -> str:
     """A self-contained page: tokens appear step by step, each step's attention, its top-k bars.
-    initial: initial_state(g, ...), what it shows first."""
-    data = generation_payload(g, initial)
+    initial: initial_state(g, ...), what it shows first; raw_tokens: as generation_payload's."""
+    data = generation_payload(g, initial, raw_tokens)
     code = script() + BOOT
     return (
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -133,11 +140,13 @@ def generation_page(g: GenerationTrace) -> Any:
 
 def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step: int | None = None,
                       layer: int | None = None, head: int | None = None, source: str = "weights",
-                      fmt: str | None = None, scale: float = 2.0, caption: bool = True) -> Path:
+                      fmt: str | None = None, scale: float = 2.0, caption: bool = True,
+                      raw_tokens: bool = False) -> Path:
     """One step of the generation view as a figure (svg, png or pdf, from fmt or the file's suffix): the text so
     far shaded by the step's attention (layer, head or None for the mean over heads, 0-indexed; step default
     the last), the top alternatives, and the model, step, layer, head and verification badge in the caption
-    (caption=False: none)."""
+    (caption=False: none). Tokens as they read (the prompt's decoded pieces, each step's piece of the output);
+    raw_tokens=True: as the tokenizer spells them ("Ġthe")."""
     from attnscope.views.figures import MAX_SCALE, figure_format, render_figure
 
     kind = figure_format(path, fmt)
@@ -145,5 +154,5 @@ def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step:
         raise AttnscopeError(f"scale must be above 0 and at most {MAX_SCALE:g}, got {scale:g}")
     if not g.n_steps:
         raise AttnscopeError("this generation has no steps to draw: generate at least one token (max_new_tokens)")
-    document = generation_html(g, initial_state(g, step, layer, head, source))
+    document = generation_html(g, initial_state(g, step, layer, head, source), raw_tokens)
     return render_figure(document, Path(path), kind, scale, root="attnscope-generation-root", caption=caption)

@@ -244,6 +244,12 @@
         `fill="${a.token === fig.token ? "#e6550d" : "#9ecae1"}"/>`, text(318, yy + 11, a.probability.toFixed(4)));
     });
     bars.push("</g>");
+    if (fig.row) { // what the shades mean: the token's rectangle is #08519c at opacity 0.08 + 0.8 × weight / max
+      const shade = (v) => `#${[8, 81, 156].map((c) => Math.round(255 + (c - 255) * (0.08 + 0.8 * v))
+        .toString(16).padStart(2, "0")).join("")}`;
+      bars.push(F.colourBar(420, y0 + 12, Math.max(64, fig.alternatives.length * 18 - 6), shade,
+                            [top, 0, `${A.fmt(top)} (max)`], "attention of the step's query"));
+    }
     return svg(out.join("\n") + "\n" + bars.join("\n"), maxW, y0 + 14 + fig.alternatives.length * 18, fig.caption,
                options);
   };

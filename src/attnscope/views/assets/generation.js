@@ -82,7 +82,7 @@
       const who = state.source === "rollout" ? `attention rollout, layer ${state.layer}`
         : `layer ${state.layer} · ${state.head === "mean" ? "mean over heads" : `head ${state.head}`}`;
       return A.generationSVG({
-        tokens: Array.from({ length: s.position + 1 }, (_, i) => tokenAt(i)), row: row(s, model, state.layer,
+        tokens: Array.from({ length: s.position + 1 }, (_, i) => shownAt(i)), row: row(s, model, state.layer,
           state.head, state.source), query: s.keys - 1, step: s.step, token: s.token, alternatives: s.alternatives,
         caption: [`${model.name || "model"} · generation view · step ${s.step} writes position ${s.position} · ${who}` +
           " · 0-indexed", badge.textContent, `shade: the attention of position ${s.keys - 1} (the step's query) to ` +
@@ -100,6 +100,15 @@
       if (i < data.prompt_length) return data.prompt_tokens[i];
       const s = steps[i - data.prompt_length];
       return s ? s.token : "";
+    }
+
+    // A token in the figure, as it reads: the prompt's decoded pieces, a step's text added to the output (a special
+    // token adds none: then its spelling); as spelled when the page was made with raw_tokens.
+    function shownAt(i) {
+      if (data.raw_tokens || !data.prompt_shown) return tokenAt(i);
+      if (i < data.prompt_length) return data.prompt_shown[i];
+      const s = steps[i - data.prompt_length];
+      return s ? s.piece || s.token : "";
     }
 
     function drawText(s, r) {
