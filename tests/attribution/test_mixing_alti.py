@@ -15,6 +15,7 @@ from attnscope.attribution.alti import alti, block_error, contributions, transfo
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
 from attnscope.attribution.mixing import LayerMixing
 from attnscope.errors import AttnscopeError
+from tests.support.families import build_model, modern_configs
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "alti-reference" / "minilm.npz"
 TEXT = "The capital of France is Paris, a city of light."
@@ -71,6 +72,25 @@ def test_alti_adds_up_on_smollm2(smollm2: attnscope.Model) -> None:
 def test_alti_adds_up_on_random_weights(family: str, tiny_model: Callable[[str], attnscope.Model]) -> None:
     m = tiny_model(family)
     assert_mixing(alti(m, inputs(m)), m, causal=family in ("gpt2", "llama"))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3_text"])
+def test_alti_adds_up_on_random_sandwich_norm_models(family: str, minilm: attnscope.Model) -> None:
+    m = attnscope.load_model(build_model(modern_configs()[family](), head="ForCausalLM"), tokenizer=minilm.tokenizer)
+    r = alti(m, inputs(m))
+    assert_mixing(r, m, causal=True)
+    assert "residual + RMSNorm(attention output)" in r.detail
+    for block in _blocks(m):  # the residual inside the norm, or the norm scaling by w and not 1 + w, fails
+        assert block.norm is not None
+        assert block_error(block, *transformed_vectors(dataclasses.replace(block, norm=dataclasses.replace(
+            block.norm, sandwich=False)))) > 1e-3
+        assert block_error(block, *transformed_vectors(dataclasses.replace(block, norm=dataclasses.replace(
+            block.norm, gamma=block.norm.gamma - 1.0)))) > 1e-3
+
+
+def test_alti_adds_up_on_gemma3(gemma3: attnscope.Model) -> None:
+    r = alti(gemma3, inputs(gemma3, "The capital of France is"))
+    assert_mixing(r, gemma3, causal=True)
 
 
 def _blocks(m: attnscope.Model) -> list[LayerBlock]:

@@ -15,6 +15,10 @@ position j, y_i = sum_j T_i(x_j) + (the biases), from the captured pieces (attri
         T_i(x_j) = sum_h alpha^h_ij f^h(norm(x_j)) + [i == j] x_i ;  bias_i = b_O
       The norm (LayerNorm or RMSNorm) acts on each source x_j alone, before the values are taken, so it is
       part of f^h(x_j) exactly: no linear approximation is needed there.
+    sandwich (Gemma 2, Gemma 3), y_i = x_i + RMSNorm(a_i + b_O), a_i = sum_j sum_h alpha^h_ij f^h(norm(x_j)):
+        T_i(x_j) = gamma * sum_h alpha^h_ij f^h(norm(x_j)) / rms_i + [i == j] x_i ;  bias_i = gamma * b_O / rms_i
+      the RMSNorm after attention applied linearly per source as above, with rms_i = sqrt(mean((a_i + b_O)^2)
+      + eps) of the full sum (gamma = 1 + w, as Gemma scales).
 
 Contributions are the paper's distance-based ones (its Eq. 10-11): with d_ij = ||y_i - T_i(x_j)||_1,
 
@@ -48,15 +52,22 @@ def transformed_vectors(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor]:
     assert block.residual is not None
     z = block.attention_vectors().contiguous()  # [query, key, d_model]: a fresh tensor, edited in place below
     diagonal = torch.arange(z.shape[0], device=z.device)
-    z[diagonal, diagonal] += block.residual  # + [i == j] x_i
-    if block.norm is None:
-        return z, block.b_o.expand(z.shape[0], -1)
     n = block.norm
-    full = z.sum(dim=1) + block.b_o  # [query, d_model]: what the LayerNorm receives
-    sigma = torch.sqrt(full.var(dim=-1, unbiased=False) + n.eps)  # [query]: the full sum's statistic
-    scale = n.gamma / sigma[:, None]  # [query, d_model]
-    t = z.sub_(z.mean(dim=-1, keepdim=True)).mul_(scale[:, None, :])  # [query, key, d_model]
-    bias = (block.b_o - block.b_o.mean()) * scale + n.beta  # [query, d_model]
+    if n is None or not n.sandwich:
+        z[diagonal, diagonal] += block.residual  # + [i == j] x_i, before any norm
+    if n is None:
+        return z, block.b_o.expand(z.shape[0], -1)
+    full = z.sum(dim=1) + block.b_o  # [query, d_model]: what the norm receives
+    spread = full.var(dim=-1, unbiased=False) if n.centred else full.pow(2).mean(dim=-1)  # [query]
+    scale = n.gamma / torch.sqrt(spread + n.eps)[:, None]  # [query, d_model]: the full sum's statistic
+    if n.centred:
+        z.sub_(z.mean(dim=-1, keepdim=True))
+        bias = (block.b_o - block.b_o.mean()) * scale + n.beta  # [query, d_model]
+    else:
+        bias = block.b_o * scale + n.beta
+    t = z.mul_(scale[:, None, :])  # [query, key, d_model]
+    if n.sandwich:
+        t[diagonal, diagonal] += block.residual  # the residual joins after the norm
     return t, bias
 
 
@@ -90,7 +101,9 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
         matrices.append(contributions(t, bias))
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
-    where = "LayerNorm output" if blocks[0].norm is not None else "residual + attention output"
+    norm = blocks[0].norm
+    where = ("residual + attention output" if norm is None else "LayerNorm output" if not norm.sandwich
+             else "residual + RMSNorm(attention output)")
     detail = (f"per layer, the transformed vectors plus biases add up to the block's {where} captured from the "
               f"forward pass: max error {float(max_error.max()):.1e} relative to max(1, max |y|), bound {bound:.0e}")
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)

@@ -11,7 +11,9 @@ come from hooks on the real modules (named below); nothing is recomputed from th
 Two block shapes are decomposed (ALTI needs the whole block; norm-based attention only the sum above):
 - post-norm (BERT, RoBERTa, ELECTRA, DistilBERT): block output = LayerNorm(x + output), x the attention input;
 - pre-norm (GPT-2, Llama, Mistral, Qwen2, Qwen3, Phi-3): block output = x + output, with the attention
-  reading norm(x); the block output is what enters the layer's second norm (ln_2, post_attention_layernorm).
+  reading norm(x); the block output is what enters the layer's second norm (ln_2, post_attention_layernorm);
+- sandwich (Gemma 2, Gemma 3): block output = x + RMSNorm(output), the attention reading norm(x); the block
+  output is what enters pre_feedforward_layernorm.
 """
 
 from __future__ import annotations
@@ -38,19 +40,26 @@ PRE_NORM_OUT = {  # the module whose input is the block output x + attention out
     "gpt2": "h.{layer}.ln_2",
     **{name: "layers.{layer}.post_attention_layernorm" for name in ("llama", "mistral", "qwen2", "qwen3", "phi3")},
 }
-BLOCK_FAMILIES = tuple(sorted(set(POST_NORM) | set(PRE_NORM_OUT)))
+SANDWICH = {  # RMSNorm (scaling by 1 + w) on the attention output before the residual sum; then the block output
+    name: ("layers.{layer}.post_attention_layernorm", "layers.{layer}.pre_feedforward_layernorm")
+    for name in ("gemma2", "gemma3_text")
+}
+BLOCK_FAMILIES = tuple(sorted(set(POST_NORM) | set(PRE_NORM_OUT) | set(SANDWICH)))
 LAYER_ALONE = {"value_zeroing"}  # methods that call each layer module alone (not one shared module: ALBERT)
 
 
 @dataclass(frozen=True)
 class Norm:
-    """A post-norm block's LayerNorm: its parameters and what it received and returned (float64)."""
+    """A norm inside the block: its parameters and what it received and returned (float64). A post-norm
+    LayerNorm of x + output (centred), or a sandwich RMSNorm of the output alone before the residual sum."""
 
-    gamma: torch.Tensor  # [d_model]
-    beta: torch.Tensor  # [d_model]
+    gamma: torch.Tensor  # [d_model]: what the normalised vector is multiplied by (1 + w for Gemma's RMSNorm)
+    beta: torch.Tensor  # [d_model] (zeros for RMSNorm)
     eps: float
-    received: torch.Tensor  # [token, d_model]: x + output, as the real module received it
+    received: torch.Tensor  # [token, d_model]: as the real module received it
     returned: torch.Tensor  # [token, d_model]
+    centred: bool = True  # LayerNorm subtracts the mean; RMSNorm does not
+    sandwich: bool = False  # the norm takes the attention output alone, the residual is added after it
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class _Extra:
     residual: list[torch.Tensor] = field(default_factory=list)
     block_output: list[torch.Tensor] = field(default_factory=list)
     norm_in: list[torch.Tensor] = field(default_factory=list)
+    norm_out: list[torch.Tensor] = field(default_factory=list)
 
 
 def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
@@ -141,14 +151,22 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool)
 
 
 def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _Extra) -> LayerBlock:
-    """The block with its residual stream, its captured output and (post-norm) its LayerNorm."""
-    if extra.norm_in:  # post-norm: the residual is the attention input itself
+    """The block with its residual stream, its captured output and (post-norm, sandwich) its norm."""
+    fam = family_of(m.model)
+    assert fam is not None
+    if fam.name in POST_NORM:  # the residual is the attention input itself
         ln = _post_norm(m.model, attention_modules(m.model)[layer])
         norm = Norm(ln.weight.detach().double(), ln.bias.detach().double(), float(ln.eps),
-                    extra.norm_in[layer][0].double(), extra.block_output[layer][0].double())
+                    extra.norm_in[layer][0].double(), extra.norm_out[layer][0].double())
         return replace(block, residual=cap.x[layer][0].double(), block_output=norm.returned, norm=norm)
-    return replace(block, residual=extra.residual[layer][0].double(),
-                   block_output=extra.block_output[layer][0].double())
+    residual, output = extra.residual[layer][0].double(), extra.block_output[layer][0].double()
+    if fam.name in SANDWICH:
+        rms: Any = base_of(m.model).get_submodule(SANDWICH[fam.name][0].format(layer=layer))
+        gamma = 1.0 + rms.weight.detach().double()  # Gemma's RMSNorm scales by 1 + w
+        norm = Norm(gamma, torch.zeros_like(gamma), float(rms.eps), extra.norm_in[layer][0].double(),
+                    extra.norm_out[layer][0].double(), centred=False, sandwich=True)
+        return replace(block, residual=residual, block_output=output, norm=norm)
+    return replace(block, residual=residual, block_output=output)
 
 
 @contextlib.contextmanager
@@ -165,8 +183,12 @@ def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
                 before = pre_attention(m.model, layer)
                 assert before is not None
                 handles.append(before.register_forward_pre_hook(_take_input(extra.residual)))
-                after = base.get_submodule(PRE_NORM_OUT[fam.name].format(layer=layer))
+                out = SANDWICH[fam.name][1] if fam.name in SANDWICH else PRE_NORM_OUT[fam.name]
+                after = base.get_submodule(out.format(layer=layer))
                 handles.append(after.register_forward_pre_hook(_take_input(extra.block_output)))
+                if fam.name in SANDWICH:
+                    rms = base.get_submodule(SANDWICH[fam.name][0].format(layer=layer))
+                    handles.append(rms.register_forward_hook(_take_both(extra)))
     try:
         yield
     finally:
@@ -193,7 +215,7 @@ def _take_input(into: list[torch.Tensor]) -> Any:
 def _take_both(extra: _Extra) -> Any:
     def hook(_mod: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
         extra.norm_in.append(args[0].detach())
-        extra.block_output.append(out.detach())
+        extra.norm_out.append(out.detach())
 
     return hook
 
