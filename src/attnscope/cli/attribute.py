@@ -76,6 +76,7 @@ def _emit(result: Any, fmt: str, path: str | None) -> None:
         text = render.markdown(result)
     else:
         out = console() if path is None else _file_console()
+        out.width = max(out.width, 24 + 10 * len(result.methods))  # a column per method: wider than squeezed
         for r in render.text_renderables(result):
             out.print(r)
         if path is None:
