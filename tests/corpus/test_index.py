@@ -135,6 +135,9 @@ def test_resume_with_other_layers_is_refused_naming_the_difference(
                     resume=True)
     with pytest.raises(AttnscopeError, match="already exists and is not empty: pass resume=True"):
         build_index(TaggedSource(str(ud_dev)), out, minilm, layers=[0], heads=[0], settings=settings, ann=())
+    again = build_index(TaggedSource(str(ud_dev)), out, minilm, layers=[0], heads=[0], settings=settings, ann=(),
+                        resume=True)  # a complete build: nothing to do
+    assert again.resumed_from == again.documents == 8 and again.seconds == 0.0
     assert _files(out) == before
 
 

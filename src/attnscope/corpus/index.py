@@ -21,7 +21,17 @@ from typing import Any
 
 from attnscope import families
 from attnscope.corpus import ann as ann_lib
-from attnscope.corpus.store import DOCUMENTS, FORMAT, VERSION, Appender, ArraySpec, array_specs, write_manifest
+from attnscope.corpus.store import (
+    DOCUMENTS,
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    Appender,
+    ArraySpec,
+    array_specs,
+    read_manifest,
+    write_manifest,
+)
 from attnscope.corpus.tags import UPOS, Vocab
 from attnscope.corpus.vectors import Choice, batch_rows, token_offsets
 from attnscope.errors import AttnscopeError, validate_index
@@ -60,6 +70,7 @@ class _Run:
     documents: int = 0
     tokens: int = 0
     truncated: int = 0
+    complete: bool = False  # a resumed build that had finished
     upos: Vocab = field(default_factory=lambda: Vocab(UPOS))
     deprel: Vocab = field(default_factory=Vocab)
 
@@ -116,6 +127,11 @@ def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = 
     specs = array_specs(choice.layers, len(choice.heads), d_model, d_context, d_head)
     root = Path(out)
     state, done = _start(root, identity(m, source, settings, choice), resume)
+    if state.complete:  # nothing left to do: the index is there as it was
+        done_manifest = read_manifest(root)
+        return BuildResult(path=root, documents=state.documents, tokens=state.tokens, truncated=state.truncated,
+                           malformed=int(done_manifest["corpus"]["malformed"]), seconds=0.0,
+                           resumed_from=state.documents, ann=done_manifest.get("ann", {}).get("library"))
     appender = Appender(root, specs)
     if resume:
         appender.truncate(done)
@@ -181,6 +197,7 @@ def _start(root: Path, ident: dict[str, Any], resume: bool) -> tuple[_Run, dict[
         run = _Run(identity=ident, position=(int(data["chunk"]), int(data["batch"])), documents=data["documents"],
                    tokens=data["tokens"], truncated=data["truncated"], upos=Vocab(data["vocab"]["upos"]),
                    deprel=Vocab(data["vocab"]["deprel"]))
+        run.complete = bool(data["complete"]) and (root / MANIFEST).is_file()
         log.info("resuming %s at chunk %d, batch %d", root, *run.position)
         return run, {str(k): int(v) for k, v in data["sizes"].items()}
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
