@@ -44,6 +44,19 @@ def test_alti_equals_the_authors_reference_on_minilm(minilm: attnscope.Model) ->
     assert np.abs(r.rolled() - ref["rolled"][-1]).max() <= 1e-4
 
 
+def test_the_decomposition_equals_the_authors_resultants_and_distances(minilm: attnscope.Model) -> None:
+    """Before normalising: y_i (the transformed vectors' sum plus biases) and ||y_i - T_i(x_j)||_1 per layer."""
+    ref = np.load(REFERENCE)
+    ids = torch.tensor(ref["input_ids"])[None]
+    for layer, block in enumerate(capture_blocks(minilm, {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+                                                 True)):
+        t, bias = transformed_vectors(block)
+        y = t.sum(dim=1) + bias
+        assert (y - torch.from_numpy(ref["resultants"][layer]).double()).abs().max() <= 1e-5  # measured 6.5e-06
+        distance = torch.cdist(y[:, None, :], t, p=1)[:, 0]  # measured 2.1e-04: theirs adds 1e-6 to 384 components
+        assert (distance - torch.from_numpy(ref["distances"][layer]).double()).abs().max() <= 1e-3
+
+
 def test_a_wrong_distance_differs_from_the_reference(minilm: attnscope.Model) -> None:
     """The comparison can fail: L2 distances instead of the paper's L1 are far from the authors' matrices."""
     ref = np.load(REFERENCE)
