@@ -325,3 +325,50 @@ def test_figures_are_real_files(paris: Attribution, tmp_path: Path) -> None:
     assert pdf[:5] == b"%PDF-" and _pdf_pages(pdf) == 1
     bare = attribution_figure(paris, tmp_path / "bare.svg", caption=False).read_text(encoding="utf-8")
     assert 'class="caption"' in svg and 'class="caption"' not in bare
+
+
+# ---- an encoder-decoder, and the web app's answer ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def translation(seq2seq: Callable[[str], attnscope.Model]) -> Attribution:
+    """A random-weight T5: each token of 'le chat' given 'the cat sat' (source, then decoder-input tokens)."""
+    return attribute("the cat sat", model=seq2seq("t5"), target="le chat", methods="saliency,leave_one_out")
+
+
+def test_an_encoder_decoders_source_and_decoder_input_are_labelled(translation: Attribution,
+                                                                   open_page: Callable[..., Opened]) -> None:
+    a = translation
+    n_source = sum(t.segment == 0 for t in a.tokens)
+    assert 0 < n_source < len(a.tokens)
+    opened = open_page(attribution_html(a), "attribution-t5")
+    assert opened.errors == [] and opened.foreign_requests() == []
+    parts = opened.page.eval_on_selector_all(".as-attr-heat[data-target='0'] .as-attr-parts th[colspan]",
+                                             "hs => hs.map(h => [h.textContent, +h.colSpan])")
+    assert parts == [["source", n_source], ["decoder input (the target so far)", len(a.tokens) - n_source]]
+    cells = _cells(opened)
+    names = list(a.methods)
+    for c in cells:  # a score that is not a number (leave-one-out of the start token) is NaN and grey, never 0
+        want = a.scores(names[c["method"]])[c["target"], c["token"]]
+        assert (c["value"] == "NaN" and c["background"] == "rgb(208, 208, 208)") if np.isnan(want) \
+            else float(c["value"]) == want
+    svg = opened.page.evaluate("() => window.attnscope.figureSVG(document.getElementById('attnscope-root'))")
+    assert "decoder input (the target so far)" in svg
+
+
+def test_the_web_apps_answer_draws_through_render_attribution_response(cat: Attribution,
+                                                                       open_page: Callable[..., Opened]) -> None:
+    answer = {**cat.to_json(), "view": attribution_payload(cat)}  # what POST /api/attribute answers
+    other = attribute("A dog barked.", model=cat.model, methods="attention,rollout")
+    opened = open_page(attribution_html(other), "attribution-response")
+    drawn = opened.page.evaluate("""(answer) => {
+        const root = document.getElementById('attnscope-root');
+        window.attnscope.renderAttributionResponse(root, answer);
+        return [...root.querySelectorAll('.as-attr-cell')].map(c => c.dataset.value);
+    }""", json.loads(json.dumps(answer)))
+    assert [float(v) for v in drawn] == [float(x) for n in cat.methods for x in cat.scores(n)[0]]
+    said = opened.page.evaluate("""() => {
+        const root = document.getElementById('attnscope-root');
+        window.attnscope.renderAttributionResponse(root, {error: "unknown attribution method 'x'"});
+        return root.querySelector('[role=alert]').textContent;
+    }""")
+    assert said == "unknown attribution method 'x'" and opened.errors == []

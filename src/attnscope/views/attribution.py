@@ -54,6 +54,7 @@ STYLE = """
 .as-attr-cell.as-attr-picked { border-color: #111; outline: 1px solid #111; }
 .as-attr-cell:focus-visible, .as-attr-cell:hover { outline: 2px solid #333; }
 .as-attr-idx { color: #777; font: 11px ui-monospace, monospace; text-align: center !important; }
+.as-attr-parts th { color: #555; font-weight: 500; font-size: 12px; border-bottom: 1px solid #bbb; }
 .as-attr-badge { display: inline-block; font-size: 11px; padding: 0 5px; border-radius: 3px; margin-left: 6px;
   color: #fff; }
 .as-attr-badge[data-status="PASS"] { background: #2e7d32; }

@@ -54,6 +54,19 @@
                         title: checkText(check) });
   }
 
+  // An encoder-decoder's scored tokens are the source's, then the decoder's input (segment 1): how many are source.
+  const nSource = (data) => (data.kind === "seq2seq" ? data.segments.filter((s) => s === 0).length : null);
+  const DECODER_INPUT = "decoder input (the target so far)";
+
+  function partsRow(data) {
+    const k = nSource(data);
+    if (k === null) return null;
+    return el("tr", { class: "as-attr-parts" }, [el("th", {}),
+      el("th", { colspan: k, scope: "colgroup", text: "source" }),
+      k < data.tokens.length ? el("th", { colspan: data.tokens.length - k, scope: "colgroup", text: DECODER_INPUT })
+        : null, el("th", {})]);
+  }
+
   function heatTable(data, t, pick) {
     const n = data.tokens.length;
     const index = el("tr", {}, [el("th", { text: "method \\ token" }),
@@ -73,7 +86,8 @@
       el("td", { class: "as-attr-unit", text: m.unit }),
     ]));
     return el("div", { class: "as-attr-scroll" }, [
-      el("table", { class: "as-attr-heat", "data-target": t }, [el("thead", {}, [index]), el("tbody", {}, rows)])]);
+      el("table", { class: "as-attr-heat", "data-target": t }, [el("thead", {}, [partsRow(data), index]),
+                                                                  el("tbody", {}, rows)])]);
   }
 
   // Every method's score and rank of token i for target t.
@@ -210,6 +224,12 @@
     data.targets.forEach((_, t) => {
       body.push(F.text(0, y + 14, target(data, t), ' font-weight="600"'));
       y += 20;
+      const k = nSource(data);
+      if (k !== null) {
+        body.push(F.text(xs[0], y + 12, "source", ` font-size="11" fill="${F.MUTED}"`));
+        if (k < data.tokens.length) body.push(F.text(xs[k], y + 12, DECODER_INPUT, ` font-size="11" fill="${F.MUTED}"`));
+        y += 16;
+      }
       data.tokens.forEach((_, i) => body.push(F.text(xs[i] + colW[i] / 2, y + 12, String(i),
                                                      ` text-anchor="middle" font-size="10" fill="${F.MUTED}"`)));
       y += 16;
