@@ -28,13 +28,21 @@ if TYPE_CHECKING:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("explain", help="walk through one layer and head step by step with real numbers")
+    p = sub.add_parser("explain", help="walk through one layer and head step by step with real numbers",
+                       epilog="exit status: 0; 2 bad input. With --attribution: 0 every check PASS, 1 a check "
+                              "FAILS, 2 bad input (an unknown method, one without a walkthrough or that does not "
+                              "apply to the model, --token out of range), 3 a check is NOT VERIFIED")
     add_text_args(p)
-    p.add_argument("--layer", type=integer, default=0, help="layer, 0-indexed (default 0)")
-    p.add_argument("--head", type=integer, default=0, help="head, 0-indexed (default 0)")
+    p.add_argument("--layer", type=integer, default=None,
+                   help="layer, 0-indexed (default 0; with --attribution, the layer shown: default the last)")
+    p.add_argument("--head", type=integer, default=None, help="head, 0-indexed (default 0)")
     p.add_argument("--token", type=integer, default=None,
-                   help="focus on one query token (0-indexed): adds its weighted values and their sum")
+                   help="focus on one query token (0-indexed): adds its weighted values and their sum; with "
+                        "--attribution, the input token I whose score is walked through (required)")
     p.add_argument("--full", action="store_true", help="print every row and column (wide tables in blocks)")
+    p.add_argument("--attribution", metavar="METHOD", default=None,
+                   help="walk through one attribution method for input token --token instead of a head: "
+                        f"{', '.join(ATTRIBUTION_WALKS)} (attnscope attribute runs them all)")
     add_target_args(p)
     p.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
                    help="encoder-decoder models: the kind of attention to explain (default: cross)")
@@ -65,6 +73,11 @@ def register(sub: Any) -> None:
                    help="encoder-decoder models: check only this kind of attention (default: all three)")
     add_format(p)
     p.set_defaults(func=run_check)
+
+
+# the methods explain --attribution walks through (attnscope.explain.attribution.WALKED; a test keeps them equal)
+ATTRIBUTION_WALKS = ("integrated_gradients", "alti", "value_zeroing", "rollout", "attention", "saliency",
+                     "input_x_gradient", "leave_one_out", "leave_one_out_replaced")
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -127,6 +140,10 @@ def traced(args: argparse.Namespace) -> Trace:
 
 
 def run_explain(args: argparse.Namespace) -> int:
+    if args.attribution is not None:
+        return run_explain_attribution(args)
+    args.layer = 0 if args.layer is None else args.layer
+    args.head = 0 if args.head is None else args.head
     if (args.step is not None or args.generation is not None) and (args.target is not None or args.attention):
         raise AttnscopeError("--step and --generation explain a decoder's generation step: for an encoder-decoder "
                              "model give the target (attnscope generate SOURCE shows it) with --target and --token")
@@ -142,6 +159,36 @@ def run_explain(args: argparse.Namespace) -> int:
     w = walkthrough(tr, args.layer, args.head, args.token, model=model_of(args), attention=args.attention)
     emit_walkthrough(w, args.format, args.full)
     return 0
+
+
+def run_explain_attribution(args: argparse.Namespace) -> int:
+    """explain --attribution METHOD --token I: one attribution method's walkthrough; the exit code of its checks."""
+    from attnscope.errors import require_text
+
+    text = require_text(read_text(args))  # every input error before the model loads
+    for flag, given in (("--head", args.head), ("--step", args.step), ("--generation", args.generation),
+                        ("--attention", args.attention), ("--pair", args.pair)):
+        if given is not None:
+            raise AttnscopeError(f"{flag} is not read by explain --attribution: drop it (--layer chooses the layer "
+                                 "shown, --target the continuation explained)")
+    if args.token is None:
+        raise AttnscopeError("explain --attribution needs --token I, the input token (0-indexed) whose score is "
+                             "walked through")
+    if args.target is not None and not args.target:
+        raise AttnscopeError("the target is empty: give a continuation such as ' Paris', or drop --target")
+    from attnscope.explain import attribution as walks
+
+    walks.require_walked(args.attribution)
+    w = walks.attribution_walkthrough(text, args.attribution, args.token, model=model_of(args), target=args.target,
+                                      layer=args.layer, max_length=args.max_length, truncate=not args.no_truncate)
+    if args.format == "json":
+        print_json(walks.json_data(w))
+    elif args.format == "markdown":
+        sys.stdout.write(walks.markdown(w, args.full))
+    else:
+        out = console()
+        out.print(*walks.renderables(w, width=out.width, full=args.full))
+    return w.exit_code
 
 
 def run_toy(args: argparse.Namespace) -> int:
