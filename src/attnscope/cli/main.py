@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "attnscope.cli.generate",
     "attnscope.cli.interventions",
     "attnscope.cli.attribute",
+    "attnscope.cli.faithfulness",
 )
 
 

@@ -11,6 +11,6 @@ __all__ = ["faithfulness"]
 
 def faithfulness(*args: Any, **kwargs: Any) -> Any:
     """attnscope.faithfulness.run.faithfulness (imported on first use: this package's import stays torch-free)."""
-    import importlib
+    from attnscope.faithfulness.run import faithfulness as run
 
-    return importlib.import_module("attnscope.faithfulness.run").faithfulness(*args, **kwargs)
+    return run(*args, **kwargs)
