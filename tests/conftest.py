@@ -75,6 +75,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "tracing/test_generate.py::test_cli_real_sigint_keeps_what_was_generated": ("slow",),  # 7
     "test_models.py::test_unavailable_model_fails_fast_naming_it": ("slow",),  # 6
     "views/test_views_jupyter.py::test_each_cell_shows_one_sandboxed_frame": ("slow",),  # 7, the kernel
+    "attribution/test_mixing_value_zeroing.py::test_value_zeroing_on_minilm_equals_zeroing_the_value_projection":
+        ("slow",),  # ~15-20 at load 9
+    "attribution/test_mixing_value_zeroing.py::test_value_zeroing_on_gemma2_equals_the_definition": ("slow",),
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
