@@ -1,0 +1,47 @@
+"""The Attribution record (torch-free): verdicts, exit codes, strict JSON, and the renderings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from attnscope.attribution import render
+from attnscope.attribution.record import Attribution, Cost, MethodCheck, MethodScores
+from attnscope.tokens import Token
+
+
+def _scores(name: str, verified: bool | None, value: float = 0.0) -> MethodScores:
+    check = MethodCheck(name="c", value=value, bound=1e-5, verified=verified, detail="why")
+    return MethodScores(method=name, scores=np.array([[0.5, float("nan")]]), unit="u", check=check,
+                        cost=Cost(forwards=3, backwards=1, seconds=0.5))
+
+
+def _record(*methods: MethodScores) -> Attribution:
+    tokens = [Token(index=0, text="a|b", id=1), Token(index=1, text="c", id=2)]
+    return Attribution(model="m", architecture="A", kind="causal", description="log p(' x' | 'a')", tokens=tokens,
+                       targets=[" x"], methods={m.method: m for m in methods})
+
+
+def test_verdicts_and_exit_codes() -> None:
+    assert _record(_scores("a", True)).exit_code == 0
+    assert _record(_scores("a", True), _scores("b", None)).status == "NOT VERIFIED"
+    assert _record(_scores("a", None), _scores("b", False, 1.0)).exit_code == 1  # a failure outranks
+    assert _record(_scores("a", True), _scores("b", None)).exit_code == 3
+
+
+def test_strict_json_and_markdown() -> None:
+    a = _record(_scores("a", True))
+    data = json.loads(json.dumps(a.to_json(), allow_nan=False))
+    assert data["methods"]["a"]["scores"] == [[0.5, None]]  # NaN stays visible as null, never 0
+    md = render.markdown(a)
+    assert "`0:a\\|b`" in md and "| a | 0.5 | nan |" in md  # a | in a token does not break the table
+
+
+def test_record_and_render_are_torch_free() -> None:
+    probe = ("import sys, attnscope.attribution.record, attnscope.attribution.render\n"
+             "print('torch' in sys.modules or 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
