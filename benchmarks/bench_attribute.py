@@ -4,7 +4,8 @@ Per method: its wall time in units of one forward pass of the same input (no gra
 backwards it runs (one sequence each: a batch of 8 counts 8), and the ratio of its time to the time those
 passes take one by one, measured in the same run (target <= 1.5x: batching should bring it under 1). A backward
 costs (forward + backward) - forward, both medians of --repeat unbatched runs. Flow's max-flows are not passes
-(its ratio is left out). Ratios only: no absolute assertion, the machine is shared.
+(its ratio is left out). The attention-based methods' one forward is the verified trace's, whose recompute and
+check cost more than a forward. Ratios only: no absolute assertion, the machine is shared.
 
     .venv/bin/python benchmarks/bench_attribute.py [--threads 1] [--repeat 3] [--ig-steps 64] [--only minilm]
 """
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CASES), default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    import captum.attr  # noqa: F401  # imported once before timing: the first method to use it would pay ~1 s
     for case in [args.only] if args.only else list(CASES):
         bench(case, args.repeat, args.ig_steps)
 

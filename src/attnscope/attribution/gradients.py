@@ -116,6 +116,7 @@ def scaling_check(obj: Objective, embeds: torch.Tensor, scores: torch.Tensor) ->
     with torch.no_grad():
         pair = obj.score_embeds(torch.cat([embeds * (1 + FD_STEP), embeds * (1 - FD_STEP)])).double()  # [2, target]
     fd = (pair[0] - pair[1]) / (2 * FD_STEP)  # [target]
+    scores = scores.detach()
     errors = (fd - scores.sum(dim=-1)).abs() / scores.abs().sum(dim=-1).clamp(min=1e-12)
     worst = float(errors.max())
     return MethodCheck(name="finite difference", value=worst, bound=FD_BOUND, verified=bool(worst <= FD_BOUND),
