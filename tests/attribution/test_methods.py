@@ -51,6 +51,8 @@ def test_encoder_decoders_run_what_applies(tiny_lm: Callable[[str], attnscope.Mo
     a = attribute(TEXT, model=tiny_lm("bart"), methods="all")
     assert set(a.methods) == {"saliency", "input_x_gradient", "integrated_gradients", "leave_one_out",
                               "leave_one_out_replaced"}
+    assert set(a.skipped) == set(METHODS) - set(a.methods)  # said in the output, with the reason
+    assert "three kinds of attention" in a.skipped["rollout"] and "encoder-decoder" in a.skipped["alti"]
     with pytest.raises(AttnscopeError, match=r"rollout does not apply to .*three kinds of attention"):
         attribute(TEXT, model=tiny_lm("t5"), methods="rollout")
 

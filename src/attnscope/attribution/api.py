@@ -56,9 +56,10 @@ def attribute_objective(obj: Objective, names: Sequence[str], settings: Settings
     """Run the named methods on one objective (build_objective); the objective can be reused across calls."""
     ctx = Context(obj, settings)
     scores = {}
-    for method in resolve(names, obj, explicit):
+    chosen, skipped = resolve(names, obj, explicit)
+    for method in chosen:
         log.debug("attribution: running %s", method.name)
         scores[method.name] = method.run(ctx)
     m = obj.model
     return Attribution(model=m.name, architecture=m.architecture, kind=obj.kind, description=obj.description,
-                       tokens=list(obj.tokens), targets=list(obj.targets), methods=scores)
+                       tokens=list(obj.tokens), targets=list(obj.targets), methods=scores, skipped=skipped)

@@ -149,13 +149,16 @@ def method_names(spec: str | Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def resolve(names: Sequence[str], obj: Objective, explicit: bool) -> list[Method]:
-    """The methods to run: every name must apply when the user named it (explicit), else those that apply."""
-    chosen = []
+def resolve(names: Sequence[str], obj: Objective, explicit: bool) -> tuple[list[Method], dict[str, str]]:
+    """The methods to run, and those left out with the reason: every name must apply when the user named it
+    (explicit), else those that apply run and the others are left out."""
+    chosen, skipped = [], {}
     for name in names:
         reason = METHODS[name].supports(obj)
         if reason is not None and explicit:
             raise AttnscopeError(reason, parameter="methods")
         if reason is None:
             chosen.append(METHODS[name])
-    return chosen
+        else:
+            skipped[name] = reason
+    return chosen, skipped

@@ -76,6 +76,7 @@ class Attribution:
     tokens: list[Token]  # the input tokens scored (encoder-decoders: the source's, then the decoder input's)
     targets: list[str]  # one per row of every method's scores
     methods: dict[str, MethodScores]
+    skipped: dict[str, str] = field(default_factory=dict)  # method -> why it does not apply (not named explicitly)
 
     @property
     def status(self) -> str:
@@ -95,7 +96,7 @@ class Attribution:
         return {"model": self.model, "architecture": self.architecture, "kind": self.kind,
                 "description": self.description, "tokens": [t.to_dict() for t in self.tokens],
                 "targets": self.targets, "status": self.status,
-                "methods": {name: m.to_dict() for name, m in self.methods.items()}}
+                "methods": {name: m.to_dict() for name, m in self.methods.items()}, "skipped": self.skipped}
 
     def to_json(self) -> dict[str, Any]:
         """to_dict with NaN and infinities as null (strict JSON)."""

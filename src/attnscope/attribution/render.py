@@ -48,11 +48,15 @@ def summary_line(a: Attribution) -> str:
 
 
 def methods_legend(a: Attribution) -> list[str]:
-    """One line per method: its unit, settings and check detail."""
+    """One line per method: its unit, settings and check detail; then one per method left out, with why."""
     out = []
     for name, ms in a.methods.items():
         settings = ", ".join(f"{k} {v}" for k, v in ms.settings.items() if k not in ("f_x", "f_baseline"))
         out.append(f"{name}: {ms.unit}{'; ' + settings if settings else ''}. Check: {ms.check.detail}")
+    why: dict[str, list[str]] = {}  # the reason after "<method> does not apply to <model>: " -> methods
+    for name, reason in a.skipped.items():
+        why.setdefault(reason.split("): ", 1)[-1], []).append(name)
+    out += [f"not run, not applying to {a.model}: {', '.join(names)}: {reason}" for reason, names in why.items()]
     return out
 
 
