@@ -91,6 +91,7 @@ MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "gen_server": ("server",),  # serve/test_serve_generate.py
     "tight": ("server",),  # serve/test_serve_hardening.py, serve/test_serve_limits.py
     "locked": ("server",),  # serve/test_serve_guard.py
+    "t5_server": ("server",),  # serve/test_serve_ablate_cost.py
     "soaked": ("server",),  # serve/test_serve_soak.py
 }
 TESTS = Path(__file__).resolve().parent

@@ -172,7 +172,7 @@ def test_real_trace_zoomed_hover_is_exact(minilm: attnscope.Model, open_page: Ca
     page = opened.page
     page.click(".as-tab[data-view=matrix]")
     d = dataset(page)
-    assert d["level"] == 1 and d["cell"] < 1
+    assert d["level"] >= 1 and d["cell"] < 1  # the labels take their width first: the cells share what is left
     fit = d["cell"]
     page.focus(CANVAS)
     for key in ["+"] * 5:  # zoom by 2 per key, around the view's middle
