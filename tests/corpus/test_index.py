@@ -92,28 +92,28 @@ def _files(root: Path) -> dict[str, bytes]:
 
 def test_a_build_killed_with_sigkill_and_resumed_equals_an_uninterrupted_one(
         ud_dev: Path, tmp_path: Path, minilm: attnscope.Model) -> None:
-    args = ["--limit", "48", "--batch-size", "4", "--checkpoint-every", "1", "--layers", "0,3", "--heads", "1,4",
+    args = ["--limit", "24", "--batch-size", "4", "--checkpoint-every", "1", "--layers", "0,3", "--heads", "1,4",
             "--ann", "none", "--format", "json"]
     out = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cli("index", str(ud_dev), "-o", str(out), *args), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and _documents(out) < 12:
+    while time.monotonic() < deadline and proc.poll() is None and _documents(out) < 8:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     checkpoint = json.loads((out / CHECKPOINT).read_text(encoding="utf-8"))
-    assert not checkpoint["complete"] and 0 < checkpoint["documents"] < 48, "the build ended before it was killed"
+    assert not checkpoint["complete"] and 0 < checkpoint["documents"] < 24, "the build ended before it was killed"
     assert not (out / MANIFEST).exists()
     with pytest.raises(AttnscopeError, match="its build did not finish: run attnscope index again with --resume"):
         CorpusIndex(out)
     resumed = subprocess.run(cli("index", str(ud_dev), "-o", str(out), "--resume", *args), env=env,
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
-    assert 0 < json.loads(resumed.stdout)["resumed_from_documents"] < 48
+    assert 0 < json.loads(resumed.stdout)["resumed_from_documents"] < 24
     whole = build_index(TaggedSource(str(ud_dev)), tmp_path / "whole", minilm, layers=LAYERS, heads=HEADS,
-                        settings=Settings(limit=48, batch_size=4), ann=())
+                        settings=Settings(limit=24, batch_size=4), ann=())
     assert _files(out) == _files(whole.path)  # every array, documents.jsonl and the manifest, byte for byte
 
 
