@@ -78,7 +78,10 @@ _TOKEN = _obj(["index", "text", "id", "start", "end", "special", "word", "segmen
               index={"type": "integer"}, text={"type": "string"}, id={"type": "integer"},
               start={"type": "integer", "nullable": True}, end={"type": "integer", "nullable": True},
               special={"type": "boolean"}, word={"type": "integer", "nullable": True},
-              segment={"type": "integer"})
+              segment={"type": "integer"},
+              decoded={"type": "string", "nullable": True,
+                       "description": "the tokenizer's own decoding of the piece (' world' for 'Ġworld'); what the "
+                                      "views show; null in traces saved before it"})
 _CHECK = _obj(["ok", "tolerance", "max_error"], ok={"type": "boolean"}, tolerance={"type": "number"},
               max_error={"type": "number"}, unsupported={"type": "string", "nullable": True})
 _TRACE = _obj(["model", "text", "tokens", "truncated", "check", "arrays"],
