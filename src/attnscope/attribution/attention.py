@@ -30,17 +30,25 @@ from attnscope.errors import AttnscopeError, validate_index
 from attnscope.maths import expand_kv
 from attnscope.records.check_report import PASS, TOLERANCE
 from attnscope.records.trace import Trace
+from attnscope.tracing.one_pass import trace
 
 
 def trace_of(obj: Objective) -> Trace:
     """The verified trace of the objective's input text; refused when its tokens are not the objective's ids."""
-    from attnscope.tracing.one_pass import trace
-
     tr = trace(obj.text, model=obj.model, max_length=max(obj.max_length, obj.n_tokens))
     if [t.id for t in tr.tokens] != obj.ids.tolist():
         raise AttnscopeError(f"the text {obj.text!r} tokenizes to other tokens than the input attributed (the text "
                              "followed by the target's first tokens), so its attention cannot be read from a trace: "
                              "use a target of one token, or a gradient or leave-one-out method", parameter="methods")
+    return tr
+
+
+def shared_trace(ctx: Context) -> Trace:
+    """The verified trace of the objective's input, made once per attribution run (every attention method reads
+    it)."""
+    if "trace" not in ctx.shared:
+        ctx.shared["trace"] = trace_of(ctx.objective)
+    tr: Trace = ctx.shared["trace"]
     return tr
 
 
@@ -75,13 +83,13 @@ def _heads(ctx: Context, w: np.ndarray) -> np.ndarray:
 
 
 def _scores(ctx: Context, name: str, matrix: np.ndarray, unit: str, settings: dict[str, object]) -> MethodScores:
-    tr = ctx.trace()
+    tr = shared_trace(ctx)
     return MethodScores(method=name, scores=rows(ctx.objective, matrix), unit=unit, check=trace_check(tr),
                         cost=Cost(forwards=1, backwards=0, seconds=0.0), settings=settings)
 
 
 def raw_attention(ctx: Context) -> MethodScores:
-    tr = ctx.trace()
+    tr = shared_trace(ctx)
     layer = _layer(ctx, tr.n_layers)
     head = "mean" if ctx.settings.head is None else ctx.settings.head
     return _scores(ctx, "attention", _heads(ctx, tr.weights[layer].astype(np.float64)),
@@ -89,7 +97,7 @@ def raw_attention(ctx: Context) -> MethodScores:
 
 
 def rollout(ctx: Context) -> MethodScores:
-    tr = ctx.trace()
+    tr = shared_trace(ctx)
     layer = _layer(ctx, tr.n_layers)
     return _scores(ctx, "rollout", tr.rollout()[layer], "share of the input (rollout)", {"layer": layer})
 
@@ -100,7 +108,7 @@ def flow(ctx: Context) -> MethodScores:
         raise AttnscopeError(f"flow over {n} tokens is beyond its budget of max_flow_tokens={most} tokens (it solves "
                              f"a max-flow for each of the {n}x{n} token pairs; its cost grows like tokens^4): shorten "
                              "the text, or raise max_flow_tokens", parameter="max_flow_tokens")
-    tr = ctx.trace()
+    tr = shared_trace(ctx)
     return _scores(ctx, "flow", tr.flow(max_tokens=most), "share of the input (max-flow)", {})
 
 
@@ -134,7 +142,7 @@ def attention_gradients(obj: Objective, layer: int) -> tuple[torch.Tensor, torch
 
 
 def attention_x_gradient(ctx: Context) -> MethodScores:
-    obj, tr = ctx.objective, ctx.trace()
+    obj, tr = ctx.objective, shared_trace(ctx)
     layer = _layer(ctx, tr.n_layers)
     weights, grads = attention_gradients(obj, layer)
     product = (weights[None] * grads).double().cpu().numpy()  # [target, head, query, key]

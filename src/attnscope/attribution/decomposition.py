@@ -15,6 +15,7 @@ import importlib
 import numpy as np
 
 from attnscope.attribution.attention import rows
+from attnscope.attribution.blocks import refuse_unsupported
 from attnscope.attribution.methods import Context
 from attnscope.attribution.objective import Objective
 from attnscope.attribution.record import Cost, MethodCheck, MethodScores
@@ -30,8 +31,6 @@ UNITS = {"alti": "share of the input (ALTI, rolled out)", "norm": "share of the 
 
 def why_not(name: str, obj: Objective) -> str | None:
     """None where the method decomposes this model's attention; else its own one-line reason."""
-    from attnscope.attribution.blocks import refuse_unsupported
-
     try:
         refuse_unsupported(obj.model, name, whole_block=FUNCTIONS[name][2])
     except AttnscopeError as exc:

@@ -6,7 +6,7 @@
   first-order Taylor share of each token. Cost: T forwards and T backwards.
 - integrated gradients (Sundararajan, Taly & Yan 2017): (x - x') . the mean gradient along the straight path
   from the baseline x' to x, summed over d_model; its token scores add up to f(x) - f(x') (completeness).
-  Baseline: each token's embedding replaced by the baseline token's (leave_one_out.baseline_id: [MASK] where the
+  Baseline: each token's embedding replaced by the baseline token's (objective.baseline_id: [MASK] where the
   tokenizer has one, else its pad, else its end-of-text token); special tokens keep their own, so they score 0.
   Steps: trapezoid-rule points (IG_RULE says why), batched; doubled from --ig-steps until completeness is within
   --ig-tolerance or --ig-max-steps is reached (then the check fails and says so).
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from attnscope.attribution.methods import Context
-from attnscope.attribution.objective import Objective
+from attnscope.attribution.objective import Objective, baseline_id
 from attnscope.attribution.record import Cost, MethodCheck, MethodScores
 from attnscope.errors import AttnscopeError
 
@@ -130,8 +130,6 @@ def _unit(obj: Objective) -> str:
 
 def baseline_embeds(obj: Objective) -> torch.Tensor:
     """[1, token, d_model]: the baseline token's embedding at every position but the special tokens'."""
-    from attnscope.attribution.leave_one_out import baseline_id
-
     ids = torch.where(obj.special, obj.ids, torch.full_like(obj.ids, baseline_id(obj.model)))
     with torch.no_grad():
         return obj.embed(ids[None].to(obj.model.device)).detach()
@@ -180,8 +178,6 @@ def completeness(row: torch.Tensor, delta: float) -> float:
 
 
 def _baseline_name(obj: Objective) -> str:
-    from attnscope.attribution.leave_one_out import baseline_id
-
     token = obj.model.tokenizer.convert_ids_to_tokens(baseline_id(obj.model))
     return f"{token} at every non-special token"
 

@@ -17,20 +17,10 @@ from __future__ import annotations
 import torch
 
 from attnscope.attribution.methods import Context
-from attnscope.attribution.objective import Objective
+from attnscope.attribution.objective import Objective, baseline_id
 from attnscope.attribution.record import Cost, MethodCheck, MethodScores
 from attnscope.errors import AttnscopeError
-from attnscope.models import Model
 from attnscope.records.check_report import TOLERANCE
-
-
-def baseline_id(m: Model) -> int:
-    """The baseline token: [MASK] where the tokenizer has one (BERT), else its pad token, else end-of-text."""
-    tok = m.tokenizer
-    for tid in (getattr(tok, "mask_token_id", None), tok.pad_token_id, tok.eos_token_id, tok.unk_token_id):
-        if tid is not None:
-            return int(tid)
-    raise AttnscopeError(f"{m.name}'s tokenizer has no mask, pad, end-of-text or unknown token to use as a baseline")
 
 
 def removal_keep(n: int, removed: list[list[int]]) -> torch.Tensor:

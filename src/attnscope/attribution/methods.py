@@ -10,14 +10,11 @@ import importlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attnscope.attribution.objective import CAUSAL, ENCODER, SEQ2SEQ, Objective
 from attnscope.attribution.record import Cost, MethodScores
 from attnscope.errors import AttnscopeError
-
-if TYPE_CHECKING:
-    from attnscope.records.trace import Trace
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,20 +34,12 @@ class Settings:
 
 @dataclass(eq=False)
 class Context:
-    """One attribution run: the objective, the settings, and what several methods share (the verified trace)."""
+    """One attribution run: the objective, the settings, and what several methods share (attention.shared_trace
+    keeps the verified trace here)."""
 
     objective: Objective
     settings: Settings
     shared: dict[str, Any] = field(default_factory=dict)
-
-    def trace(self) -> Trace:
-        """The verified trace of the objective's input (read by the attention-based methods), made once."""
-        if "trace" not in self.shared:
-            from attnscope.attribution.attention import trace_of
-
-            self.shared["trace"] = trace_of(self.objective)
-        tr: Trace = self.shared["trace"]
-        return tr
 
 
 @dataclass(frozen=True)

@@ -186,6 +186,15 @@ def _compact(ids: torch.Tensor, keep: torch.Tensor, m: Model) -> tuple[torch.Ten
     return out.to(m.device), mask.to(m.device)
 
 
+def baseline_id(m: Model) -> int:
+    """The baseline token: [MASK] where the tokenizer has one (BERT), else its pad token, else end-of-text."""
+    tok = m.tokenizer
+    for tid in (getattr(tok, "mask_token_id", None), tok.pad_token_id, tok.eos_token_id, tok.unk_token_id):
+        if tid is not None:
+            return int(tid)
+    raise AttnscopeError(f"{m.name}'s tokenizer has no mask, pad, end-of-text or unknown token to use as a baseline")
+
+
 def _pad_id(m: Model) -> int:
     tok = m.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
