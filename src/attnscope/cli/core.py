@@ -43,6 +43,11 @@ def register(sub: Any) -> None:
     p.add_argument("--attribution", metavar="METHOD", default=None,
                    help="walk through one attribution method for input token --token instead of a head: "
                         f"{', '.join(ATTRIBUTION_WALKS)} (attnscope attribute runs them all)")
+    p.add_argument("--ig-steps", type=integer, default=None, metavar="N",
+                   help="--attribution integrated_gradients: the first number of steps (default 32, doubled until "
+                        "completeness holds)")
+    p.add_argument("--ig-max-steps", type=integer, default=None, metavar="N",
+                   help="--attribution integrated_gradients: the cap on steps (default 512)")
     add_target_args(p)
     p.add_argument("--attention", choices=ATTENTION_KINDS, default=None,
                    help="encoder-decoder models: the kind of attention to explain (default: cross)")
@@ -142,6 +147,9 @@ def traced(args: argparse.Namespace) -> Trace:
 def run_explain(args: argparse.Namespace) -> int:
     if args.attribution is not None:
         return run_explain_attribution(args)
+    for flag, given in (("--ig-steps", args.ig_steps), ("--ig-max-steps", args.ig_max_steps)):
+        if given is not None:
+            raise AttnscopeError(f"{flag} is for explain --attribution integrated_gradients: drop it")
     args.layer = 0 if args.layer is None else args.layer
     args.head = 0 if args.head is None else args.head
     if (args.step is not None or args.generation is not None) and (args.target is not None or args.attention):
@@ -179,8 +187,10 @@ def run_explain_attribution(args: argparse.Namespace) -> int:
     from attnscope.explain import attribution as walks
 
     walks.require_walked(args.attribution)
+    settings = {k: getattr(args, k) for k in ("ig_steps", "ig_max_steps") if getattr(args, k) is not None}
     w = walks.attribution_walkthrough(text, args.attribution, args.token, model=model_of(args), target=args.target,
-                                      layer=args.layer, max_length=args.max_length, truncate=not args.no_truncate)
+                                      layer=args.layer, max_length=args.max_length, truncate=not args.no_truncate,
+                                      **settings)
     if args.format == "json":
         print_json(walks.json_data(w))
     elif args.format == "markdown":

@@ -165,13 +165,13 @@ def _last_product(walk: Walk, top: np.ndarray, below: np.ndarray, rolled: np.nda
         text = (f"The final score: an encoder's pooled embedding is the mean over positions, so token I's score is "
                 f"the mean of R's column I: {float(column.mean()):.6g}.")
         return Step("score", "The final score", text, f"[query] = [{len(column)}]", {"R[:, I]": column[:, None]},
-                    array_labels={"R[:, I]": (walk.labels, ["R[i, I]"])})
+                    array_labels={"R[:, I]": (walk.labels, ["R(i, I)"])})
     p = walk.row
     terms = np.stack([top[p], below[:, i], top[p] * below[:, i]], axis=1)  # [key, 3]
     text = (f"The final score: R[{p}, I] = sum_k M_last[{p}, k] R_(last-1)[k, I], {last}'s row times the rollout "
             f"below it: {float(terms[:, 2].sum()):.6g}.")
     return Step("score", "The final score", text, f"[key] = [{len(terms)}]", {"terms": terms},
-                array_labels={"terms": (walk.labels, [f"M_last[{p},k]", "R_below[k,I]", "product"])})
+                array_labels={"terms": (walk.labels, [f"M_last({p},k)", "R_below(k,I)", "product"])})
 
 
 def value_zeroing(walk: Walk) -> Built:

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from attnscope.attribution.gradients import IG_RULE, baseline_embeds, completeness, gradients
-from attnscope.attribution.leave_one_out import baseline_id, scores_of
-from attnscope.attribution.objective import ENCODER, Objective
+from attnscope.attribution.leave_one_out import scores_of
+from attnscope.attribution.objective import ENCODER, Objective, baseline_id
 from attnscope.explain.attribution_common import ALPHAS, Built, Walk, check, dim_labels, head_dims
 from attnscope.explain.steps import Step
 
@@ -85,8 +85,9 @@ def _baseline_step(walk: Walk, x: torch.Tensor, base: torch.Tensor, f_x: float, 
         if obj.tokens[i].special else ""
     text = (f"Integrated gradients needs a baseline x', an input that carries no information, and explains the "
             f"difference f(x) - f(x'). Here: {name} (special tokens keep their own, so the difference is "
-            f"in the words). {token} is what the model reads for a missing token: [MASK] in BERT's training, or "
-            f"the pad / end-of-text token of a decoder; an all-zero embedding is a vector the model never saw."
+            f"in the words). Why {token}: it is what a model reads where a word is missing ([MASK] in BERT's "
+            f"pre-training; a decoder without one has its pad or end-of-text token), so x' is an input the model "
+            f"knows with the words taken out, where an all-zero embedding would be a vector it never saw."
             f"{special} f(x) = {f_x:.6g}, f(x') = {f_base:.6g}, f(x) - f(x') = {f_x - f_base:.6g}.")
     vecs = torch.stack([x[0, i], base[0, i], x[0, i] - base[0, i]])  # [3, d_model]
     norms = vecs.double().norm(dim=-1, keepdim=True).cpu().numpy()
@@ -149,7 +150,8 @@ def _completeness_step(walk: Walk, ours: np.ndarray, f_x: float, f_base: float) 
             f"Sum {total:.6g} against {delta:.6g}: gap {total - delta:.3g}, {gap:.2%} of |f(x) - f(x')|, {ok} the "
             f"{walk.settings.ig_tolerance:.0%} the method requires. Of that gap, 1/{steps} = {1 / steps:.2%} of "
             f"the integral is the weights' shortfall: the trapezoid rule on the same points (weights 1/{steps - 1}, "
-            f"halved at both ends) gives {exact:.6g}, a gap of {abs(exact - delta) / max(abs(delta), 1e-3):.2%}.")
+            f"halved at both ends) gives {exact:.6g}, a gap of {abs(exact - delta) / max(abs(delta), 1e-3):.2g} of "
+            "|f(x) - f(x')|.")
     return Step("completeness", "Completeness: the sum over tokens", text, f"[token] = [{walk.obj.n_tokens}]",
                 {"scores": per_token, "sum": summary}, row_labels=walk.labels,
                 array_labels={"scores": (walk.labels, ["here", "Captum"]),
