@@ -34,13 +34,19 @@ from attnscope.tracing.one_pass import trace
 
 
 def trace_of(obj: Objective) -> Trace:
-    """The verified trace of the objective's input text; refused when its tokens are not the objective's ids."""
-    tr = trace(obj.text, model=obj.model, max_length=max(obj.max_length, obj.n_tokens))
-    if [t.id for t in tr.tokens] != obj.ids.tolist():
-        raise AttnscopeError(f"the text {obj.text!r} tokenizes to other tokens than the input attributed (the text "
-                             "followed by the target's first tokens), so its attention cannot be read from a trace: "
-                             "use a target of one token, or a gradient or leave-one-out method", parameter="methods")
-    return tr
+    """The verified trace of the objective's input: of a text that tokenizes to its ids exactly (the text and the
+    target's first tokens as written, or the ids decoded: WordPiece drops the space before a target); refused when
+    neither does."""
+    ids = obj.ids.tolist()
+    decoded = str(obj.model.tokenizer.decode(ids, skip_special_tokens=True))
+    for text in dict.fromkeys([obj.text, decoded]):
+        if obj.model.tokenizer(text, truncation=True, max_length=obj.n_tokens)["input_ids"] == ids:
+            tr = trace(text, model=obj.model, max_length=obj.n_tokens)
+            if [t.id for t in tr.tokens] == ids:
+                return tr
+    raise AttnscopeError(f"neither {obj.text!r} nor {decoded!r} tokenizes to the input attributed (the text followed "
+                         "by the target's first tokens), so its attention cannot be read from a trace: use a target "
+                         "of one token, or a gradient or leave-one-out method", parameter="methods")
 
 
 def shared_trace(ctx: Context) -> Trace:
