@@ -187,9 +187,10 @@ def in_context(m: Match) -> Text:
     """The match's sentence around it, the token marked [[like this]] (and bold on a terminal)."""
     from rich.text import Text
 
-    left, right = m.text[max(0, m.start - CONTEXT_CHARS):m.start], m.text[m.end:m.end + CONTEXT_CHARS]
-    text = Text(("..." if m.start > CONTEXT_CHARS else "") + left.replace("\n", " "))
-    text.append(f"[[{m.token or '(special)'}]]", style="bold reverse")
+    start = m.start + len(m.token) - len(m.token.lstrip())  # a byte-level BPE piece's leading space stays outside
+    left, right = m.text[max(0, start - CONTEXT_CHARS):start], m.text[m.end:m.end + CONTEXT_CHARS]
+    text = Text(("..." if start > CONTEXT_CHARS else "") + left.replace("\n", " "))
+    text.append(f"[[{m.token.strip() or '(special)'}]]", style="bold reverse")
     text.append(right.replace("\n", " ") + ("..." if m.end + CONTEXT_CHARS < len(m.text) else ""))
     return text
 
