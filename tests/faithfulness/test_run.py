@@ -120,10 +120,13 @@ def test_bad_input_is_one_line_and_exit_2(library: Path, ud_dev: Path, tmp_path:
 
 
 def test_malformed_rows_are_counted(tmp_path: Path, minilm: attnscope.Model) -> None:
-    src = tmp_path / "c.jsonl"
+    src = tmp_path / "c <b>&.jsonl"  # user-supplied text that reaches the report
     src.write_text('{"text": "The cat sat on the mat ."}\n{not json\n{"text": 3}\n{"text": "Dogs bark ."}\n')
     result = faithfulness(str(src), tmp_path / "o", minilm, methods="attention", seeds=1)
     assert result.summary["source"]["malformed"] == 2 and result.summary["examples"] == 2
+    page = (tmp_path / "o" / "report.html").read_text()
+    assert "c &lt;b&gt;&amp;.jsonl" in page and "<b>&" not in page and "<script" not in page
+    assert page.count("<svg") == 2 and ">attention<" in page and ">position<" in page
 
 
 def test_smollm2_delete_keeps_one_token_and_replace_removes_all(smollm2: attnscope.Model, tmp_path: Path) -> None:

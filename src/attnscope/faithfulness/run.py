@@ -31,6 +31,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.faithfulness import aggregate, checkpoint
 from attnscope.faithfulness import metrics as fm
 from attnscope.faithfulness.perturb import DELETE, Perturber, check_removal, verified
+from attnscope.faithfulness.report_page import write_report
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
 from attnscope.numbers import finite_or_null
 from attnscope.stats.sources import Document, Source
@@ -178,8 +179,9 @@ def finish(source: Source, m: Model, settings: Settings, outdir: Path, ident: di
                "methods": aggregate.summarise(rows), "agreement": aggregate.agreement(rows)}
     files = [_write_parquet(rows, outdir / "examples.parquet"), outdir / "examples.json", outdir / "summary.json"]
     (outdir / "examples.json").write_text(json.dumps(finite_or_null(rows), allow_nan=False), encoding="utf-8")
-    (outdir / "summary.json").write_text(json.dumps(finite_or_null(summary), allow_nan=False, indent=1),
-                                         encoding="utf-8")
+    strict = finite_or_null(summary)  # NaN as null, as JSON holds it
+    (outdir / "summary.json").write_text(json.dumps(strict, allow_nan=False, indent=1), encoding="utf-8")
+    files += write_report(strict, outdir)
     checkpoint.save(outdir, ident, checkpoint.Position(documents=pos.documents, examples=pos.examples,
                                                        skipped=pos.skipped, bytes=pos.bytes, complete=True))
     return FaithfulnessResult(outdir, rows, summary, seconds, done_before, files)
