@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from attnscope.attribution import render
-from attnscope.attribution.record import Attribution, Cost, MethodCheck, MethodScores
+from attnscope.attribution.record import Attribution, Cost, MethodCheck, MethodScores, spearman
 from attnscope.tokens import Token
 
 
@@ -45,3 +45,17 @@ def test_record_and_render_are_torch_free() -> None:
              "print('torch' in sys.modules or 'transformers' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_rank_agreement_is_spearman() -> None:
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(4, 9))
+    rows[3, :3] = rows[3, 3]  # ties share their mean rank
+    rho = spearman(rows)
+    expected = spearmanr(rows, axis=1).statistic
+    assert np.allclose(rho, expected, atol=1e-12)
+    assert np.isnan(spearman(np.array([[1.0, 2.0], [3.0, 3.0]]))[1]).all()  # a constant row ranks nothing
+    a = _record(_scores("a", True), _scores("b", True))
+    assert np.isnan(a.rank_agreement()).all()  # rows holding NaN: no ranking, never a made-up number

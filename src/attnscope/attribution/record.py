@@ -92,13 +92,36 @@ class Attribution:
         """float64 [target, token] for one method."""
         return self.methods[method].scores
 
+    def rank_agreement(self, target: int = 0) -> np.ndarray:
+        """Spearman's rho between every two methods' scores of one target over the tokens: float64 [method, method]
+        in the order of `methods` (NaN where a row holds NaN or is constant: no ranking to compare)."""
+        rows = np.stack([m.scores[target] for m in self.methods.values()]) if self.methods else np.zeros((0, 0))
+        return spearman(rows)
+
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "architecture": self.architecture, "kind": self.kind,
                 "description": self.description, "tokens": [t.to_dict() for t in self.tokens],
                 "targets": self.targets, "status": self.status,
-                "methods": {name: m.to_dict() for name, m in self.methods.items()}, "skipped": self.skipped}
+                "methods": {name: m.to_dict() for name, m in self.methods.items()}, "skipped": self.skipped,
+                "rank_agreement": [self.rank_agreement(t).tolist() for t in range(len(self.targets))]}
 
     def to_json(self) -> dict[str, Any]:
         """to_dict with NaN and infinities as null (strict JSON)."""
         data: dict[str, Any] = finite_or_null(self.to_dict())
         return data
+
+
+def spearman(rows: np.ndarray) -> np.ndarray:
+    """Spearman's rho between every two rows of [row, item] (ties share their mean rank): [row, row], float64;
+    NaN for a row with a NaN or with one value throughout."""
+    from scipy.stats import rankdata  # type: ignore[import-untyped]
+
+    rows = np.asarray(rows, dtype=np.float64)
+    ok = np.isfinite(rows).all(axis=1) & (np.ptp(rows, axis=1) > 0 if rows.size else np.zeros(len(rows), bool))
+    ranks = np.array([rankdata(r) if good else np.full(r.shape, np.nan) for r, good in zip(rows, ok, strict=True)])
+    if not len(ranks):
+        return np.zeros((0, 0))
+    centred = ranks - ranks.mean(axis=1, keepdims=True)
+    norms = np.sqrt((centred**2).sum(axis=1))
+    rho: np.ndarray = (centred @ centred.T) / np.outer(norms, norms)
+    return rho

@@ -81,10 +81,28 @@ def text_renderables(a: Attribution) -> list[Any]:
     for name, ms in a.methods.items():
         checks.add_row(escape(name), escape(_check_cell(ms)), _cost_cell(ms))
     out.append(checks)
+    for t, target in enumerate(a.targets):
+        out.append(_agreement_table(a, t, target))
     out.append(escape("columns: " + ", ".join(f"{SHORT.get(n, n)} = {n}" for n in a.methods)))
     out += [escape(line) for line in methods_legend(a)]
     out.append(escape(summary_line(a)))
     return out
+
+
+def _agreement_table(a: Attribution, t: int, target: str) -> Any:
+    from rich.markup import escape
+    from rich.table import Table
+
+    rho = a.rank_agreement(t)
+    table = Table(title=escape(f"rank agreement (Spearman) over the tokens, target {t}: {target!r}"),
+                  title_justify="left")
+    table.add_column("")
+    labels = [SHORT.get(n, n) for n in a.methods]
+    for label in labels:
+        table.add_column(escape(label), justify="right")
+    for label, row in zip(labels, rho, strict=True):
+        table.add_row(escape(label), *(_cell(float(x)) for x in row))
+    return table
 
 
 def _md(text: str) -> str:
@@ -103,9 +121,20 @@ def markdown(a: Attribution) -> str:
             cells = " | ".join(_cell(float(x)) for x in ms.scores[t])
             lines.append(f"| {name} | {cells} | {_md(_check_cell(ms))} | {_cost_cell(ms)} |")
         lines.append("")
+    for t in range(len(a.targets)):
+        lines += _agreement_markdown(a, t)
     lines += [f"- {_md(line)}" for line in methods_legend(a)]
     lines += ["", f"**{summary_line(a)}**", ""]
     return "\n".join(lines)
+
+
+def _agreement_markdown(a: Attribution, t: int) -> list[str]:
+    names = list(a.methods)
+    lines = [f"Rank agreement (Spearman) over the tokens, target {t}:", "",
+             "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for name, row in zip(names, a.rank_agreement(t), strict=True):
+        lines.append(f"| {name} | " + " | ".join(_cell(float(x)) for x in row) + " |")
+    return [*lines, ""]
 
 
 def json_data(a: Attribution) -> dict[str, Any]:
