@@ -311,10 +311,9 @@ def test_figures_are_real_files(paris: Attribution, tmp_path: Path) -> None:
     svg = attribution_figure(paris, tmp_path / "a.svg").read_text(encoding="utf-8")
     root = ET.fromstring(svg.split("?>", 1)[1])
     ns = "{http://www.w3.org/2000/svg}"
-    values = [float(r.get("data-value", "nan")) for g in root.iter(f"{ns}g") if g.get("class") == "method"
-              for r in g.iter(f"{ns}rect")]
-    want = np.concatenate([paris.scores(n)[0] for n in paris.methods])
-    assert np.array_equal(np.array(values), want)  # every cell's score, in order
+    drawn = {(g.get("data-method"), int(r.get("data-token", -1))): float(r.get("data-value", "nan"))
+             for g in root.iter(f"{ns}g") if g.get("class") == "method" for r in g.iter(f"{ns}rect")}
+    assert drawn == {(n, i): paris.scores(n)[0, i] for n in paris.methods for i in range(len(paris.tokens))}
     texts = {e.text for e in root.iter(f"{ns}text")}
     assert {" capital", " France", "saliency", "PASS"} <= texts and any("smollm2" in (t or "") for t in texts)
     png = attribution_figure(paris, tmp_path / "a.png", scale=1.0).read_bytes()
@@ -325,6 +324,20 @@ def test_figures_are_real_files(paris: Attribution, tmp_path: Path) -> None:
     assert pdf[:5] == b"%PDF-" and _pdf_pages(pdf) == 1
     bare = attribution_figure(paris, tmp_path / "bare.svg", caption=False).read_text(encoding="utf-8")
     assert 'class="caption"' in svg and 'class="caption"' not in bare
+
+
+def test_a_long_texts_figure_wraps_its_tokens_onto_lines(minilm: attnscope.Model, tmp_path: Path) -> None:
+    """128 tokens: the cells go on in lines at most ~1100 px wide, every token's cell drawn once per method."""
+    text = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 9)
+    a = attribute(text, model=minilm, methods="attention,leave_one_out", max_length=128)
+    assert len(a.tokens) == 128
+    root = ET.fromstring(attribution_figure(a, tmp_path / "long.svg").read_text(encoding="utf-8").split("?>", 1)[1])
+    ns = "{http://www.w3.org/2000/svg}"
+    assert float(root.get("width", 0)) < 1900  # unwrapped it was 4,696 px
+    for name in a.methods:
+        cells = [r for g in root.iter(f"{ns}g") if g.get("data-method") == name for r in g.iter(f"{ns}rect")]
+        assert sorted(int(r.get("data-token", -1)) for r in cells) == list(range(128))
+        assert [float(r.get("data-value", "nan")) for r in cells] == a.scores(name)[0].tolist()
 
 
 # ---- an encoder-decoder, and the web app's answer ------------------------------------------------------------------

@@ -211,51 +211,81 @@
 
   // The heatmaps (a row per method, per target; each cell the token as text on its colour, data-value its score),
   // each method's check and unit beside its row, then the Spearman matrix of each target.
+  const WRAP = 1100; // px of token cells per line of a figure: a longer text goes on as more lines
+
+  // The token indices of each line of a figure, in order.
+  function wrapped(colW) {
+    const out = [[]];
+    let w = 0;
+    colW.forEach((cw, i) => {
+      if (w + cw > WRAP && out[out.length - 1].length) {
+        out.push([]);
+        w = 0;
+      }
+      out[out.length - 1].push(i);
+      w += cw;
+    });
+    return out;
+  }
+
+  // An encoder-decoder's part labels over one line of tokens: "source" and the decoder input, where each starts.
+  function partLabels(data, idx) {
+    const k = nSource(data);
+    if (k === null) return [];
+    const out = idx[0] < k ? [[idx[0], "source"]] : [[idx[0], DECODER_INPUT]];
+    if (idx[0] < k && idx.includes(k)) out.push([k, DECODER_INPUT]);
+    return out;
+  }
+
   A.attributionSVG = function (data, state, options) {
     const F = A.fig;
     const scale = (state && state.scale) || data.colours || "method";
     const top = tops(data, scale);
     const labelW = Math.max(...data.methods.map((m) => F.width(`${m.name} ${m.check.status}`, 12))) + 16;
     const colW = data.tokens.map((tok) => Math.max(24, F.width(oneLine(tok), 11) + 8));
-    const xs = colW.reduce((acc, w) => [...acc, acc[acc.length - 1] + w], [labelW]);
     const rowH = 20;
     const body = [];
-    let y = 0;
+    let [y, widest] = [0, labelW];
     data.targets.forEach((_, t) => {
       body.push(F.text(0, y + 14, target(data, t), ' font-weight="600"'));
       y += 20;
-      const k = nSource(data);
-      if (k !== null) {
-        body.push(F.text(xs[0], y + 12, "source", ` font-size="11" fill="${F.MUTED}"`));
-        if (k < data.tokens.length) body.push(F.text(xs[k], y + 12, DECODER_INPUT, ` font-size="11" fill="${F.MUTED}"`));
+      for (const idx of wrapped(colW)) {
+        const xs = {};
+        let end = labelW;
+        for (const i of idx) [xs[i], end] = [end, end + colW[i]];
+        widest = Math.max(widest, end);
+        const parts = partLabels(data, idx);
+        for (const [i, label] of parts) body.push(F.text(xs[i], y + 12, label, ` font-size="11" fill="${F.MUTED}"`));
+        y += parts.length ? 16 : 0;
+        for (const i of idx) {
+          body.push(F.text(xs[i] + colW[i] / 2, y + 12, String(i), ` text-anchor="middle" font-size="10" fill="${F.MUTED}"`));
+        }
         y += 16;
-      }
-      data.tokens.forEach((_, i) => body.push(F.text(xs[i] + colW[i] / 2, y + 12, String(i),
-                                                     ` text-anchor="middle" font-size="10" fill="${F.MUTED}"`)));
-      y += 16;
-      data.methods.forEach((m, k) => {
-        const fill = m.check.status === "PASS" ? "#2e7d32" : m.check.status === "FAIL" ? "#c62828" : "#8d6e00";
-        body.push(`<g class="method" data-method="${F.esc(m.name)}">`, F.text(0, y + 14, m.name),
-                  F.text(F.width(m.name, 12) + 6, y + 14, m.check.status, ` font-size="10" fill="${fill}"`));
-        data.tokens.forEach((tok, i) => {
-          const v = m.scores[t][i];
-          body.push(`<rect x="${F.num(xs[i])}" y="${y}" width="${F.num(colW[i] - 2)}" height="${rowH - 2}" ` +
-                    `fill="${A.attributionColour(v, top[k], m.signed)}" data-value="${v === null ? "NaN" : v}"/>`,
-                    F.text(xs[i] + colW[i] / 2 - 1, y + 13, oneLine(tok),
-                           ` text-anchor="middle" font-size="11" fill="${ink(v, top[k])}"`));
+        data.methods.forEach((m, k) => {
+          const fill = m.check.status === "PASS" ? "#2e7d32" : m.check.status === "FAIL" ? "#c62828" : "#8d6e00";
+          body.push(`<g class="method" data-method="${F.esc(m.name)}" data-target="${t}">`, F.text(0, y + 14, m.name),
+                    F.text(F.width(m.name, 12) + 6, y + 14, m.check.status, ` font-size="10" fill="${fill}"`));
+          for (const i of idx) {
+            const v = m.scores[t][i];
+            body.push(`<rect x="${F.num(xs[i])}" y="${y}" width="${F.num(colW[i] - 2)}" height="${rowH - 2}" ` +
+                      `fill="${A.attributionColour(v, top[k], m.signed)}" data-token="${i}" ` +
+                      `data-value="${v === null ? "NaN" : v}"/>`,
+                      F.text(xs[i] + colW[i] / 2 - 1, y + 13, oneLine(data.tokens[i]),
+                             ` text-anchor="middle" font-size="11" fill="${ink(v, top[k])}"`));
+          }
+          body.push(F.text(end + 8, y + 14, `${m.unit}${scale === "method" ? ` · max |score| ${fmtScore(top[k])}` : ""}`,
+                           ` font-size="11" fill="${F.MUTED}"`), "</g>");
+          y += rowH;
         });
-        body.push(F.text(xs[xs.length - 1] + 8, y + 14,
-                         `${m.unit}${scale === "method" ? ` · max |score| ${fmtScore(top[k])}` : ""}`,
-                         ` font-size="11" fill="${F.MUTED}"`), "</g>");
-        y += rowH;
-      });
-      y += 14;
+        y += 8;
+      }
+      y += 6;
     });
     y = rhoFigure(data, body, y + 8, labelW);
     const lines = [data.title, F.fields(`colours: ${SCALE_NAMES[scale]} scale` +
       (scale === "shared" ? ` (max |score| ${fmtScore(top[0] || 0)})` : ""), scaleNote(scale).split("; ").slice(1)
       .join(", "), `every check: ${data.status}`, "tokens 0-indexed")];
-    return F.svg(body.join("\n"), xs[xs.length - 1] + 320, y, lines, options);
+    return F.svg(body.join("\n"), widest + 320, y, lines, options);
   };
 
   // The Spearman matrices below the heatmaps (method names down the side and slanted across the top).
