@@ -26,7 +26,7 @@ INSTALL = "pip install 'attnscope[corpus]'"
 KINDS = ("embedding", "context")  # the whole-layer vectors that get an approximate index
 CONNECTIONS = 16  # HNSW's M: links per node
 EF_CONSTRUCTION = 100
-EF_SEARCH = 64  # candidates kept while searching (at least 2 k)
+EF_SEARCH = 128  # candidates kept while searching (at least 2 k): 0.965 -> 0.970 recall@10 at 300k tokens
 ADD_ROWS = 65536
 
 _LOADED: dict[str, Any] = {}  # path -> faiss index, read once per process
