@@ -8,6 +8,7 @@
 - `search.py`: exact cosine search (the reference) and matches; `ann.py`: the optional FAISS HNSW index
 - `query.py`: `search`, from a text and a token to the nearest corpus tokens; `summary.py`: what the matches are
 - `tags.py`: the stats reader plus each CoNLL-U word's UPOS
+- `maps.py`: a head's queries and keys in 2-D with AttentionViz's normalisation (query/key maps' data)
 
 Submodules are imported on use: `import attnscope.corpus` loads no torch.
 """
