@@ -104,6 +104,9 @@ def test_integrated_gradients_prints_its_numbers(ig: AttributionWalkthrough) -> 
     assert number_after(out, "against") == pytest.approx(delta, rel=1e-5)
     assert f"{rel:.2%} of |f(x) - f(x')|" in out
     assert "within the 1% the method requires" in out and "PASS: 4 checks" in out
+    n = arrays(ig, "riemann")["terms"].shape[0]  # the same points with weights summing to 1, not 1 - 1/n
+    said = next(s for s in ig.steps if s.stage == "completeness").text
+    assert number_after(said, "halved at both ends) gives") == pytest.approx(total * n / (n - 1), rel=1e-5)
     grads = arrays(ig, "gradients")["gradient"]  # [shown alphas, (alpha, |g_I|, (x_I-x'_I).g_I, d0..)]
     block = out[out.index("(gradients)"):].splitlines()
     row = next(line for line in block if line.startswith("k=0 ") and "│" in line)

@@ -148,10 +148,10 @@ def _completeness_step(walk: Walk, ours: np.ndarray, f_x: float, f_base: float) 
     exact = total * steps / (steps - 1)  # the trapezoid rule with weights summing to 1: 1/(n-1), ends halved
     text = (f"Completeness: the scores of all tokens add up to f(x) - f(x') when the integral is exact. "
             f"Sum {total:.6g} against {delta:.6g}: gap {total - delta:.3g}, {gap:.2%} of |f(x) - f(x')|, {ok} the "
-            f"{walk.settings.ig_tolerance:.0%} the method requires. Of that gap, 1/{steps} = {1 / steps:.2%} of "
-            f"the integral is the weights' shortfall: the trapezoid rule on the same points (weights 1/{steps - 1}, "
-            f"halved at both ends) gives {exact:.6g}, a gap of {abs(exact - delta) / max(abs(delta), 1e-3):.2g} of "
-            "|f(x) - f(x')|.")
+            f"{walk.settings.ig_tolerance:.0%} the method requires. Captum's weights sum to 1 - 1/{steps}, which alone "
+            f"takes {1 / steps:.2%} off the sum; the trapezoid rule on the same points with weights summing to 1 "
+            f"(1/{steps - 1}, halved at both ends) gives {exact:.6g}, a gap of "
+            f"{abs(exact - delta) / max(abs(delta), 1e-3):.2g} of |f(x) - f(x')|.")
     return Step("completeness", "Completeness: the sum over tokens", text, f"[token] = [{walk.obj.n_tokens}]",
                 {"scores": per_token, "sum": summary}, row_labels=walk.labels,
                 array_labels={"scores": (walk.labels, ["here", "Captum"]),
