@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "attnscope.cli.interventions",
     "attnscope.cli.attribute",
     "attnscope.cli.faithfulness",
+    "attnscope.cli.corpus",
 )
 
 
