@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 import attnscope
 from attnscope.attribution import attribute
-from attnscope.attribution.alti import alti
+from attnscope.attribution.alti import alti, block_error, transformed_vectors
+from attnscope.attribution.blocks import capture_blocks
 from attnscope.attribution.objective import build_objective
 from attnscope.attribution.value_zeroing import value_zeroing
 from attnscope.cli.core import ATTRIBUTION_WALKS
@@ -154,6 +156,12 @@ def test_alti_other_layer(minilm: attnscope.Model) -> None:
     assert not wrong["ok"]
 
 
+def test_the_block_check_fails_on_another_layers_vectors(minilm: attnscope.Model) -> None:
+    blocks = capture_blocks(minilm, build_objective(minilm, TEXT).inputs(), whole_block=True)
+    t, bias = transformed_vectors(blocks[4])
+    assert block_error(blocks[4], t, bias) <= 1e-5 < block_error(blocks[5], t, bias)
+
+
 def test_value_zeroing_row_and_score_are_its_own(minilm: attnscope.Model) -> None:
     w = attribution_walkthrough(TEXT, "value_zeroing", FLIES, model=minilm, layer=3)
     mixing = value_zeroing(minilm, build_objective(minilm, TEXT).inputs())
@@ -205,6 +213,29 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], mi
                                           args: list[str], message: str) -> None:
     code, out, err = run(capsys, "explain", "time flies", *args)
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_cli_integrated_gradients_short_of_steps_exits_1(capsys: pytest.CaptureFixture[str],
+                                                         minilm: attnscope.Model) -> None:
+    code, out, _ = run(capsys, "explain", TEXT, "--attribution", "integrated_gradients", "--token", "2",
+                       "--ig-steps", "32", "--ig-max-steps", "32", "--format", "json")
+    data = json.loads(out)
+    verdicts = {c["name"]: c["ok"] for c in data["checks"]}
+    assert code == 1 and data["status"] == "FAIL" and verdicts["completeness"] is False  # 3.2% at 32 steps
+    assert verdicts["Riemann sum = Captum's"] is True and verdicts["equals attribute()"] is True
+    code, _, err = run(capsys, "explain", TEXT, "--ig-steps", "32")
+    assert code == 2 and "--ig-steps is for explain --attribution integrated_gradients" in err
+
+
+def test_encoder_decoder_follows_the_first_target_token(seq2seq: Callable[[str], attnscope.Model]) -> None:
+    t5 = seq2seq("t5")
+    own = attribute("time flies", model=t5, target="le temps", methods="leave_one_out,integrated_gradients")
+    for method in ("leave_one_out", "integrated_gradients"):
+        w = attribution_walkthrough("time flies", method, 1, model=t5, target="le temps")
+        assert w.final == pytest.approx(own.scores(method)[0, 1], abs=1e-5) and w.status == "PASS", method
+        assert "follows the first target token" in w.steps[0].text
+    with pytest.raises(attnscope.AttnscopeError, match="alti does not apply to T5ForConditionalGeneration"):
+        attribution_walkthrough("time flies", "alti", 1, model=t5, target="le temps")
 
 
 def test_smollm2_alti_is_altis_own(smollm2: attnscope.Model) -> None:

@@ -117,7 +117,9 @@ def objective_step(walk: Walk) -> Step:
     obj = walk.obj
     ids = np.asarray([[t.id, int(t.special)] for t in obj.tokens])
     row = "" if walk.row is None else f"; the target is predicted at position {walk.row}"
-    text = (f"What is explained: {obj.description}. Its value from the model's own forward pass: "
+    first = (f" This walkthrough follows the first target token, {obj.targets[0]!r} (attnscope attribute shows "
+             "every target token's row)." if obj.n_targets > 1 else "")
+    text = (f"What is explained: {obj.description}.{first} Its value from the model's own forward pass: "
             f"f(x) = {float(obj.reference[0]):.6g}. The input has {obj.n_tokens} tokens (0-indexed){row}; "
             f"token I = {walk.label}.")
     return Step("objective", "What is explained, and the tokens", text, f"[token] = [{obj.n_tokens}]",
