@@ -22,8 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.methods import method_names
 from attnscope.attribution.objective import build_objective
@@ -194,7 +192,3 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> Path:
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
 
-
-def scores_array(rows: list[dict[str, Any]], method: str, metric: str) -> np.ndarray:
-    """[example] one metric of one method, in example order (NaN kept)."""
-    return np.array([r[metric] for r in rows if r["method"] == method], dtype=np.float64)
