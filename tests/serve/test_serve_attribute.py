@@ -165,3 +165,29 @@ def test_odd_input_is_answered_or_refused_never_a_500(server: Running, body: dic
     assert r.status_code in (200, 422), r.text
     if r.status_code == 422:
         assert "\n" not in r.json()["error"]
+
+
+@pytest.mark.parametrize(("model", "encoder"), [("smollm2", False), ("minilm", True)])
+def test_a_heads_link_scores_the_input_by_that_head(server: Running, model: str, encoder: bool,
+                                                    minilm: attnscope.Model, smollm2: attnscope.Model) -> None:
+    """attribution.js's headAttributionBody (a head picked in the attention views, layer 2 head 3) posted as it is:
+    the head's own attention weights from the predicting position (SmolLM2: the last token's row; MiniLM: the mean
+    row, the encoder's pooled objective), equal to the trace's within float32's 1e-6."""
+    from attnscope.views.attribution import page_html
+    from attnscope.views.browser import chromium
+
+    text = "The capital of France is"
+    with chromium() as browser:
+        page = browser.new_page()
+        page.set_content(page_html({"format": "none"}, "head link"), wait_until="domcontentloaded")
+        body = page.evaluate("([t, m, e]) => window.attnscope.headAttributionBody({text: t, model: m}, 2, 3, e)",
+                             [text, model, encoder])
+    assert body == {"text": text, "model": model, "target": None, "layer": 2, "head": 3,
+                    "methods": "attention" if encoder else "attention,attention_x_gradient"}
+    r = server.post(body)
+    assert r.status_code == 200, r.text
+    weights = attnscope.trace(text, model=minilm if encoder else smollm2).weights[2, 3]  # [query, key]
+    want = weights.mean(axis=0) if encoder else weights[-1]
+    got = np.array(r.json()["methods"]["attention"]["scores"][0])
+    assert np.abs(got - want).max() <= 1e-6
+    assert r.json()["methods"]["attention"]["settings"] == {"layer": 2, "head": 3}

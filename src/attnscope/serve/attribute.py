@@ -79,6 +79,10 @@ RESPONSE_SCHEMA: dict[str, Any] = {
         "targets": {"type": "array", "items": {"type": "string"}},
         "status": {"type": "string", "enum": ["PASS", "FAIL", "NOT VERIFIED"]},
         "methods": {"type": "object", "additionalProperties": _METHOD, "description": "by method name"},
+        "skipped": {"type": "object", "additionalProperties": {"type": "string"},
+                    "description": "methods left out (not named, not applying to the model) -> why"},
+        "rank_agreement": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": _NUMBER}},
+                           "description": "per target, Spearman's rho [method, method] (null: not defined)"},
         "view": {"type": "object", "description": "the attribution view's payload (views/attribution.py), drawn "
                  "by attnscope.renderAttributionResponse"},
     },
@@ -159,7 +163,7 @@ def run_attribution(service: Service, req: AttributeRequest, stop: threading.Eve
         checkpoint(stop)
         obj = build_objective(m, req.text, req.target, max_length=_max_length(service, m, req.max_length),
                               truncate=False)
-        methods = resolve(names, obj, explicit)
+        methods, _left_out = resolve(names, obj, explicit)  # those left out are in the record, with why
         admit(methods, obj, settings.ig_steps, timed(lambda: m.model(**obj.inputs())), req.deadline)
         return attribute_objective(obj, names, settings, explicit)
 

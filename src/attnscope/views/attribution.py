@@ -7,8 +7,8 @@ hash, nothing fetched), shows itself in Jupyter (`attribution_page(a)`), and is 
 headless Chromium (`attribution_figure`). Torch-free: a saved attribution renders without torch.
 
 Ranks: 1 is the token with the highest score under a method (the most positive for a signed score); tied scores
-share their average rank, as scipy.stats.rankdata does, and Spearman's rho is Pearson's correlation of those ranks
-(scipy.stats.spearmanr). Tokens and targets are 0-indexed.
+share their average rank, as scipy.stats.rankdata does. Spearman's rho between methods is the record's
+(Attribution.rank_agreement, equal to scipy.stats.spearmanr). Tokens and targets are 0-indexed.
 """
 
 from __future__ import annotations
@@ -86,23 +86,12 @@ def average_ranks(row: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman's rho of two [token] score rows (Pearson's r of their average ranks); None where it is not
-    defined: a non-finite score, fewer than 2 tokens, or a row whose scores are all equal."""
-    if len(a) < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
-        return None
-    ra, rb = average_ranks(a) - (len(a) + 1) / 2, average_ranks(b) - (len(b) + 1) / 2  # centred: mean rank
-    denominator = math.sqrt(float(ra @ ra) * float(rb @ rb))
-    if denominator == 0:
-        return None
-    return max(-1.0, min(1.0, float(ra @ rb) / denominator))
-
-
 def spearman_matrix(attr: Attribution, target: int = 0) -> list[list[float | None]]:
     """[method, method] Spearman's rho between the methods' scores of one target (0-indexed), in the
-    Attribution's method order; None where rho is not defined (spearman)."""
-    rows = [ms.scores[target] for ms in attr.methods.values()]
-    return [[spearman(a, b) for b in rows] for a in rows]
+    Attribution's method order (the record's rank_agreement); None where rho is not defined (a row with a NaN
+    score, or whose scores are all equal)."""
+    rho = attr.rank_agreement(target)  # float64 [method, method], NaN where not defined
+    return [[float(r) if math.isfinite(r) else None for r in row] for row in rho.tolist()]
 
 
 def _agreement_note(attr: Attribution, target: int) -> str | None:
@@ -173,6 +162,7 @@ def attribution_payload(attr: Attribution, colours: str = "method", raw_tokens: 
         "methods": [_method_payload(name, ms) for name, ms in attr.methods.items()],
         "agreement": [{"target": t, "rho": spearman_matrix(attr, t), "note": _agreement_note(attr, t)}
                       for t in range(len(attr.targets))],
+        "skipped": dict(attr.skipped),  # methods left out -> why (not named, or not applying to the model)
         "colours": colours,
     }
 

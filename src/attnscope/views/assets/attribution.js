@@ -153,6 +153,15 @@
       "; signed methods blue below 0, orange above; unsigned white to blue from 0; NaN grey";
   }
 
+  // The methods left out (not named, or not applying to this model), each with why.
+  function skippedList(data) {
+    const left = Object.entries(data.skipped || {});
+    if (!left.length) return null;
+    return el("section", { class: "as-attr-skipped" }, [el("h3", { text: "not run" }),
+      el("ul", {}, left.map(([name, why]) => el("li", {}, [el("b", { text: name }),
+                                                           document.createTextNode(`: ${why}`)])))]);
+  }
+
   A.renderAttribution = function (element, data, options) {
     const state = { scale: (options && options.scale) || data.colours || "method", token: null, target: 0 };
     const panel = el("section", { class: "as-attr-token-panel", "aria-live": "polite" }, [
@@ -182,7 +191,7 @@
         `target${data.targets.length === 1 ? "" : "s"}, ${data.methods.length} methods; rank 1 is a method's ` +
         "highest score; tokens and targets 0-indexed" }),
       scaleToggle(state, redraw), note, ...heat, panel, ...agree,
-      el("h3", { text: "checks" }), checks]));
+      el("h3", { text: "checks" }), checks, skippedList(data)]));
     redraw();
     element.attnscopeFigure = (opts) => A.attributionSVG(data, state, opts); // what figureSVG(element) returns
     element.attnscopeAttribution = { state: () => ({ ...state }), pick: pick,
@@ -200,6 +209,16 @@
       return null;
     }
     return A.renderAttribution(element, response.view, options);
+  };
+
+  // "What does this head contribute?": from a head picked in the attention views (layer, head 0-indexed), the
+  // POST /api/attribute body that scores the input by that head alone: its attention weights from the predicting
+  // position and, where the prediction has a gradient (not an encoder's pooled embedding, at its maximum), attention
+  // x gradient. `traced`: the body the views' trace was asked with ({text, model, target?}).
+  A.headAttributionBody = function (traced, layer, head, encoder) {
+    return { text: traced.text, model: traced.model === undefined ? null : traced.model,
+             target: encoder || traced.target === undefined ? null : traced.target,
+             methods: encoder ? "attention" : "attention,attention_x_gradient", layer: layer, head: head };
   };
 
   A.bootAttribution = function () {
