@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import attnscope
-from attnscope.cli import main as cli_main
 from attnscope.corpus.index import BuildResult, build_index
 from attnscope.corpus.store import CorpusIndex
 from attnscope.corpus.tags import TaggedSource
 from attnscope.stats.settings import Settings
-from tests.support.corpus import CLI_MODULE, DOCUMENTS, HEADS, LAYERS
+from tests.support.corpus import DOCUMENTS, HEADS, LAYERS
 
 
 @pytest.fixture(scope="session")
@@ -27,12 +25,4 @@ def built(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="session")
 def index(built: BuildResult) -> CorpusIndex:
     return CorpusIndex(built.path)
-
-
-@pytest.fixture
-def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """attnscope.cli.main with the corpus commands (until main.py's COMMAND_MODULES lists them itself)."""
-    if CLI_MODULE not in cli_main.COMMAND_MODULES:
-        monkeypatch.setattr(cli_main, "COMMAND_MODULES", (*cli_main.COMMAND_MODULES, CLI_MODULE))
-    yield
 

@@ -13,8 +13,6 @@ import attnscope
 from attnscope.corpus.index import BuildResult
 from tests.support.cli import run, saved
 
-pytestmark = pytest.mark.usefixtures("registered")
-
 QUERY = "The company bought a small bank ."  # token 2 is "company"
 
 
