@@ -86,6 +86,11 @@ class TraceCache:
             self.hits += 1
             return entry
 
+    def peek(self, key: CacheKey) -> bool:
+        """Is it cached? (Counts neither a hit nor a miss, and leaves the order alone.)"""
+        with self._lock:
+            return key in self._items
+
     def put(self, key: CacheKey, entry: Entry, follow_up: bool = True) -> None:
         """Keep it, evicting the oldest; an entry over the byte cap alone is not kept (and evicts nothing).
         follow_up=False (no request about it is expected): kept only if its key was put before."""

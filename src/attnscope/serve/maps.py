@@ -32,6 +32,7 @@ from attnscope.views.words import merge, word_groups
 if TYPE_CHECKING:
     from attnscope.records.trace import Trace
     from attnscope.serve.cache import CacheKey
+    from attnscope.serve.rows import Rows
 
 OVERVIEW = 64  # the overview's side at most, in cells: each cell the max of its block of codes
 LAZY_FROM = 2**24  # "auto": maps travel lazily when a source holds more codes than this (16 MiB of uint8)
@@ -89,16 +90,52 @@ class MapSet:
     sources: dict[str, Source]
     answers: dict[tuple[str, ...], bytes] = field(default_factory=dict)  # POST /api/trace's, by mode and sources
     words: WordLevel | None = None  # None: every word is one token
+    rows: Rows | None = None  # x of every layer: /api/neuron and /api/explain recompute one layer (serve.rows)
 
     @property
     def nbytes(self) -> int:
+        answers = {id(a): a for a in self.answers.values()}.values()  # one answer, several keys
         return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
-            sum(len(a) for a in {id(a): a for a in self.answers.values()}.values())  # one answer, several keys
+            sum(len(a) for a in answers) + (0 if self.rows is None else self.rows.nbytes)
 
 
 def is_large(trace: Trace) -> bool:
     """Would the raw weights as uint8 exceed LAZY_FROM codes (the point where "auto" goes lazy)?"""
     return trace.n_layers * trace.n_heads * len(trace.tokens) ** 2 > LAZY_FROM
+
+
+def map_bytes(layers: int, heads: int, tokens: int, names: tuple[str, ...]) -> dict[str, int]:
+    """The uint8 bytes compact() will keep per source, before tracing: [layer, head, query, key] for weights and
+    norm_head, [layer, query, key] for rollout and norm_layer, [query, key] for flow (one byte a code)."""
+    per_map = tokens * tokens
+    count = {"weights": layers * heads, "norm_head": layers * heads, "rollout": layers, "norm_layer": layers,
+             "flow": 1}
+    return {name: count.get(name, layers * heads) * per_map for name in names}
+
+
+def validate_fit(sizes: dict[str, int], limit: int, tokens: int, rows: int = 0) -> None:
+    """Refuse (422) a long trace whose maps cannot stay in the map store (--cache-size) before it is traced,
+    saying which sources (the page's boxes) to leave out, or the --cache-size that would hold them and the
+    `rows` bytes kept beside them when they fit (x of every layer, attnscope.serve.rows)."""
+    total = sum(sizes.values())
+    if total <= limit:
+        return
+    mib = {name: -(-size // 2**20) for name, size in sizes.items()}
+    parts = ", ".join(f"{n} {m} MiB" for n, m in mib.items())
+    drop, left = [], total
+    for name in sorted((n for n in sizes if n != "weights"), key=lambda n: -sizes[n]):  # largest first
+        if left <= limit:
+            break
+        drop.append(name)
+        left -= sizes[name]
+    advice = (f"leave out {' and '.join(repr(n) for n in drop)} (sources; on the page, untick "
+              f"{' and '.join(repr(SOURCE_LABELS.get(n, n)) for n in drop)}), or " if drop and left <= limit else "")
+    raise AttnscopeError(
+        f"the maps of this {tokens}-token trace would take {-(-total // 2**20)} MiB as uint8 ({parts}), over the "
+        f"server's --cache-size of {limit // 2**20} MiB, so they could not be kept for the page: {advice}start the "
+        f"server with --cache-size {-(-(total + rows) // 2**20) + 1} or more (the maps, and {-(-rows // 2**20)} MiB "
+        "for the Neuron tab's and the explanations' layer recompute), or trace fewer tokens (max_length)",
+        parameter="sources")
 
 
 def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:

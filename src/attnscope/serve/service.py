@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.explain.from_trace import walkthrough
 from attnscope.explain.render import walkthrough_json
 from attnscope.models import Model, describe, load_model
-from attnscope.serve import binary, maps, wordmaps
+from attnscope.serve import binary, maps, rows, wordmaps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
 from attnscope.serve.cache import CacheKey, Entry, TraceCache
 from attnscope.serve.encode import encode_array, stage_array, to_json
@@ -26,6 +26,7 @@ from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED, SOURCES
+from attnscope.tokens import encode
 from attnscope.tracing.one_pass import Trace, forward_pass
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
@@ -106,6 +107,8 @@ class Service:
         kept = self.maps.get(maps.trace_id(self.key(req)[1])) if plain else None
         if kept is not None and (req.maps, *optional) in kept.answers:  # "auto" is kept only where it went lazy
             return kept.answers[(req.maps, *optional)]
+        if plain:
+            self.check_fit(req, optional)  # before minutes of tracing: maps that cannot be kept are refused
         _m, e = self.entry(req, stop, follow_up=req.payload)  # the page asks again about what it shows
         tr = e.trace
         lazy = req.maps == "lazy" or (req.maps == "auto" and maps.is_large(tr))
@@ -132,6 +135,18 @@ class Service:
             self.maps.remember(maps.trace_id(self.key(req)[1]), [(m, *optional) for m in modes], out)
         return out
 
+    def check_fit(self, req: TraceRequest, optional: tuple[str, ...]) -> None:
+        """A long trace whose uint8 maps will not fit the map store is refused (422, with advice) before it is
+        traced, unless it is cached already; a race with other traces still answers "stored": false."""
+        m, key = self.key(req)
+        if self.cache.peek(key):
+            return
+        n = int(encode(m.tokenizer, [req.text], [req.pair], key[3], req.truncate).inputs["input_ids"].shape[1])
+        if req.maps == "auto" and m.n_layers * m.n_heads * n * n <= maps.LAZY_FROM:
+            return  # inline maps: the trace cache bounds them
+        sizes = maps.map_bytes(m.n_layers, m.n_heads, n, ("weights", *optional))
+        maps.validate_fit(sizes, self.maps.max_bytes, n, rows.x_bytes(m, n))
+
     def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
         """The views' payload without maps (attnscope.serve.maps), its maps kept as uint8 in self.maps."""
         if ("lazy", *optional) not in e.payloads:
@@ -139,6 +154,9 @@ class Service:
                 stage_array(e.trace, name)
             names = [n for n in payload_sources(e.trace) if n not in DERIVED or n in optional]
             kept = maps.compact(e.trace, names, key)
+            kept.rows = rows.keep(e.trace)  # x of every layer: one layer's answers without the exact trace
+            if kept.rows is not None and kept.nbytes > self.maps.max_bytes:
+                kept.rows = None  # the maps alone fit: those answers trace the text again
             # the payload's own fields from a stand-in whose maps are 1 x 1 (then replaced): no quantizing twice
             small = {k: np.zeros((*v.shape[:-2], 1, 1), np.float32) if k in names else v
                      for k, v in e.trace.arrays.items() if k not in DERIVED or k in optional}
@@ -159,9 +177,24 @@ class Service:
         finally:
             self.cache.fit()
 
-    def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
+    def layer_trace(self, req: TextRequest, layer: int, stop: threading.Event) -> tuple[Model, Trace]:
+        """A trace to answer about one layer with: the exact trace when cached, else a long trace's layer
+        recomputed from its kept x (attnscope.serve.rows: the same numbers, ~1 s instead of a forward pass of the
+        whole text), else a forward pass."""
+        m, key = self.key(req)
+        if not self.cache.peek(key):
+            kept = self.maps.get(maps.trace_id(key))
+            if kept is not None and kept.rows is not None:
+                checkpoint(stop)
+                tr = rows.one_layer(kept.rows, m, layer)
+                if tr is not None:
+                    return m, tr
         m, e = self.entry(req, stop)
-        w = walkthrough(captured(e.trace), req.layer, req.head, req.token, model=m)
+        return m, captured(e.trace)
+
+    def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
+        m, tr = self.layer_trace(req, req.layer, stop)
+        w = walkthrough(tr, req.layer, req.head, req.token, model=m)
         values = sum(int(np.asarray(a).size) for s in w.steps for a in s.arrays.values())
         size = values * _LIST_BYTES  # every array as JSON lists: sized before the body is built
         if size > self.budget.max_bytes:  # --max-response; --max-list bounds what a client chooses as lists
@@ -171,8 +204,8 @@ class Service:
         return to_json(walkthrough_json(w))
 
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
-        _m, e = self.entry(req, stop)
-        return to_json(neuron_block(e.trace, req.layer, req.head))
+        _m, tr = self.layer_trace(req, req.layer, stop)
+        return to_json(neuron_block(tr, req.layer, req.head))
 
 
 def captured(tr: Trace) -> Trace:

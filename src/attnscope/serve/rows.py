@@ -1,0 +1,83 @@
+"""One layer of a long trace, recomputed from its attention input: the Neuron tab and a cell's explanation
+without the whole exact trace.
+
+A long trace's exact arrays do not stay in the trace cache (SmolLM2 at 2,048 tokens: 4.5 GB of weights and
+as much of scores), so /api/neuron and /api/explain once traced the whole text again (82 s and 107 s there).
+Instead the map store keeps, beside the maps' uint8 codes, each layer's captured attention input x
+[layer, token, d_model] (SmolLM2 at 2,048 tokens: 141 MB) and the trace's description and check; a request
+for (layer, head) recomputes that layer from x and the layer's own weights with the check's maths
+(maths.multi_head_attention, as verify.recompute runs it). That is the computation the check compared with
+the capture and found equal: on MiniLM at 512 tokens and SmolLM2 at 300 its q, k, v, scores, weights, context
+and output equal the captured arrays bit for bit (tests/serve/test_serve_rows.py compares the answers).
+The alternative, a forward pass up to the layer, costs up to a whole forward pass (tens of seconds at 2,048
+tokens); one layer's recompute costs ~0.1-1 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from attnscope import maths
+from attnscope.errors import validate_index
+from attnscope.models import Model
+from attnscope.records.trace import Trace
+from attnscope.stages import ARRAY_AXES
+from attnscope.verify.recompute import layer_mask, layer_params
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A long trace's skeleton (tokens, description, check) with x only, and the layered stages it carried."""
+
+    trace: Trace  # arrays: {"x": [layer, token, d_model] float32}
+    stages: tuple[str, ...]  # e.g. q, k, v, weights, context, x, output, scores
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.trace.arrays["x"].nbytes)
+
+
+def keep(trace: Trace) -> Rows | None:
+    """What a layer's recompute needs: the trace without its arrays but x [layer, token, d_model] (a copy, so
+    the batch it was captured in can go). None when the trace has no recompute (no x, an unsupported family)."""
+    if "x" not in trace.arrays or trace.unsupported is not None or not trace.comparisons:
+        return None
+    stages = tuple(s for s in trace.arrays if ARRAY_AXES.get(s, ("",))[0] == "layer")
+    x = np.ascontiguousarray(trace.arrays["x"], dtype=np.float32)  # [layer, token, d_model]
+    return Rows(dataclasses.replace(trace, arrays={"x": x}, output_projection=None), stages)
+
+
+def x_bytes(model: Model, tokens: int) -> int:
+    """The bytes keep() holds for a trace of this many tokens: float32 x [layer, token, d_model]."""
+    weight = model.model.get_input_embeddings().weight  # [vocab, d_model]
+    assert isinstance(weight, torch.Tensor)
+    return 4 * model.n_layers * tokens * int(weight.shape[-1])
+
+
+@torch.no_grad()
+def one_layer(rows: Rows, model: Model, layer: int) -> Trace | None:
+    """The trace with its stages of `layer` recomputed; every layer index of its arrays reads that one layer (a
+    stride-0 view, no copies: only `layer` may be asked). None when the family's recompute lacks a stage."""
+    kept, stages = rows.trace, rows.stages
+    validate_index("layer", layer, int(kept.arrays["x"].shape[0]))  # the full trace's words
+    x = kept.arrays["x"]  # [layer, token, d_model]
+    params = layer_params(model.model, x.shape[1])
+    if params is None or len(params) != x.shape[0]:
+        return None
+    p = params[layer]
+    mask = layer_mask(x.shape[1], p.window, None)  # one text, no padding: as the trace's check
+    st = maths.multi_head_attention(torch.from_numpy(x[layer])[None], p, mask, keep=stages)  # [1, ...] each
+    if any(s not in st for s in stages):
+        return None
+    arrays = {s: _every_layer(st[s][0].numpy(), x.shape[0]) for s in stages if s != "x"}
+    return dataclasses.replace(kept, arrays={"x": x, **arrays})
+
+
+def _every_layer(one: np.ndarray, layers: int) -> np.ndarray:
+    """[...] -> [layer, ...] where each layer is `one` (stride 0 on the layer axis; left writable, as the trace's
+    own arrays, so torch.from_numpy of a slice does not warn: nothing writes into an answer's arrays)."""
+    return np.lib.stride_tricks.as_strided(one, (layers, *one.shape), (0, *one.strides))
