@@ -32,11 +32,18 @@ STOP_REASONS = ("eos", "max_new_tokens", "interrupted")
 
 @dataclass(frozen=True)
 class Alternative:
-    """A candidate for a step's token and its probability."""
+    """A candidate for a step's token and its probability. text: as the tokenizer spells it ("Ġthe"); decoded: the
+    tokenizer's own decoding of that piece alone (" the"), None in generations saved before it was kept."""
 
     id: int
     text: str
     probability: float
+    decoded: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The candidate as a person reads it: its decoding when known, else its piece (as Token.shown)."""
+        return self.text if self.decoded is None else self.decoded
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +62,15 @@ class GeneratedToken:
     probability: float
     alternatives: list[Alternative]
     special: bool = False
+    # the tokenizer's own decoding of the piece alone (" the" for "Ġthe"), as Token.decoded; None in generations
+    # saved before it was kept (they load as they were). Unlike piece, never empty: a special token or a byte of a
+    # character split over tokens reads as its decoder writes it alone
+    decoded: str | None = None
+
+    @property
+    def shown(self) -> str:
+        """The token as a person reads it: its decoding when known, else its piece as spelled."""
+        return self.text if self.decoded is None else self.decoded
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,7 +118,7 @@ class GenerationTrace:
     @property
     def tokens(self) -> list[Token]:
         """Every token of the final sequence: the prompt's, then each step's."""
-        new = [Token(index=s.position, text=s.text, id=s.id, special=s.special) for s in self.steps]
+        new = [Token(index=s.position, text=s.text, id=s.id, special=s.special, decoded=s.decoded) for s in self.steps]
         return [*self.prompt_tokens, *new]
 
     def query_position(self, step: int) -> int:
@@ -163,17 +179,18 @@ class GenerationTrace:
     def load(cls, path: str | os.PathLike[str]) -> GenerationTrace:
         return load_generation(path)
 
-    def to_html(self) -> str:
-        """The generation view: a self-contained page with play/pause and a step slider."""
+    def to_html(self, raw_tokens: bool = False) -> str:
+        """The generation view: a self-contained page with play/pause and a step slider. Tokens as they read (the
+        tokenizer's decoding of each piece); raw_tokens=True: as the tokenizer spells them ("Ġthe")."""
         from attnscope.views.generation import generation_html
 
-        return generation_html(self)
+        return generation_html(self, raw_tokens=raw_tokens)
 
-    def show(self) -> Any:
+    def show(self, raw_tokens: bool = False) -> Any:
         """The generation view as an HTMLPage: displays itself in Jupyter, .save(path) writes the file."""
         from attnscope.views.generation import generation_page
 
-        return generation_page(self)
+        return generation_page(self, raw_tokens=raw_tokens)
 
     def _repr_html_(self) -> str:
         from attnscope.views import iframe

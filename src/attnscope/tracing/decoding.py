@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.generation.streamers import BaseStreamer
 
 from attnscope.capture import AttentionCall, attention_modules, hooked
@@ -28,7 +28,7 @@ from attnscope.models import Model, ModelLike, describe_capture, load_model
 from attnscope.records.arrays import Pending, TraceArrays, token_index
 from attnscope.records.generation import Alternative, GeneratedToken, GenerationTrace
 from attnscope.records.trace import Trace
-from attnscope.tokens import Token, encode
+from attnscope.tokens import Token, encode, piece_decoder
 from attnscope.tracing import rows
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,7 @@ class _Steps(BaseStreamer):
                  on_token: Callable[[GeneratedToken], None] | None) -> None:
         self.m, self.dist, self.prompt_length, self.k = m, dist, prompt_length, alternatives
         self.on_token = on_token
+        self.decode = piece_decoder(m.tokenizer)  # each piece as the tokenizer decodes it alone
         self.ids: list[int] = []
         self.steps: list[GeneratedToken] = []
         self._seen_prompt = False
@@ -203,17 +204,33 @@ class _Steps(BaseStreamer):
         tok = self.m.tokenizer
         logp = self.dist.latest
         assert logp is not None, "a token before its distribution"
-        top = torch.topk(logp, min(self.k, int(logp.shape[0])))
-        alts = [Alternative(int(i), str(tok.convert_ids_to_tokens(int(i))), float(p.exp()))
-                for p, i in zip(top.values, top.indices, strict=True)]
         self.ids.append(token_id)
         text = str(tok.decode(self.ids, skip_special_tokens=True))
         piece, self._text = text[len(self._text):], text
         n = len(self.steps)
-        return GeneratedToken(step=n, position=self.prompt_length + n, id=token_id,
-                              text=str(tok.convert_ids_to_tokens(token_id)), piece=piece,
-                              probability=float(logp[token_id].exp()), alternatives=alts,
+        spelling, decoded = spelled(tok, self.decode, token_id)
+        return GeneratedToken(step=n, position=self.prompt_length + n, id=token_id, text=spelling, decoded=decoded,
+                              piece=piece, probability=float(logp[token_id].exp()),
+                              alternatives=top_alternatives(tok, self.decode, logp, self.k),
                               special=token_id in tok.all_special_ids)
+
+
+def spelled(tok: PreTrainedTokenizerBase, decode: Callable[[str], str] | None, token_id: int) -> tuple[str, str | None]:
+    """A token id as the tokenizer spells its piece ("Ġthe") and as it decodes that piece alone (" the"; None for
+    a tokenizer without a decoder, tokens.piece_decoder)."""
+    text = str(tok.convert_ids_to_tokens(token_id))
+    return text, None if decode is None else decode(text)
+
+
+def top_alternatives(tok: PreTrainedTokenizerBase, decode: Callable[[str], str] | None, logp: torch.Tensor,
+                     k: int) -> list[Alternative]:
+    """The k most probable next tokens of log-probabilities logp [vocab], spelled and decoded."""
+    top = torch.topk(logp, min(k, int(logp.shape[0])))
+    out = []
+    for p, i in zip(top.values.exp().tolist(), top.indices.tolist(), strict=True):  # exp in the logits' dtype
+        text, decoded = spelled(tok, decode, int(i))
+        out.append(Alternative(id=int(i), text=text, probability=float(p), decoded=decoded))
+    return out
 
 
 @contextlib.contextmanager
@@ -299,7 +316,8 @@ def _finish(m: Model, prompt: str, prompt_tokens: list[Token], recorder: StepRec
         return None
     arrays = recorder.cut(len(prompt_tokens) + n_steps - 1)
     layers = per_layer(arrays)
-    new = [Token(index=s.position, text=s.text, id=s.id, special=s.special) for s in steps.steps[: n_steps - 1]]
+    new = [Token(index=s.position, text=s.text, id=s.id, special=s.special, decoded=s.decoded)
+           for s in steps.steps[: n_steps - 1]]
     fam = family_of(m.model)
     info = describe_capture(m, layers["q"][0], layers["k"][0], layers["x"][0], n_layers, causal=True)
     info["pre_norm"] = fam.pre_attention is not None if fam else None

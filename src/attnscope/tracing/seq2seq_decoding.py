@@ -21,10 +21,11 @@ from attnscope import families
 from attnscope.errors import AttnscopeError, require_text
 from attnscope.models import Model, ModelLike, load_model
 from attnscope.records.check_report import Comparison
-from attnscope.records.generation import Alternative, GeneratedToken
+from attnscope.records.generation import GeneratedToken
 from attnscope.records.trace import EncoderDecoderTrace
 from attnscope.records.translation import Seq2SeqGeneration
-from attnscope.tracing.decoding import validate_settings
+from attnscope.tokens import piece_decoder
+from attnscope.tracing.decoding import spelled, top_alternatives, validate_settings
 from attnscope.tracing.seq2seq import trace_seq2seq, validate_encoder_decoder
 
 
@@ -70,17 +71,16 @@ def _steps(m: Model, written: list[int], scores: tuple[torch.Tensor, ...], k: in
     """Each written token with its probability and the top k alternatives: the softmax of the logits after the
     generation config's processors (what greedy search took the maximum of), as for decoders."""
     tok, steps, text = m.tokenizer, [], ""
+    decode = piece_decoder(tok)
     special = set(tok.all_special_ids)
     for s, token_id in enumerate(written):
         logp = torch.log_softmax(scores[s][0].float().cpu(), dim=-1)  # [vocab]
-        top = torch.topk(logp, min(k, int(logp.shape[0])))
-        alts = [Alternative(int(i), str(tok.convert_ids_to_tokens(int(i))), float(p.exp()))
-                for p, i in zip(top.values, top.indices, strict=True)]
         decoded = str(tok.decode(written[: s + 1], skip_special_tokens=True))
         piece, text = decoded[len(text):], decoded
-        steps.append(GeneratedToken(step=s, position=s + 1, id=token_id, text=str(tok.convert_ids_to_tokens(token_id)),
-                                    piece=piece, probability=float(logp[token_id].exp()), alternatives=alts,
-                                    special=token_id in special))
+        spelling, alone = spelled(tok, decode, token_id)
+        steps.append(GeneratedToken(step=s, position=s + 1, id=token_id, text=spelling, decoded=alone, piece=piece,
+                                    probability=float(logp[token_id].exp()),
+                                    alternatives=top_alternatives(tok, decode, logp, k), special=token_id in special))
     return steps
 
 
