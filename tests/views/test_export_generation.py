@@ -49,9 +49,9 @@ def test_step_figure_has_every_token_as_text_shaded_by_the_weights(generation: G
     assert root.tag == f"{NS}svg" and not list(root.iter(f"{NS}script"))
     pos = g.steps[2].position
     texts = [t.text for t in group(root, "tokens").iter(f"{NS}text")]
-    # every token so far as it reads, the one step 2 writes last: the prompt's pieces as the tokenizer decodes them,
-    # each step's text added to the output (a special token, which adds none, as it is spelled)
-    shown = [t.shown for t in g.prompt_tokens] + [s.piece or s.text for s in g.steps]
+    # every token so far as it reads, the one step 2 writes last: each piece as the tokenizer decodes it alone, the
+    # prompt's and each step's alike (WordPiece: a word as the prompt's "flies", without the space the output adds)
+    shown = [t.shown for t in g.prompt_tokens] + [s.shown for s in g.steps]
     assert texts == [t.replace("\n", "↵") for t in shown[: pos + 1]]
     assert {"<", "&", ">"} <= set(texts)  # markup characters stay text
     weights = g.step_weights(2)[1, 3]  # [key]: the step's query over positions 0..pos-1

@@ -53,6 +53,10 @@ def register(sub: Any) -> None:
                    help="the step a figure shows, 0-indexed (default: the last); its layer and head: --layer, --head")
     p.add_argument("--scale", type=real, default=2.0, help="png figure: pixels per SVG pixel (default 2)")
     p.add_argument("--html", metavar="FILE", help="write the generation view (a self-contained page)")
+    p.add_argument("--raw-tokens", action="store_true",
+                   help="show tokens as the tokenizer spells its pieces, with byte-level marks (GPT-2's 'Ġ' for a "
+                        "space, 'Ċ' for a newline) in the tables, the page and the figure; by default each reads as "
+                        "the tokenizer decodes it")
     add_format(p)
     p.set_defaults(func=run_generate)
 
@@ -104,11 +108,12 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.output and figure:
         from attnscope.views.generation import generation_figure
 
-        generation_figure(g, args.output, step=args.step, layer=args.layer, head=args.head, scale=args.scale)
+        generation_figure(g, args.output, step=args.step, layer=args.layer, head=args.head, scale=args.scale,
+                          raw_tokens=args.raw_tokens)
     elif args.output:
         g.save(args.output)
     if args.html:
-        g.show().save(args.html)
+        g.show(raw_tokens=args.raw_tokens).save(args.html)
     _emit(g, args)
     return status if status else (0 if g.check().ok else 1)
 
@@ -159,14 +164,14 @@ def _emit(g: GenerationTrace, args: argparse.Namespace) -> None:
     if args.format == "json":
         print_json(generation_json(g, layer, args.head))
     elif args.format == "markdown":
-        sys.stdout.write(generation_markdown(g, layer, args.head))
+        sys.stdout.write(generation_markdown(g, layer, args.head, args.raw_tokens))
     else:
         from attnscope.explain.render import check_summary
 
         out = console()
         out.print()
         out.print(_header(g))
-        out.print(steps_table(g, layer, args.head))
+        out.print(steps_table(g, layer, args.head, args.raw_tokens))
         out.print(check_overview(g))
         out.print(check_summary(g.check()))
         for path in (args.output, args.html):
@@ -184,20 +189,23 @@ def _who(g: GenerationTrace, layer: int, head: int | None) -> str:
     return f"layer {layer}, " + ("mean over heads" if head is None else f"head {head}")
 
 
-def _step_cells(g: GenerationTrace, s: GeneratedToken, layer: int, head: int | None) -> list[str]:
+def _step_cells(g: GenerationTrace, s: GeneratedToken, layer: int, head: int | None, raw: bool = False) -> list[str]:
+    """A step's row; every token as the tokenizer decodes its piece (raw: as it spells it), repr-quoted so that
+    spaces and newlines show."""
     tokens = g.tokens
-    alts = ", ".join(f"{a.text!r} {a.probability:.3f}" for a in s.alternatives)
-    seen = ", ".join(f"{i}:{tokens[i].text!r} {w:.2f}" for i, w in g.attended(s.step, layer, head))
-    return [str(s.step), str(s.position), repr(s.piece), f"{s.probability:.3f}", alts, seen]
+    alts = ", ".join(f"{a.text if raw else a.shown!r} {a.probability:.3f}" for a in s.alternatives)
+    seen = ", ".join(f"{i}:{tokens[i].text if raw else tokens[i].shown!r} {w:.2f}"
+                     for i, w in g.attended(s.step, layer, head))
+    return [str(s.step), str(s.position), repr(s.text if raw else s.shown), f"{s.probability:.3f}", alts, seen]
 
 
 _COLUMNS = ("step", "pos", "token", "p", "top alternatives", "most attended")
 
 
-def steps_table(g: GenerationTrace, layer: int, head: int | None) -> Any:
+def steps_table(g: GenerationTrace, layer: int, head: int | None, raw: bool = False) -> Any:
     return rich_steps_table(f"each step (0-indexed): the token, its probability, the alternatives, and the earlier "
                             f"tokens its query attends to most ({_who(g, layer, head)})", _COLUMNS,
-                            [_step_cells(g, s, layer, head) for s in g.steps])
+                            [_step_cells(g, s, layer, head, raw) for s in g.steps])
 
 
 MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "
@@ -228,13 +236,14 @@ def check_overview(g: GenerationTrace) -> Any:
     return Group(title, t, Text(MEASURE))
 
 
-def generation_markdown(g: GenerationTrace, layer: int, head: int | None) -> str:
+def generation_markdown(g: GenerationTrace, layer: int, head: int | None, raw: bool = False) -> str:
     from attnscope.explain.render import check_markdown
 
     lines = [f"**{_header(g)}**", "", f"> {g.prompt}**{g.completion}**".replace("\n", " "), "",
              f"Most attended: {_who(g, layer, head)}.", "",
              "| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _step_cells(g, s, layer, head)) + " |" for s in g.steps]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in _step_cells(g, s, layer, head, raw)) + " |"
+              for s in g.steps]
     return "\n".join(lines) + "\n\n" + check_markdown(g.check(), g.trace.n_layers) + f"\n{MEASURE}.\n"
 
 

@@ -50,13 +50,13 @@ def _emit(g: Seq2SeqGeneration, layer: int, args: argparse.Namespace) -> None:
         print_json(generation_json(g, layer, args.head))
         return
     if args.format == "markdown":
-        sys.stdout.write(generation_markdown(g, layer, args.head))
+        sys.stdout.write(generation_markdown(g, layer, args.head, args.raw_tokens))
         return
     from attnscope.explain.render import check_summary
 
     out = console()
     out.print(header(g))
-    out.print(steps_table(g, layer, args.head))
+    out.print(steps_table(g, layer, args.head, args.raw_tokens))
     for kind, report in g.check().items():
         out.print(f"{kind}: {check_summary(report)}; {_generate_error(report)}")
     out.print(f"{g.status()} ({GENERATE_NOTE})")
@@ -80,11 +80,14 @@ def _generate_error(report: Any) -> str:
     return "generate loop not compared" if e is None else f"generate loop's rows vs the trace: max error {e:.1e}"
 
 
-def step_cells(g: Seq2SeqGeneration, s: GeneratedToken, layer: int, head: int | None) -> list[str]:
+def step_cells(g: Seq2SeqGeneration, s: GeneratedToken, layer: int, head: int | None,
+               raw: bool = False) -> list[str]:
+    """A step's row; every token as the tokenizer decodes its piece (raw: as it spells it), repr-quoted."""
     source = g.trace.encoder.tokens
-    alts = ", ".join(f"{a.text!r} {_p(a.probability)}" for a in s.alternatives)
-    read = ", ".join(f"{i}:{source[i].text!r} {w:.2f}" for i, w in g.aligned(s.step, layer, head))
-    return [str(s.step), str(s.position), repr(s.text), _p(s.probability), alts, read]
+    alts = ", ".join(f"{a.text if raw else a.shown!r} {_p(a.probability)}" for a in s.alternatives)
+    read = ", ".join(f"{i}:{source[i].text if raw else source[i].shown!r} {w:.2f}"
+                     for i, w in g.aligned(s.step, layer, head))
+    return [str(s.step), str(s.position), repr(s.text if raw else s.shown), _p(s.probability), alts, read]
 
 
 def _p(p: float) -> str:
@@ -92,20 +95,20 @@ def _p(p: float) -> str:
     return f"{p:.3f}" if p >= 1e-3 or p == 0.0 else f"{p:.1e}"
 
 
-def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None) -> Any:
+def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None, raw: bool = False) -> Any:
     from attnscope.cli.common import rich_steps_table
 
     return rich_steps_table(f"each step (0-indexed): the new target token, its probability, the alternatives, and "
                             f"the source tokens its query reads most (the alignment; {_who(layer, head)})", COLUMNS,
-                            [step_cells(g, s, layer, head) for s in g.steps])
+                            [step_cells(g, s, layer, head, raw) for s in g.steps])
 
 
-def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None) -> str:
+def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None, raw: bool = False) -> str:
     from attnscope.explain.render import check_markdown
 
     lines = [f"**{header(g)}**", "", f"Alignment: {_who(layer, head)}.", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in step_cells(g, s, layer, head)) + " |"
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in step_cells(g, s, layer, head, raw)) + " |"
               for s in g.steps]
     checks = [check_markdown(r, g.trace.attention(k).n_layers, f"**{k}**") for k, r in g.check().items()]
     return "\n".join(lines) + "\n\n" + "\n".join(checks) + f"\n{g.status()}: {GENERATE_NOTE}.\n"

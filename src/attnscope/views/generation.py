@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,23 @@ SCRIPTS = ("data.js", "generation.js", "figure.js", "export.js")
 BOOT = "\nwindow.attnscope.bootGeneration();\n"
 SOURCES = ("weights", "rollout")
 LEVELS = 65535  # weights travel as uint16: w * 65535, rounded (exact to 8e-6)
+
+
+def _views_fail_colour() -> str:
+    """The views' red for a failed check (attnscope.css's light --fail), read from the one place it is defined."""
+    found = re.search(r"--fail:\s*(#[0-9a-fA-F]{3,8})", _asset("attnscope.css"))
+    if found is None:
+        raise RuntimeError("attnscope.css defines no --fail colour")
+    return found.group(1)
+
+
+FAIL_COLOUR = _views_fail_colour()
+# A failed check in the views' red: inside the views (.as-app) and the web app their own variable, which follows
+# the page's theme; on the generation page alone the views' light colour
 STYLE = """
 .as-gen { font: 14px system-ui, sans-serif; margin: 12px; color: #111; }
 .as-gen-note { color: #555; margin: 4px 0 10px; }
+.as-gen-note.as-gen-fail { color: var(--fail, var(--sv-fail, FAIL)); font-weight: 600; }
 .as-gen-controls { display: flex; flex-wrap: wrap; gap: 8px; align-items: center; margin-bottom: 10px; }
 .as-gen-slider { width: 260px; }
 .as-gen-text { font: 16px/2 ui-monospace, monospace; margin: 8px 0 14px; white-space: pre-wrap; }
@@ -46,9 +61,13 @@ STYLE = """
 .as-gen-chosen .as-gen-bar-fill { background: #e6550d; }
 .as-gen-grid { border-collapse: collapse; }
 .as-gen-grid td { width: 9px; height: 14px; padding: 0; border: 1px solid #f4f4f4; }
-.as-gen-grid th { font-weight: 400; color: #555; padding-right: 4px; }
+.as-gen-grid th { font-weight: 400; color: #555; padding-right: 4px; font-size: 11px; }
+.as-gen-grid thead th { writing-mode: vertical-rl; transform: rotate(180deg); padding: 2px 0; font-size: 9px;
+  text-align: left; line-height: 9px; }
+.as-gen-grid thead th.as-gen-corner { writing-mode: horizontal-tb; transform: none; font-size: 11px;
+  vertical-align: bottom; white-space: nowrap; padding-right: 4px; }
 h3 { font-size: 13px; font-weight: 600; margin: 6px 0; }
-"""
+""".replace("FAIL", FAIL_COLOUR)
 
 
 def quantize(rows: np.ndarray) -> str:
@@ -59,16 +78,21 @@ def quantize(rows: np.ndarray) -> str:
     return base64.b64encode(q.tobytes()).decode("ascii")
 
 
-def token_payload(s: GeneratedToken) -> dict[str, Any]:
-    """A step's token as the page shows it (also what the web app streams before the rows)."""
-    return {"step": s.step, "position": s.position, "token": s.text, "piece": s.piece, "probability": s.probability,
-            "alternatives": [{"token": a.text, "probability": a.probability} for a in s.alternatives]}
+def token_payload(s: GeneratedToken, raw_tokens: bool = False) -> dict[str, Any]:
+    """A step's token as the page shows it (also what the web app streams before the rows): token, as the tokenizer
+    spells it ("Ġthe"); shown, what the page draws: the tokenizer's decoding of the piece (" the"), or the spelling
+    with raw_tokens; piece, the text it added to the output. Its alternatives likewise."""
+    return {"step": s.step, "position": s.position, "token": s.text, "shown": s.text if raw_tokens else s.shown,
+            "piece": s.piece, "probability": s.probability,
+            "alternatives": [{"token": a.text, "shown": a.text if raw_tokens else a.shown,
+                              "probability": a.probability} for a in s.alternatives]}
 
 
-def step_payload(g: GenerationTrace, step: int, rollout: np.ndarray | None = None) -> dict[str, Any]:
+def step_payload(g: GenerationTrace, step: int, rollout: np.ndarray | None = None,
+                 raw_tokens: bool = False) -> dict[str, Any]:
     """One step: its token and the query's attention, weights [layer, head, key] and rollout [layer, key]."""
     pos = g.query_position(step)
-    out = token_payload(g.steps[step])
+    out = token_payload(g.steps[step], raw_tokens)
     out["keys"] = pos + 1
     out["weights"] = quantize(g.step_weights(step))  # [layer, head, key], keys 0..pos
     if rollout is not None:
@@ -80,22 +104,23 @@ def generation_payload(g: GenerationTrace, initial: dict[str, Any] | None = None
                        raw_tokens: bool = False) -> dict[str, Any]:
     """The page's data; initial: the step, layer, head (None: the mean over heads) and source shown first.
 
-    prompt_shown: the prompt's tokens as they read (the tokenizer's decoding of each piece), which the step figure
-    shows with each step's piece of the output; raw_tokens: the figure shows the pieces as spelled ("Ġthe")."""
+    prompt_tokens: the prompt's pieces as the tokenizer spells them; prompt_shown: as the page, its tables, grid and
+    figure show them: as they read (the tokenizer's decoding of each piece, " the"), or with raw_tokens as spelled
+    ("Ġthe"); each step's "shown" likewise (token_payload)."""
     rollout = g.trace.rollout() if g.n_steps else None  # [layer, query, key]: causal rows need no later row
     report = g.check()
     return {
         "title": f"{g.model.get('name')}: generation from a {g.prompt_length}-token prompt",
         "model": {"name": g.model.get("name"), "layers": g.trace.n_layers, "heads": g.trace.n_heads},
         "prompt_tokens": [t.text for t in g.prompt_tokens],
-        "prompt_shown": token_texts(g.prompt_tokens),
+        "prompt_shown": token_texts(g.prompt_tokens, raw_tokens),
         "raw_tokens": raw_tokens,
         "prompt_length": g.prompt_length,
         "settings": g.settings,
         "stopped": g.stopped,
         "check": {"ok": report.ok, "max_error": report.max_error, "tolerance": report.tolerance,
                   "unsupported": report.unsupported},
-        "steps": [step_payload(g, s, rollout) for s in range(g.n_steps)],
+        "steps": [step_payload(g, s, rollout, raw_tokens) for s in range(g.n_steps)],
         "initial": initial or {},
     }
 
@@ -131,11 +156,12 @@ def generation_html(g: GenerationTrace, initial: dict[str, Any] | None = None, r
     )
 
 
-def generation_page(g: GenerationTrace) -> Any:
-    """The page as an HTMLPage: shows itself in Jupyter, .save(path) writes it."""
+def generation_page(g: GenerationTrace, raw_tokens: bool = False) -> Any:
+    """The page as an HTMLPage: shows itself in Jupyter, .save(path) writes it. Tokens as they read; raw_tokens=True:
+    as the tokenizer spells them ("Ġthe")."""
     from attnscope.views import HTMLPage
 
-    return HTMLPage(generation_html(g), height=720)
+    return HTMLPage(generation_html(g, raw_tokens=raw_tokens), height=720)
 
 
 def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step: int | None = None,
@@ -145,8 +171,8 @@ def generation_figure(g: GenerationTrace, path: str | os.PathLike[str], *, step:
     """One step of the generation view as a figure (svg, png or pdf, from fmt or the file's suffix): the text so
     far shaded by the step's attention (layer, head or None for the mean over heads, 0-indexed; step default
     the last), the top alternatives, and the model, step, layer, head and verification badge in the caption
-    (caption=False: none). Tokens as they read (the prompt's decoded pieces, each step's piece of the output);
-    raw_tokens=True: as the tokenizer spells them ("Ġthe")."""
+    (caption=False: none). Tokens as they read (the tokenizer's decoding of each piece); raw_tokens=True: as the
+    tokenizer spells them ("Ġthe")."""
     from attnscope.views.figures import MAX_SCALE, figure_format, render_figure
 
     kind = figure_format(path, fmt)

@@ -66,7 +66,8 @@
     const bars = el("div", { class: "as-gen-bars" });
     const grid = el("div", { class: "as-gen-heads" });
     const check = data.check || {};
-    const badge = el("p", { class: "as-gen-note", text: check.unsupported && !check.max_error ? `not verified: ${check.unsupported}`
+    const failed = check.ok === false && !(check.unsupported && !check.max_error); // drawn in the views' red
+    const badge = el("p", { class: `as-gen-note${failed ? " as-gen-fail" : ""}`, text: check.unsupported && !check.max_error ? `not verified: ${check.unsupported}`
       : `${check.ok ? "verified" : "CHECK FAILED"}: every step recomputed with its KV cache and every row against a ` +
         `no-cache forward pass, max error ${A.fmtError(check.max_error || 0)} (tolerance ${A.fmtError(check.tolerance || 1e-5)})` });
     element.replaceChildren(el("div", { class: "as-gen" }, [
@@ -83,7 +84,8 @@
         : `layer ${state.layer} · ${state.head === "mean" ? "mean over heads" : `head ${state.head}`}`;
       return A.generationSVG({
         tokens: Array.from({ length: s.position + 1 }, (_, i) => shownAt(i)), row: row(s, model, state.layer,
-          state.head, state.source), query: s.keys - 1, step: s.step, token: s.token, alternatives: s.alternatives,
+          state.head, state.source), query: s.keys - 1, step: s.step, token: shown(s),
+        alternatives: s.alternatives.map((a) => Object.assign({}, a, { token: shown(a) })),
         caption: [`${model.name || "model"} · generation view · step ${s.step} writes position ${s.position} · ${who}` +
           " · 0-indexed", badge.textContent, `shade: the attention of position ${s.keys - 1} (the step's query) to ` +
           `each earlier token · ${s.keys} tokens`],
@@ -102,13 +104,15 @@
       return s ? s.token : "";
     }
 
-    // A token in the figure, as it reads: the prompt's decoded pieces, a step's text added to the output (a special
-    // token adds none: then its spelling); as spelled when the page was made with raw_tokens.
+    // A step's token or an alternative as the page shows it: the tokenizer's decoding of the piece (as spelled when
+    // the page was made with raw_tokens; a payload without "shown", as spelled).
+    const shown = (t) => t.shown ?? t.token;
+
+    // The token at position i as it is shown: the prompt's from prompt_shown, a step's as above.
     function shownAt(i) {
-      if (data.raw_tokens || !data.prompt_shown) return tokenAt(i);
-      if (i < data.prompt_length) return data.prompt_shown[i];
+      if (i < data.prompt_length) return (data.prompt_shown || data.prompt_tokens)[i];
       const s = steps[i - data.prompt_length];
-      return s ? s.piece || s.token : "";
+      return s ? shown(s) : "";
     }
 
     function drawText(s, r) {
@@ -122,7 +126,7 @@
             `${i === s.keys - 1 ? " as-gen-query" : ""}`,
           style: w === null ? null : `background:${shade(w, top)};color:${w / (top || 1) > 0.55 ? "#fff" : "#111"}`,
           title: writing ? `step ${s.step} writes position ${i}` : `position ${i}: weight ${w === null ? "-" : A.fmt(w)}`,
-          "data-position": i, text: tokenAt(i),
+          "data-position": i, "data-token": tokenAt(i), text: A.oneLine(shownAt(i)),
         }));
       }
       text.replaceChildren(...spans);
@@ -132,24 +136,29 @@
       const top = Math.max(...s.alternatives.map((a) => a.probability), 1e-12);
       bars.replaceChildren(el("h3", { text: `step ${s.step}: top alternatives` }), ...s.alternatives.map((a) =>
         el("div", { class: `as-gen-bar${a.token === s.token ? " as-gen-chosen" : ""}` }, [
-          el("span", { class: "as-gen-bar-label", text: a.token }),
+          el("span", { class: "as-gen-bar-label", title: a.token, text: A.oneLine(shown(a)) }),
           el("span", { class: "as-gen-bar-fill", style: `width:${(100 * a.probability / top).toFixed(1)}%` }),
           el("span", { class: "as-gen-bar-value", text: a.probability.toFixed(4) })])));
     }
 
+    // Each head's row for the layer shown: rows heads, columns key positions, both labelled and 0-indexed.
     function drawHeads(s) {
       const H = model.heads;
       const n = s.keys;
+      const head = el("tr", {}, [el("th", { class: "as-gen-corner", scope: "col", text: "head \\ key" }),
+        ...Array.from({ length: n }, (_, j) => el("th", { scope: "col", title: `key ${j}: ${A.oneLine(shownAt(j))}`,
+          text: String(j) }))]);
       const cells = [];
       for (let h = 0; h < H; h++) {
         const r = row(s, model, state.layer, String(h), "weights");
         const top = r ? Math.max(...r) : 0;
-        cells.push(el("tr", {}, [el("th", { scope: "row", text: String(h) }), ...Array.from({ length: n }, (_, j) =>
-          el("td", { style: r ? `background:${shade(r[j], top)}` : null,
-            title: `head ${h}, key ${j} (${tokenAt(j)}): ${r ? A.fmt(r[j]) : "-"}` }))]));
+        cells.push(el("tr", {}, [el("th", { scope: "row", title: `head ${h}`, text: String(h) }),
+          ...Array.from({ length: n }, (_, j) => el("td", { style: r ? `background:${shade(r[j], top)}` : null,
+            title: `head ${h}, key ${j} (${A.oneLine(shownAt(j))}): ${r ? A.fmt(r[j]) : "-"}` }))]));
       }
-      grid.replaceChildren(el("h3", { text: `layer ${state.layer}: each head's row (rows: heads, columns: positions)` }),
-        el("table", { class: "as-gen-grid" }, [el("tbody", {}, cells)]));
+      grid.replaceChildren(el("h3", { text: `layer ${state.layer}: each head's attention from position ${n - 1} ` +
+        `(rows: heads 0-${H - 1}, columns: key positions 0-${n - 1}; 0-indexed)` }),
+        el("table", { class: "as-gen-grid" }, [el("thead", {}, [head]), el("tbody", {}, cells)]));
     }
 
     function draw() {
@@ -158,7 +167,7 @@
         return;
       }
       const s = steps[Math.min(state.step, steps.length - 1)];
-      label.textContent = `step ${s.step} of ${steps.length - 1} (0-indexed): ${JSON.stringify(s.piece)} ` +
+      label.textContent = `step ${s.step} of ${steps.length - 1} (0-indexed): ${JSON.stringify(shown(s))} ` +
         `p = ${s.probability.toFixed(4)}`;
       const r = row(s, model, state.layer, state.head, state.source);
       drawText(s, r);
