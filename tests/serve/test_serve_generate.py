@@ -145,8 +145,9 @@ def test_page_generates_live_and_stops(gen_server: Server, decoder_dir: Path) ->
         page.close()
     assert seen["live"] == [s.piece for s in expected.steps]  # drawn step by step as the lines arrived
     assert seen["renders"] == 2  # once at "start", once with the rows and the check at "done"
-    assert shown[expected.prompt_length:] == [s.text for s in expected.steps]
-    assert shown[:expected.prompt_length] == [t.text for t in expected.prompt_tokens]
+    # each token as the tokenizer decodes its piece (a newline as ↵), the prompt's and each step's
+    assert shown[expected.prompt_length:] == [s.shown.replace("\n", "↵") for s in expected.steps]
+    assert shown[:expected.prompt_length] == [t.shown.replace("\n", "↵") for t in expected.prompt_tokens]
     assert "✓ verified" in status and "6 tokens" in status, status
     assert sampled == [s.piece for s in generate(PROMPT, model=str(decoder_dir), max_new_tokens=6, temperature=1.5,
                                                  top_p=0.9, seed=3).steps]
