@@ -27,6 +27,12 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   frames later. Targets: < 3 s and < 300 ms. The page's own marks split the first interactive: submit -> answer parsed
   (sv:traced), -> payload decoded, -> first map here, -> drawn.
 
+  Issue 29: the same trace against the model's eager forward of the same text in this run (model(**inputs), eager
+  attention, the server's threads; target: trace plus check within 1.6x), and, with the exact trace out of the
+  cache (it is over --cache-size), POST /api/neuron (layer, head) and POST /api/explain (layer, head, token)
+  answered from the x kept beside the maps (attnscope.serve.rows): each a layer recomputed, no forward pass
+  (target: < 1 s).
+
     .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4] [--part all|throughput|hardening|long]
         [--long-tokens 2048] [--long-model smollm2]
 """
@@ -277,16 +283,50 @@ def first_interactive(page: Any, url: str, text: str, tokens: int) -> float:
     return float(page.evaluate("() => performance.now()")) - float(start)
 
 
+def eager_forward(model: attnscope.Model, text: str, tokens: int, threads: int, repeats: int = 2) -> float:
+    """Seconds of the model's own forward of the text as the server tokenizes it (model(**inputs), eager attention,
+    as attnscope loads every model), the fastest of `repeats`."""
+    from attnscope.tokens import encode
+
+    inputs = encode(model.tokenizer, [text], None, tokens, True).inputs
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    best = float("inf")
+    try:
+        with torch.no_grad():
+            for _ in range(repeats):
+                started = time.perf_counter()
+                model.model(**inputs)
+                best = min(best, time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(before)
+    return best
+
+
+def row_answers(client: httpx.Client, text: str, payload: dict[str, Any]) -> dict[str, list[float]]:
+    """Seconds of POST /api/neuron and POST /api/explain (one query row) at a few layers and heads, as the page asks
+    (the Neuron tab; a matrix cell clicked)."""
+    n, layers, heads = len(payload["tokens"]), len(payload["layers"]), len(payload["heads"])
+    picks = [(0, 0, n - 1), (layers // 2, heads // 2, n // 2), (layers - 1, heads - 1, 7)]
+    out: dict[str, list[float]] = {"POST /api/neuron": [], "POST /api/explain": []}
+    for layer, head, token in picks:
+        base = {"text": text, "layer": layer, "head": head}
+        out["POST /api/neuron"].append(timed(client, "/api/neuron", base))
+        out["POST /api/explain"].append(timed(client, "/api/explain", base | {"token": token}))
+    return out
+
+
 def long_context(args: argparse.Namespace) -> None:
     from attnscope.views.browser import chromium
 
     tokens, name = args.long_tokens, args.long_model
     model = attnscope.load_model(name)
     text = texts_of(1, tokens + 16, model.tokenizer, 0)[0]  # longer: the server keeps the first `tokens`
+    eager = eager_forward(model, text, tokens, threads=2)
+    del model
     proc, url = start_server("--model", name, "--max-tokens", str(tokens), "--max-chars", "200000",
                              "--timeout", "1800", "--threads", "2", "--cache-size", "2048", "--max-memory", "20000",
                              "--max-response", "256")
-    del model
     try:
         with httpx.Client(base_url=url, timeout=1800) as client:
             started = time.perf_counter()
@@ -295,6 +335,7 @@ def long_context(args: argparse.Namespace) -> None:
             r.raise_for_status()
             answer = r.json()
             health = client.get("/healthz").json()
+            rows = row_answers(client, text, answer["payload"])
         print(f"  traced in {traced:.0f} s; now the page", file=sys.stderr, flush=True)
         p = answer["payload"]
         n, layers, heads = len(p["tokens"]), len(p["layers"]), len(p["heads"])
@@ -320,12 +361,20 @@ def long_context(args: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(timeout=60)
     check = answer["check"]
+    med = statistics.median
     print(f"{name} at {n} tokens in the web app ({layers} layers x {heads} heads; {len(r.content) / 1e6:.1f} MB "
           f"answer without maps; server RSS {health['memory']['rss'] / 2**30:.1f} GiB, maps kept "
           f"{health['maps']['bytes'] / 2**30:.2f} GiB as uint8)")
     print(f"  trace, recompute and chunked check on the server: {traced:.1f} s; check "
           f"{'PASS' if check.get('ok') else 'NOT VERIFIED or FAIL'} (max error {check.get('max_error')})")
-    med = statistics.median
+    ratio = traced / eager
+    verdict = "met" if ratio <= 1.6 else "MISSED"
+    print(f"  eager forward of the same text in this process (model(**inputs), eager attention, 2 threads): "
+          f"{eager:.1f} s; the server's trace is {ratio:.2f}x it (target <= 1.6x: {verdict})")
+    for what, times in rows.items():
+        print(f"  {what} after the trace (the exact trace not cached; one layer recomputed from x): median "
+              f"{med(times) * 1000:.0f} ms of {len(times)}, max {max(times) * 1000:.0f} ms "
+              f"(target < 1000: {'met' if max(times) < 1 else 'MISSED'}); all {[round(t * 1000) for t in times]}")
     print(f"  first interactive (trace ready on the server): {med(first):.0f} ms median of {len(first)} "
           f"(target < 3000: {'met' if med(first) < 3000 else 'MISSED'}); last load: {split}")
     layer_ms, every, settled = ([s[i] for s in switches] for i in range(3))
