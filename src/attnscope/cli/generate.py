@@ -189,12 +189,13 @@ def _who(g: GenerationTrace, layer: int, head: int | None) -> str:
     return f"layer {layer}, " + ("mean over heads" if head is None else f"head {head}")
 
 
-def _step_cells(g: GenerationTrace, s: GeneratedToken, layer: int, head: int | None, raw: bool = False) -> list[str]:
+def _step_cells(g: GenerationTrace, s: GeneratedToken, layer: int, head: int | None, raw: bool = False,
+                sep: str = ", ") -> list[str]:
     """A step's row; every token as the tokenizer decodes its piece (raw: as it spells it), repr-quoted so that
-    spaces and newlines show."""
+    spaces and newlines show; sep between a cell's tokens ("\n" in the terminal: a token never wraps at its space)."""
     tokens = g.tokens
-    alts = ", ".join(f"{a.text if raw else a.shown!r} {a.probability:.3f}" for a in s.alternatives)
-    seen = ", ".join(f"{i}:{tokens[i].text if raw else tokens[i].shown!r} {w:.2f}"
+    alts = sep.join(f"{a.text if raw else a.shown!r} {a.probability:.3f}" for a in s.alternatives)
+    seen = sep.join(f"{i}:{tokens[i].text if raw else tokens[i].shown!r} {w:.2f}"
                      for i, w in g.attended(s.step, layer, head))
     return [str(s.step), str(s.position), repr(s.text if raw else s.shown), f"{s.probability:.3f}", alts, seen]
 
@@ -205,7 +206,7 @@ _COLUMNS = ("step", "pos", "token", "p", "top alternatives", "most attended")
 def steps_table(g: GenerationTrace, layer: int, head: int | None, raw: bool = False) -> Any:
     return rich_steps_table(f"each step (0-indexed): the token, its probability, the alternatives, and the earlier "
                             f"tokens its query attends to most ({_who(g, layer, head)})", _COLUMNS,
-                            [_step_cells(g, s, layer, head, raw) for s in g.steps])
+                            [_step_cells(g, s, layer, head, raw, "\n") for s in g.steps])
 
 
 MEASURE = ("errors are |a - b| / max(1, largest |b| of the row): absolute for rows of numbers up to 1 (every "
