@@ -153,7 +153,9 @@ def test_translation_view_shades_the_source_by_each_steps_alignment(
         page.select_option('select[aria-label="head (0-indexed)"]', "2")
         np.testing.assert_allclose(page.evaluate(weights), g.alignment(1)[1, 2], atol=1e-5)
         target = page.eval_on_selector_all(".as-tr-target .as-tr-tok", "ts => ts.map(t => t.textContent)")
-        assert target == [s.text for s in g.steps[:2]]
+        assert target == [s.shown.replace("\n", "↵") for s in g.steps[:2]]  # as the tokenizer decodes each piece
+        source = page.eval_on_selector_all(".as-tr-source .as-tr-tok", "ts => ts.map(t => t.textContent)")
+        assert source == [t.shown.replace("\n", "↵") for t in g.trace.cross.keys]
         assert page.inner_text(".as-tr-badge").startswith("check: PASS")
         assert page.eval_on_selector_all(".as-tr-grid tr", "rs => rs.length") == g.n_steps + 1
         page.click(".as-tr-controls button")  # play on from step 1 (data.js's stepPlayer), to the last step

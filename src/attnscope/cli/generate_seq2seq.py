@@ -40,7 +40,8 @@ def run_generate_seq2seq(m: Model, source: str, args: argparse.Namespace, figure
     if args.html:
         from attnscope.views import HTMLPage
 
-        HTMLPage(g.to_html()).save(args.html)  # the translation view: each step's alignment over the source
+        # the translation view: each step's alignment over the source
+        HTMLPage(g.to_html(raw_tokens=args.raw_tokens)).save(args.html)
     _emit(g, layer, args)
     return EXIT_CODES[g.status()]
 

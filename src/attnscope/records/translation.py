@@ -86,12 +86,13 @@ class Seq2SeqGeneration:
         probabilities and alternatives are not in the file."""
         self.trace.save(path)
 
-    def to_html(self) -> str:
+    def to_html(self, raw_tokens: bool = False) -> str:
         """The translation view: a self-contained page, the target growing step by step, the source shaded by each
-        step's alignment, and the alignment matrix (attnscope.views.translation)."""
+        step's alignment, and the alignment matrix (attnscope.views.translation). Tokens as they read (the
+        tokenizer's decoding of each piece); raw_tokens=True: as the tokenizer spells them."""
         from attnscope.views.translation import translation_html
 
-        return translation_html(self)
+        return translation_html(self, raw_tokens=raw_tokens)
 
     def _repr_html_(self) -> str:
         from attnscope.views import iframe

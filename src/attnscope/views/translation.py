@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from attnscope.views.generation import LEVELS, quantize, token_payload
 from attnscope.views.page import _asset, _csp, json_for_script
+from attnscope.views.payload import token_texts
 
 if TYPE_CHECKING:
     from attnscope.records.translation import Seq2SeqGeneration
@@ -36,23 +37,26 @@ h3 { font-size: 13px; font-weight: 600; margin: 6px 0; }
 """
 
 
-def translation_payload(g: Seq2SeqGeneration) -> dict[str, Any]:
-    """The page's data: source tokens, and per step its token and alignment [layer, head, source] (uint16)."""
+def translation_payload(g: Seq2SeqGeneration, raw_tokens: bool = False) -> dict[str, Any]:
+    """The page's data: source tokens, and per step its token and alignment [layer, head, source] (uint16). Tokens
+    as they read (the tokenizer's decoding of each piece); raw_tokens: as the tokenizer spells them ("▁Haus")."""
     cross = g.trace.cross
     statuses = {kind: r.status for kind, r in g.check().items()}
     return {
         "title": f"{g.model.get('name')}: translation of a {cross.n_keys}-token source, step by step",
         "model": {"name": g.model.get("name"), "layers": cross.n_layers, "heads": cross.n_heads},
-        "source_tokens": [t.text for t in cross.keys],
+        "source_tokens": token_texts(cross.keys, raw_tokens),
+        "raw_tokens": raw_tokens,
         "levels": LEVELS,
         "status": g.status(), "statuses": statuses, "stopped": g.stopped,
-        "steps": [{**token_payload(s), "alignment": quantize(g.alignment(s.step))} for s in g.steps],
+        "steps": [{**token_payload(s, raw_tokens), "alignment": quantize(g.alignment(s.step))} for s in g.steps],
     }
 
 
-def translation_html(g: Seq2SeqGeneration) -> str:
-    """A self-contained page: the target grows step by step, the source shaded by each step's alignment."""
-    data = translation_payload(g)
+def translation_html(g: Seq2SeqGeneration, raw_tokens: bool = False) -> str:
+    """A self-contained page: the target grows step by step, the source shaded by each step's alignment; tokens as
+    translation_payload shows them."""
+    data = translation_payload(g, raw_tokens)
     code = "\n".join(_asset(n) for n in SCRIPTS) + BOOT
     return (
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"

@@ -61,17 +61,21 @@
       el("h3", { text: "target, step by step (the step's new token outlined)" }), targetBox,
       el("h3", { text: "alignment of every step (rows: steps, columns: source tokens)" }), grid]));
 
+    // A step's token as the page shows it: the tokenizer's decoding of its piece (as spelled with raw_tokens; a
+    // payload without "shown", as spelled), a newline as a visible mark.
+    const shown = (t) => A.oneLine(t.shown ?? t.token);
+
     function draw() {
       if (!steps.length) { label.textContent = "no steps"; return; }
       const s = steps[state.step];
-      label.textContent = `step ${s.step} of ${steps.length - 1} (0-indexed): ${JSON.stringify(s.token)} ` +
+      label.textContent = `step ${s.step} of ${steps.length - 1} (0-indexed): ${JSON.stringify(s.shown ?? s.token)} ` +
         `p = ${s.probability.toExponential(2)}`;
       const r = align(s.w, model, n, state.layer, state.head);
       sourceBox.replaceChildren(...source.map((t, j) => el("span", { class: "as-tr-tok", "data-weight": r[j],
-        style: `background: ${shade(r[j])}`, title: `source ${j} (${t}): weight ${A.fmt(r[j])}`, text: t })));
+        style: `background: ${shade(r[j])}`, title: `source ${j} (${t}): weight ${A.fmt(r[j])}`, text: A.oneLine(t) })));
       targetBox.replaceChildren(...steps.slice(0, state.step + 1).map((t) => el("span", {
         class: `as-tr-tok${t.step === s.step ? " as-tr-new" : ""}`, title: `step ${t.step}: p = ${t.probability}`,
-        text: t.token })));
+        "data-token": t.token, text: shown(t) })));
       drawGrid();
     }
 
@@ -81,9 +85,9 @@
       const body = steps.map((s) => {
         const r = align(s.w, model, n, state.layer, state.head);
         return el("tr", { class: s.step === state.step ? "as-tr-current" : "" }, [
-          el("th", { text: `${s.step}: ${s.token}` }),
+          el("th", { text: `${s.step}: ${shown(s)}` }),
           ...Array.from(r, (v, j) => el("td", { style: `background: ${shade(v)}`,
-            title: `step ${s.step} (${s.token}) -> source ${j} (${source[j]}): ${A.fmt(v)}` }))]);
+            title: `step ${s.step} (${shown(s)}) -> source ${j} (${A.oneLine(source[j])}): ${A.fmt(v)}` }))]);
       });
       grid.replaceChildren(el("table", { class: "as-tr-grid" }, [head, ...body]));
     }
