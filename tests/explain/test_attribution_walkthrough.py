@@ -80,7 +80,8 @@ def test_integrated_gradients_ends_on_captums_score(ig: AttributionWalkthrough, 
     steps = own.settings["steps"][0]
     assert terms.shape == (steps, 4) and np.allclose(terms[:, 0], np.linspace(0, 1, steps), atol=1e-7)
     assert terms[:, 3].sum() == pytest.approx(ig.final, abs=1e-12)  # the printed terms add up to the score
-    assert terms[:, 1].sum() == pytest.approx(1 - 1 / steps, abs=1e-12)  # Captum's trapezoid weights, as printed
+    assert terms[:, 1].sum() == pytest.approx(1.0, abs=1e-12)  # the trapezoid rule's weights, as printed
+    assert terms[0, 1] == pytest.approx(0.5 / (steps - 1), abs=1e-15)
     here, captum = arrays(ig, "completeness")["scores"].T  # [token] each
     assert np.abs(here - own.scores[0]).max() <= IG_SAME and np.abs(captum - own.scores[0]).max() <= 1e-7
     assert ig.status == "PASS" and ig.exit_code == 0
@@ -106,9 +107,9 @@ def test_integrated_gradients_prints_its_numbers(ig: AttributionWalkthrough) -> 
     assert number_after(out, "against") == pytest.approx(delta, rel=1e-5)
     assert f"{rel:.2%} of |f(x) - f(x')|" in out
     assert "within the 1% the method requires" in out and "PASS: 4 checks" in out
-    n = arrays(ig, "riemann")["terms"].shape[0]  # the same points with weights summing to 1, not 1 - 1/n
+    n = arrays(ig, "riemann")["terms"].shape[0]  # Captum's step sizes as they come sum to 1 - 1/n
     said = next(s for s in ig.steps if s.stage == "completeness").text
-    assert number_after(said, "halved at both ends) gives") == pytest.approx(total * n / (n - 1), rel=1e-5)
+    assert number_after(said, "the sum would be") == pytest.approx(total * (n - 1) / n, rel=1e-5)
     grads = arrays(ig, "gradients")["gradient"]  # [shown alphas, (alpha, |g_I|, (x_I-x'_I).g_I, d0..)]
     block = out[out.index("(gradients)"):].splitlines()
     row = next(line for line in block if line.startswith("k=0 ") and "│" in line)
@@ -118,8 +119,8 @@ def test_integrated_gradients_prints_its_numbers(ig: AttributionWalkthrough) -> 
 def test_a_wrong_riemann_rule_fails_the_captum_check(ig: AttributionWalkthrough) -> None:
     terms = arrays(ig, "riemann")["terms"]
     n = terms.shape[0]
-    textbook = (terms[:, 1] * n / (n - 1) * terms[:, 2]).sum()  # weights 1/(n-1), halved at the ends: sum 1
-    assert not check("wrong rule", abs(textbook - ig.final), IG_SAME, "")["ok"]
+    unscaled = (terms[:, 1] * (n - 1) / n * terms[:, 2]).sum()  # Captum's step sizes as they come: sum 1 - 1/n
+    assert not check("wrong rule", abs(unscaled - ig.final), IG_SAME, "")["ok"]
 
 
 def test_alti_layer_and_rollout_are_altis_own(alti_walk: AttributionWalkthrough, minilm: attnscope.Model) -> None:
@@ -218,12 +219,12 @@ def test_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str], mi
 def test_cli_integrated_gradients_short_of_steps_exits_1(capsys: pytest.CaptureFixture[str],
                                                          minilm: attnscope.Model) -> None:
     code, out, _ = run(capsys, "explain", TEXT, "--attribution", "integrated_gradients", "--token", "2",
-                       "--ig-steps", "32", "--ig-max-steps", "32", "--format", "json")
+                       "--ig-steps", "4", "--ig-max-steps", "4", "--format", "json")
     data = json.loads(out)
     verdicts = {c["name"]: c["ok"] for c in data["checks"]}
-    assert code == 1 and data["status"] == "FAIL" and verdicts["completeness"] is False  # 3.2% at 32 steps
+    assert code == 1 and data["status"] == "FAIL" and verdicts["completeness"] is False  # 28% at 4 steps
     assert verdicts["Riemann sum = Captum's"] is True and verdicts["equals attribute()"] is True
-    code, _, err = run(capsys, "explain", TEXT, "--ig-steps", "32")
+    code, _, err = run(capsys, "explain", TEXT, "--ig-steps", "4")
     assert code == 2 and "--ig-steps is for explain --attribution integrated_gradients" in err
 
 

@@ -43,11 +43,13 @@ def path_gradients(obj: Objective, x: torch.Tensor, base: torch.Tensor, alphas: 
 
 
 def rule(steps: int) -> tuple[np.ndarray, list[float]]:
-    """Captum's step sizes (weights) and alphas for IG_RULE at this many steps."""
+    """The weights and alphas attribute() integrates with at this many steps: Captum's IG_RULE alphas, and its step
+    sizes rescaled to sum to 1 (attribution.gradients.integrated_gradients)."""
     from captum.attr._utils.approximation_methods import approximation_parameters
 
     sizes, alphas = approximation_parameters(IG_RULE)
-    return np.asarray(sizes(steps), dtype=np.float64), list(alphas(steps))
+    # rescaled by n / (n - 1) as attribution.gradients rescales Captum's sums: the trapezoid rule's own weights
+    return np.asarray(sizes(steps), dtype=np.float64) * steps / (steps - 1), list(alphas(steps))
 
 
 def integrated_gradients(walk: Walk) -> Built:
@@ -129,13 +131,23 @@ def _sum_step(walk: Walk, weights: np.ndarray, alphas: list[float], dots: np.nda
     i, captum = walk.token, float(walk.scores.scores[0, walk.token])
     arr = np.stack([np.asarray(alphas), weights, dots[:, i], weights * dots[:, i]], axis=1)  # [alpha, 4]
     text = (f"Token I's score: (x_I - x'_I) . (the weighted sum of the gradients over the path) = sum_k w_k "
-            f"(x_I - x'_I) . g_I(alpha_k), at the {steps} points attribute() settled on (steps doubled from "
-            f"{walk.settings.ig_steps} until completeness held). Captum's {IG_RULE} weights are w_k = 1/{steps}, "
-            f"halved at both ends: they sum to {weights.sum():.6g} (= 1 - 1/{steps}), not 1, so the sum is short "
-            f"by 1/{steps} of the integral. Sum here: {ours[i]:.6g}; Captum's, in attribute(): {captum:.6g}.")
+            f"(x_I - x'_I) . g_I(alpha_k), at the {steps} points attribute() settled on ({_how(walk, steps)}). "
+            f"Captum's {IG_RULE} step sizes are 1/{steps}, halved "
+            f"at both ends, and sum to 1 - 1/{steps}; attribute() rescales them by {steps}/{steps - 1} to the "
+            f"trapezoid rule's own weights on these points, w_k = 1/{steps - 1} halved at both ends, which sum to "
+            f"{weights.sum():.6g}. Sum here: {ours[i]:.6g}; attribute()'s (Captum's, rescaled): {captum:.6g}.")
     return Step("riemann", "The Riemann sum: token I's score", text, f"[alpha] = [{steps}]", {"terms": arr},
                 array_labels={"terms": ([f"k={k}" for k in range(steps)],
                                         ["alpha", "w_k", "(x_I-x'_I).g_I", "w_k x that"])})
+
+
+def _how(walk: Walk, steps: int) -> str:
+    """How attribute() came to this many steps."""
+    s = walk.settings
+    if steps == s.ig_steps and walk.scores.check.verified:
+        return f"the first number tried, {steps}, met completeness"
+    cap = " or the cap was reached" if steps * 2 > s.ig_max_steps else ""
+    return f"doubled from {s.ig_steps} until completeness held{cap}"
 
 
 def _completeness_step(walk: Walk, ours: np.ndarray, f_x: float, f_base: float) -> Step:
@@ -145,13 +157,11 @@ def _completeness_step(walk: Walk, ours: np.ndarray, f_x: float, f_base: float) 
     summary = np.asarray([[total, f_x, f_base, delta, total - delta, gap]])
     ok = "within" if gap <= walk.settings.ig_tolerance else "NOT within"
     steps = int(walk.scores.settings["steps"][0])
-    exact = total * steps / (steps - 1)  # the trapezoid rule with weights summing to 1: 1/(n-1), ends halved
+    raw = total * (steps - 1) / steps  # Captum's weights as they come, summing to 1 - 1/n
     text = (f"Completeness: the scores of all tokens add up to f(x) - f(x') when the integral is exact. "
             f"Sum {total:.6g} against {delta:.6g}: gap {total - delta:.3g}, {gap:.2%} of |f(x) - f(x')|, {ok} the "
-            f"{walk.settings.ig_tolerance:.0%} the method requires. Captum's weights sum to 1 - 1/{steps}, which alone "
-            f"takes {1 / steps:.2%} off the sum; the trapezoid rule on the same points with weights summing to 1 "
-            f"(1/{steps - 1}, halved at both ends) gives {exact:.6g}, a gap of "
-            f"{abs(exact - delta) / max(abs(delta), 1e-3):.2g} of |f(x) - f(x')|.")
+            f"{walk.settings.ig_tolerance:.0%} the method requires. With Captum's step sizes as they come (summing "
+            f"to 1 - 1/{steps}) the sum would be {raw:.6g}, a gap of {abs(raw - delta) / max(abs(delta), 1e-3):.2%}.")
     return Step("completeness", "Completeness: the sum over tokens", text, f"[token] = [{walk.obj.n_tokens}]",
                 {"scores": per_token, "sum": summary}, row_labels=walk.labels,
                 array_labels={"scores": (walk.labels, ["here", "Captum"]),
