@@ -84,7 +84,7 @@ def _generate_error(report: Any) -> str:
 def step_cells(g: Seq2SeqGeneration, s: GeneratedToken, layer: int, head: int | None,
                raw: bool = False, sep: str = ", ") -> list[str]:
     """A step's row; every token as the tokenizer decodes its piece (raw: as it spells it), repr-quoted; sep
-    between a cell's tokens ("\n" in the terminal: a token never wraps at its space)."""
+    between a cell's tokens."""
     source = g.trace.encoder.tokens
     alts = sep.join(f"{a.text if raw else a.shown!r} {_p(a.probability)}" for a in s.alternatives)
     read = sep.join(f"{i}:{source[i].text if raw else source[i].shown!r} {w:.2f}"
@@ -102,7 +102,7 @@ def steps_table(g: Seq2SeqGeneration, layer: int, head: int | None, raw: bool = 
 
     return rich_steps_table(f"each step (0-indexed): the new target token, its probability, the alternatives, and "
                             f"the source tokens its query reads most (the alignment; {_who(layer, head)})", COLUMNS,
-                            [step_cells(g, s, layer, head, raw, "\n") for s in g.steps])
+                            [step_cells(g, s, layer, head, raw) for s in g.steps])
 
 
 def generation_markdown(g: Seq2SeqGeneration, layer: int, head: int | None, raw: bool = False) -> str:
