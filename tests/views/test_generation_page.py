@@ -146,3 +146,29 @@ def test_failed_check_in_the_views_red(smol_generation: GenerationTrace, failed:
     smol_generation.show().save(tmp_path / "ok.html")  # a verified generation's note stays grey
     ok, _ = shown_page(browser, tmp_path / "ok.html")
     assert ok["badge"].startswith("verified") and ok["badgeColour"] != views_red
+
+
+def test_failed_check_in_the_web_apps_red(failed: GenerationTrace, browser: Any, tmp_path: Path) -> None:
+    """The web app's Generate panel draws the same payload with the same renderer: its failure in serve.css's red."""
+    import json
+
+    from attnscope.serve.page import render
+    from attnscope.views.generation import generation_payload
+
+    doc, _ = render([], 10_000)
+    (tmp_path / "serve.html").write_text(doc, encoding="utf-8")
+    page = browser.new_page()
+    page.goto((tmp_path / "serve.html").as_uri())
+    page.wait_for_selector("#sv-gen-view", state="attached")
+    colours = page.evaluate("""(data) => {
+      const box = document.getElementById('sv-gen-view');
+      window.attnscope.renderGeneration(box, data);
+      const s = document.createElement('span');
+      s.className = 'sv-error';
+      document.body.append(s);
+      return [getComputedStyle(box.querySelector('.as-gen-note')).color, getComputedStyle(s).color,
+              box.querySelector('.as-gen-note').textContent];
+    }""", json.loads(json.dumps(generation_payload(failed))))
+    page.close()
+    badge, serve_red, text = colours
+    assert text.startswith("CHECK FAILED") and badge == serve_red == "rgb(180, 35, 24)"  # serve.css's --sv-fail
