@@ -77,6 +77,41 @@ def one_layer(rows: Rows, model: Model, layer: int) -> Trace | None:
     return dataclasses.replace(kept, arrays={"x": x, **arrays})
 
 
+@torch.no_grad()
+def one_head(rows: Rows, model: Model, layer: int, head: int) -> Trace | None:
+    """The trace with q, k, v, scores, weights and context of one head of `layer` (what the Neuron tab reads):
+    q, k and v of every head projected as the check does, then the [query, key] work of that head alone (a ninth
+    of the layer's on SmolLM2). Every layer and head index reads that head (stride 0), so only (layer, head) may
+    be asked. None when the family's recompute cannot take one head alone (T5's relative bias) or lacks a stage."""
+    validate_index("layer", layer, int(rows.trace.arrays["x"].shape[0]))
+    x = rows.trace.arrays["x"]  # [layer, token, d_model]
+    params = layer_params(model.model, x.shape[1])
+    if params is None or len(params) != x.shape[0] or params[layer].relative_bias is not None:
+        return None
+    p = params[layer]
+    validate_index("head", head, p.n_heads)
+    d, kv = p.d_head, head // p.groups
+    projected = maths.project_qkv(torch.from_numpy(x[layer])[None], p)  # [1, head|kv_head, token, d_head]
+    one = {"q": projected["q"][:, head:head + 1], "k": projected["k"][:, kv:kv + 1], "v": projected["v"][:, kv:kv + 1]}
+    # the head alone: its d_head columns of W_Q (so d_head reads right) and of W_O (the output is not kept)
+    p1 = dataclasses.replace(p, w_q=p.w_q[:, head * d:(head + 1) * d], w_o=p.w_o[head * d:(head + 1) * d], b_o=None,
+                             n_heads=1, n_kv_heads=1, sinks=None if p.sinks is None else p.sinks[head:head + 1])
+    mask = layer_mask(x.shape[1], p.window, None)
+    st = maths.multi_head_attention(torch.from_numpy(x[layer])[None], p1, mask, keep=("scores", "weights", "context"),
+                                    projected=one)  # [1, 1, ...] each
+    stages = {**one, **st}
+    if any(s not in stages for s in rows.stages if s not in ("x", "output")):
+        return None
+    arrays = {s: _every_head(a[0, 0].numpy(), x.shape[0], p.kv_heads if s in ("k", "v") else p.n_heads)
+              for s, a in stages.items()}
+    return dataclasses.replace(rows.trace, arrays={"x": x, **arrays})
+
+
+def _every_head(one: np.ndarray, layers: int, heads: int) -> np.ndarray:
+    """[...] -> [layer, head, ...] where each layer and head is `one` (stride 0 on both axes)."""
+    return np.lib.stride_tricks.as_strided(one, (layers, heads, *one.shape), (0, 0, *one.strides))
+
+
 def _every_layer(one: np.ndarray, layers: int) -> np.ndarray:
     """[...] -> [layer, ...] where each layer is `one` (stride 0 on the layer axis; left writable, as the trace's
     own arrays, so torch.from_numpy of a slice does not warn: nothing writes into an answer's arrays)."""

@@ -177,16 +177,18 @@ class Service:
         finally:
             self.cache.fit()
 
-    def layer_trace(self, req: TextRequest, layer: int, stop: threading.Event) -> tuple[Model, Trace]:
-        """A trace to answer about one layer with: the exact trace when cached, else a long trace's layer
-        recomputed from its kept x (attnscope.serve.rows: the same numbers, ~1 s instead of a forward pass of the
-        whole text), else a forward pass."""
+    def layer_trace(self, req: TextRequest, layer: int, stop: threading.Event,
+                    head: int | None = None) -> tuple[Model, Trace]:
+        """A trace to answer about one layer (or one head of it) with: the exact trace when cached, else a long
+        trace's layer (head) recomputed from its kept x (attnscope.serve.rows: the same numbers, a second or less
+        instead of a forward pass of the whole text), else a forward pass."""
         m, key = self.key(req)
         if not self.cache.peek(key):
             kept = self.maps.get(maps.trace_id(key))
             if kept is not None and kept.rows is not None:
                 checkpoint(stop)
-                tr = rows.one_layer(kept.rows, m, layer)
+                tr = (rows.one_layer(kept.rows, m, layer) if head is None
+                      else rows.one_head(kept.rows, m, layer, head))
                 if tr is not None:
                     return m, tr
         m, e = self.entry(req, stop)
@@ -204,7 +206,7 @@ class Service:
         return to_json(walkthrough_json(w))
 
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
-        _m, tr = self.layer_trace(req, req.layer, stop)
+        _m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
         return to_json(neuron_block(tr, req.layer, req.head))
 
 
