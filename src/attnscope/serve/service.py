@@ -35,6 +35,9 @@ from attnscope.views.words import word_trace
 
 _BASE64_BYTES = 16 / 3  # JSON bytes per float32 value: 4 bytes, base64
 _LIST_BYTES = 16  # at most, as a JSON number in a list: "-1.2345678e-05," (float32 repr)
+# a neuron block is deflated up to this many [query, key] values per map: beyond, zlib costs seconds (SmolLM2 at
+# 2,048 tokens: ~3 s for its 34 MB) and loopback carries the bytes in a fraction of that
+_NEURON_ZLIB_UP_TO = 2**20
 
 
 class Service:
@@ -207,7 +210,8 @@ class Service:
 
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
         _m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
-        return to_json(neuron_block(tr, req.layer, req.head))
+        compress = tr.n_tokens * tr.n_keys <= _NEURON_ZLIB_UP_TO
+        return to_json(neuron_block(tr, req.layer, req.head, compress=compress))
 
 
 def captured(tr: Trace) -> Trace:
