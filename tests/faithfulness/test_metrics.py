@@ -131,6 +131,7 @@ def test_controls_and_refusals() -> None:
     assert fm.ordering(fm.position_scores(6, anchor=5), np.ones(6, dtype=bool)).tolist() == [5, 4, 3, 2, 1, 0]
     assert fm.ordering(fm.position_scores(5, anchor=2), np.ones(5, dtype=bool)).tolist() == [2, 1, 3, 0, 4]
     assert fm.random_scores(8, 0).tolist() != fm.random_scores(8, 1).tolist()
+    assert fm.random_scores(8, 0, example=1).tolist() != fm.random_scores(8, 0, example=2).tolist()
     with pytest.raises(AttnscopeError, match="non-finite"):
         fm.ordering(np.array([1.0, np.nan]), np.ones(2, dtype=bool))
     with pytest.raises(AttnscopeError, match="nothing can be taken away"):

@@ -26,8 +26,8 @@ Definitions (k counts removed tokens, S_k the first k of the ordering, f the mea
   (undefined) when upper == lower: no ordering changes the measure.
 - rank agreement with leave-one-out over the removable tokens: Spearman's rho (Pearson's r of average ranks)
   and Kendall's tau-b, as scipy.stats.spearmanr / kendalltau compute them.
-- controls: random orderings (one per seed, numpy's default_rng(seed).permutation) and the position baseline
-  (the removable tokens nearest an anchor first, ties to the earlier token; the anchor is the predicting
+- controls: random orderings (one per seed and example, numpy's default_rng([example, seed]).permutation) and
+  the position baseline (the removable tokens nearest an anchor first, ties to the earlier token; the anchor is the predicting
   position for a causal LM, the last token for an encoder).
 """
 
@@ -244,9 +244,10 @@ def kendall(a: np.ndarray, b: np.ndarray) -> float:
 
 # --- controls ---
 
-def random_scores(n_tokens: int, seed: int) -> np.ndarray:
-    """[token] a random ordering as scores: a permutation of 0 .. n-1 from default_rng(seed)."""
-    return np.random.default_rng(seed).permutation(n_tokens).astype(np.float64)
+def random_scores(n_tokens: int, seed: int, example: int = 0) -> np.ndarray:
+    """[token] a random ordering as scores: a permutation of 0 .. n-1 from default_rng([example, seed]) (each
+    example its own: one permutation per length would order every equally long example the same way)."""
+    return np.random.default_rng([example, seed]).permutation(n_tokens).astype(np.float64)
 
 
 def position_scores(n_tokens: int, anchor: int) -> np.ndarray:

@@ -154,7 +154,7 @@ def example_rows(m: Model, doc: Document, index: int, settings: Settings) -> lis
     scores = {name: ms.scores.sum(axis=0) for name, ms in attribution.methods.items()}  # [token]: over targets
     loo = scores[loo_name]
     checks = {name: ms.check.status for name, ms in attribution.methods.items()}
-    scores.update({f"random_{s}": fm.random_scores(ex.n_tokens, s) for s in range(settings.seeds)})
+    scores.update({f"random_{s}": fm.random_scores(ex.n_tokens, s, index) for s in range(settings.seeds)})
     scores["position"] = fm.position_scores(ex.n_tokens, p.anchor)
     error = p.unperturbed_error()
     results = fm.evaluate(scores, ex, p.measure, loo, settings.exact_tokens, settings.beam)
