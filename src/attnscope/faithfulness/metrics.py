@@ -27,8 +27,8 @@ Definitions (k counts removed tokens, S_k the first k of the ordering, f the mea
 - rank agreement with leave-one-out over the removable tokens: Spearman's rho (Pearson's r of average ranks)
   and Kendall's tau-b, as scipy.stats.spearmanr / kendalltau compute them.
 - controls: random orderings (one per seed and example, numpy's default_rng([example, seed]).permutation) and
-  the position baseline (the removable tokens nearest an anchor first, ties to the earlier token; the anchor is the predicting
-  position for a causal LM, the last token for an encoder).
+  the position baseline (the removable tokens nearest an anchor first, ties to the earlier token; the anchor is
+  the predicting position for a causal LM, the last token for an encoder).
 """
 
 from __future__ import annotations
