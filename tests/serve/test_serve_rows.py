@@ -105,7 +105,7 @@ def test_maps_over_the_cache_size_are_refused_before_tracing_with_advice() -> No
 
 def test_maps_of_the_weights_alone_over_the_cache_size_advise_a_larger_cache() -> None:
     service = Service(Settings(max_tokens=512, cache_bytes=16 * MIB))
-    advice = r"start the server with --cache-size 24 or more \(the maps, and 5 MiB"
+    advice = r"start the server with --cache-size 33 or more \(the maps, and 14 MiB"
     with pytest.raises(AttnscopeError, match=advice) as info:
         service.trace_body(trace_request(512), threading.Event())
     assert "leave out" not in str(info.value)

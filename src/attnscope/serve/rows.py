@@ -9,8 +9,10 @@ for (layer, head) recomputes that layer from x and the layer's own weights with 
 (maths.multi_head_attention, as verify.recompute runs it). That is the computation the check compared with
 the capture and found equal: on MiniLM at 512 tokens and SmolLM2 at 300 its q, k, v, scores, weights, context
 and output equal the captured arrays bit for bit (tests/serve/test_serve_rows.py compares the answers).
-The alternative, a forward pass up to the layer, costs up to a whole forward pass (tens of seconds at 2,048
-tokens); one layer's recompute costs ~0.1-1 s.
+The Neuron tab (one_head) needs one head only: q, k and v are projected for every head (one product each, as the
+check does) and that head's [query, key] work is done alone. The alternative, a forward pass up to the layer,
+costs up to a whole forward pass (tens of seconds at 2,048 tokens); one layer's recompute ~1.5 s there, one
+head's ~0.2-0.9 s (2 cores, loaded).
 """
 
 from __future__ import annotations
@@ -28,34 +30,41 @@ from attnscope.records.trace import Trace
 from attnscope.stages import ARRAY_AXES
 from attnscope.verify.recompute import layer_mask, layer_params
 
+KEPT = ("x", "context", "output")  # captured, [layer, ...]: context and output are what explain's last steps read
+
 
 @dataclass(frozen=True)
 class Rows:
-    """A long trace's skeleton (tokens, description, check) with x only, and the layered stages it carried."""
+    """A long trace's skeleton (tokens, description, check) with KEPT arrays only, and the layered stages it had."""
 
-    trace: Trace  # arrays: {"x": [layer, token, d_model] float32}
+    trace: Trace  # arrays: x, context, output as captured, float32
     stages: tuple[str, ...]  # e.g. q, k, v, weights, context, x, output, scores
 
     @property
     def nbytes(self) -> int:
-        return int(self.trace.arrays["x"].nbytes)
+        return sum(int(a.nbytes) for a in self.trace.arrays.values())
 
 
 def keep(trace: Trace) -> Rows | None:
-    """What a layer's recompute needs: the trace without its arrays but x [layer, token, d_model] (a copy, so
-    the batch it was captured in can go). None when the trace has no recompute (no x, an unsupported family)."""
+    """What a head's recompute needs: the trace without its arrays but x [layer, token, d_model], and context
+    [layer, head, token, d_head] and output [layer, token, d_model] for the explanation's merged and output steps
+    (copies, so the batch they were captured in can go). None when the trace has no recompute (no x, an
+    unsupported family)."""
     if "x" not in trace.arrays or trace.unsupported is not None or not trace.comparisons:
         return None
     stages = tuple(s for s in trace.arrays if ARRAY_AXES.get(s, ("",))[0] == "layer")
-    x = np.ascontiguousarray(trace.arrays["x"], dtype=np.float32)  # [layer, token, d_model]
-    return Rows(dataclasses.replace(trace, arrays={"x": x}, output_projection=None), stages)
+    kept = {s: np.ascontiguousarray(trace.arrays[s], dtype=np.float32) for s in KEPT if s in trace.arrays}
+    return Rows(dataclasses.replace(trace, arrays=kept, output_projection=None), stages)
 
 
 def x_bytes(model: Model, tokens: int) -> int:
-    """The bytes keep() holds for a trace of this many tokens: float32 x [layer, token, d_model]."""
+    """The bytes keep() holds for a trace of this many tokens: float32 x and output [layer, token, d_model] and
+    context [layer, head, token, d_head]."""
     weight = model.model.get_input_embeddings().weight  # [vocab, d_model]
     assert isinstance(weight, torch.Tensor)
-    return 4 * model.n_layers * tokens * int(weight.shape[-1])
+    params = layer_params(model.model, 1)
+    heads_width = int(params[0].w_q.shape[1]) if params else int(weight.shape[-1])  # head * d_head
+    return 4 * model.n_layers * tokens * (2 * int(weight.shape[-1]) + heads_width)
 
 
 @torch.no_grad()
@@ -73,16 +82,17 @@ def one_layer(rows: Rows, model: Model, layer: int) -> Trace | None:
     st = maths.multi_head_attention(torch.from_numpy(x[layer])[None], p, mask, keep=stages)  # [1, ...] each
     if any(s not in st for s in stages):
         return None
-    arrays = {s: _every_layer(st[s][0].numpy(), x.shape[0]) for s in stages if s != "x"}
-    return dataclasses.replace(kept, arrays={"x": x, **arrays})
+    arrays = {s: _every_layer(st[s][0].numpy(), x.shape[0]) for s in stages if s not in kept.arrays}
+    return dataclasses.replace(kept, arrays={**kept.arrays, **arrays})
 
 
 @torch.no_grad()
 def one_head(rows: Rows, model: Model, layer: int, head: int) -> Trace | None:
-    """The trace with q, k, v, scores, weights and context of one head of `layer` (what the Neuron tab reads):
-    q, k and v of every head projected as the check does, then the [query, key] work of that head alone (a ninth
-    of the layer's on SmolLM2). Every layer and head index reads that head (stride 0), so only (layer, head) may
-    be asked. None when the family's recompute cannot take one head alone (T5's relative bias) or lacks a stage."""
+    """The trace with q, k, v, scores and weights of one head of `layer`, and the kept context and output (what
+    the Neuron tab and the explanation read): q, k and v of every head projected as the check does, then the
+    [query, key] work of that head alone (a ninth of the layer's on SmolLM2). Every layer and head index of the
+    recomputed arrays reads that head (stride 0), so only (layer, head) may be asked. None when the family's
+    recompute cannot take one head alone (T5's relative bias) or lacks a stage."""
     validate_index("layer", layer, int(rows.trace.arrays["x"].shape[0]))
     x = rows.trace.arrays["x"]  # [layer, token, d_model]
     params = layer_params(model.model, x.shape[1])
@@ -99,12 +109,12 @@ def one_head(rows: Rows, model: Model, layer: int, head: int) -> Trace | None:
     mask = layer_mask(x.shape[1], p.window, None)
     st = maths.multi_head_attention(torch.from_numpy(x[layer])[None], p1, mask, keep=("scores", "weights", "context"),
                                     projected=one)  # [1, 1, ...] each
-    stages = {**one, **st}
-    if any(s not in stages for s in rows.stages if s not in ("x", "output")):
+    formed = {**one, **st}
+    if any(s not in formed and s not in rows.trace.arrays for s in rows.stages if s != "output"):
         return None
     arrays = {s: _every_head(a[0, 0].numpy(), x.shape[0], p.kv_heads if s in ("k", "v") else p.n_heads)
-              for s, a in stages.items()}
-    return dataclasses.replace(rows.trace, arrays={"x": x, **arrays})
+              for s, a in formed.items() if s not in rows.trace.arrays}  # the kept context is every head's
+    return dataclasses.replace(rows.trace, arrays={**rows.trace.arrays, **arrays})
 
 
 def _every_head(one: np.ndarray, layers: int, heads: int) -> np.ndarray:

@@ -190,15 +190,15 @@ class Service:
             kept = self.maps.get(maps.trace_id(key))
             if kept is not None and kept.rows is not None:
                 checkpoint(stop)
-                tr = (rows.one_layer(kept.rows, m, layer) if head is None
-                      else rows.one_head(kept.rows, m, layer, head))
+                tr = rows.one_head(kept.rows, m, layer, head) if head is not None else None
+                tr = rows.one_layer(kept.rows, m, layer) if tr is None else tr
                 if tr is not None:
                     return m, tr
         m, e = self.entry(req, stop)
         return m, captured(e.trace)
 
     def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
-        m, tr = self.layer_trace(req, req.layer, stop)
+        m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
         w = walkthrough(tr, req.layer, req.head, req.token, model=m)
         values = sum(int(np.asarray(a).size) for s in w.steps for a in s.arrays.values())
         size = values * _LIST_BYTES  # every array as JSON lists: sized before the body is built
