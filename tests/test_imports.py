@@ -30,7 +30,10 @@ def _imported_after(code: str) -> set[str]:
                                     "attnscope.records.translation", "attnscope.records.files",
                                     "attnscope.tokens", "attnscope.views", "attnscope.explain",
                                     "attnscope.explain.steps", "attnscope.explain.toy", "attnscope.records",
-                                    "attnscope.tracing", "attnscope.verify", "attnscope.rollout", "attnscope.errors"])
+                                    "attnscope.tracing", "attnscope.verify", "attnscope.rollout", "attnscope.errors",
+                                    "attnscope.attribution.record", "attnscope.attribution.render",
+                                    "attnscope.views.attribution", "attnscope.faithfulness.metrics",
+                                    "attnscope.corpus.store"])
 def test_torch_free_modules_import_neither_torch_nor_transformers(module: str) -> None:
     loaded = _imported_after(f"import {module}")
     assert not loaded & set(HEAVY), f"{module} pulled in {sorted(loaded & set(HEAVY))}"

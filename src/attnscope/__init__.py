@@ -34,11 +34,14 @@ _EXPORTS = {
     "generate": "attnscope.tracing.decoding",
     "GenerationTrace": "attnscope.records.generation",
     "walkthrough": "attnscope.explain.from_trace",
+    "attribute": "attnscope.attribution.api",
+    "Attribution": "attnscope.attribution.record",
     "Walkthrough": "attnscope.explain.from_trace",
 }
 
 __all__ = [
     "DEFAULT_MODEL",
+    "Attribution",
     "TOLERANCE",
     "AttnscopeError",
     "CheckReport",
@@ -49,6 +52,7 @@ __all__ = [
     "Token",
     "Trace",
     "Walkthrough",
+    "attribute",
     "generate",
     "generate_seq2seq",
     "load_model",
@@ -58,6 +62,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from attnscope.attribution.api import attribute
+    from attnscope.attribution.record import Attribution
     from attnscope.errors import AttnscopeError
     from attnscope.explain.from_trace import Walkthrough, walkthrough
     from attnscope.models import DEFAULT_MODEL, Model, load_model

@@ -8,7 +8,9 @@ cosine similarity, or a share of the attention mixing: `unit` says which). A che
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -104,6 +106,25 @@ class Attribution:
                 "targets": self.targets, "status": self.status,
                 "methods": {name: m.to_dict() for name, m in self.methods.items()}, "skipped": self.skipped,
                 "rank_agreement": [self.rank_agreement(t).tolist() for t in range(len(self.targets))]}
+
+    # Views (attnscope.views.attribution): the heatmap, a token's ranks and the methods' agreement as a page.
+    def to_html(self, colours: str = "method", raw_tokens: bool = False) -> str:
+        """A self-contained HTML page of this attribution (file://, no network)."""
+        from attnscope.views.attribution import attribution_html
+
+        return attribution_html(self, colours, raw_tokens)
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the view in an isolated frame."""
+        from attnscope.views.attribution import attribution_page
+
+        return attribution_page(self)._repr_html_()
+
+    def figure(self, path: str | os.PathLike[str], **options: Any) -> Path:
+        """The view as a figure (svg, png or pdf from the suffix; options: attribution_figure's)."""
+        from attnscope.views.attribution import attribution_figure
+
+        return attribution_figure(self, path, **options)
 
     def to_json(self) -> dict[str, Any]:
         """to_dict with NaN and infinities as null (strict JSON)."""

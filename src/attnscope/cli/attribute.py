@@ -45,6 +45,12 @@ def register(sub: Any) -> None:
     p.add_argument("--max-perturb-tokens", type=integer, default=256, metavar="N",
                    help="leave-one-out: refuse longer inputs, it runs tokens + 1 forwards (default 256)")
     p.add_argument("-o", "--output", metavar="FILE", default=None, help="write the output to FILE, not stdout")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="also write the view as a self-contained HTML page (heatmap, a token's ranks, agreement)")
+    p.add_argument("--figure", metavar="FILE", default=None,
+                   help="also write the view as a figure: FILE.svg, FILE.png or FILE.pdf")
+    p.add_argument("--colours", choices=("method", "shared"), default="method",
+                   help="the view's colour scale: each method's own largest |score| (method) or one for all (shared)")
     add_format(p)
     p.set_defaults(func=run_attribute)
 
@@ -58,12 +64,27 @@ def run_attribute(args: argparse.Namespace) -> int:
     from attnscope.attribution.objective import build_objective
 
     names = method_names(args.methods)  # an unknown method fails before the model loads
+    if args.figure is not None:  # a bad suffix fails before the model loads too
+        from attnscope.views.figures import figure_format
+
+        figure_format(args.figure)
     settings = make_settings(**{k: getattr(args, k) for k in SETTINGS if getattr(args, k) is not None})
     m = model_of(args)
     obj = build_objective(m, text, args.target, max_length=args.max_length, truncate=not args.no_truncate)
     result = attribute_objective(obj, names, settings, explicit=args.methods not in (None, "all"))
     _emit(result, args.format, args.output)
+    _write_views(result, args)
     return result.exit_code
+
+
+def _write_views(result: Any, args: argparse.Namespace) -> None:
+    """--html and --figure: the attribution view as a page and as a figure."""
+    from attnscope.views.attribution import attribution_figure, save_attribution_html
+
+    if args.html is not None:
+        save_attribution_html(result, args.html, colours=args.colours)
+    if args.figure is not None:
+        attribution_figure(result, args.figure, colours=args.colours)
 
 
 def _emit(result: Any, fmt: str, path: str | None) -> None:

@@ -34,6 +34,8 @@ from attnscope.serve.api import (
     head_fields,
     trace_fields,
 )
+from attnscope.serve.attribute import attribute_fields
+from attnscope.serve.attribute import routes as attribute_routes
 from attnscope.serve.fields import RequestError, parse_body, read_json
 from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
@@ -70,8 +72,9 @@ class Server:
         self.generate_fields = generate_fields(settings, self.service.names)  # POST /api/generate
         self.ablate_fields = ablate_fields(settings, self.service.names)  # POST /api/ablate
         self.patch_fields = patch_fields(settings, self.service.names)  # POST /api/patch
+        self.attribute_fields = attribute_fields(settings, self.service.names)  # POST /api/attribute
         self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields, self.generate_fields,
-                                self.ablate_fields, self.patch_fields)
+                                self.ablate_fields, self.patch_fields, self.attribute_fields)
         self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
 
     async def trace(self, request: Request) -> Response:
@@ -214,6 +217,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/api/generate", server.generate, methods=["POST"]),
         *intervention_routes(server.settings, server.service, server._run, server.ablate_fields,
                              server.patch_fields),  # /api/ablate, /api/patch
+        *attribute_routes(server.settings, server.service, server._run, server.attribute_fields),  # /api/attribute
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnscope import __version__
+from attnscope.serve.attribute import RESPONSE_SCHEMA as _ATTRIBUTION
+from attnscope.serve.attribute import SUMMARY as _ATTRIBUTE_SUMMARY
 from attnscope.serve.binary import PRECISIONS
 from attnscope.serve.fields import Field, body_schema
 from attnscope.serve.maps import LEVELS, QUERY
@@ -158,7 +160,8 @@ _EFFECTS = _obj(["model", "kind"], model={"type": "string", "description": "the 
 
 
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
-             generate_fields: list[Field], ablate_fields: list[Field], patch_fields: list[Field]) -> dict[str, Any]:
+             generate_fields: list[Field], ablate_fields: list[Field], patch_fields: list[Field],
+             attribute_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
     return {
         "openapi": "3.0.3",
@@ -181,6 +184,7 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                                  "(as `attnscope ablate --format json`)", ablate_fields, _EFFECTS, "ablate"),
             "/api/patch": _post("Activation patching: each head from the clean run into the corrupt run "
                                 "(as `attnscope patch --format json`)", patch_fields, _EFFECTS, "patch"),
+            "/api/attribute": _post(_ATTRIBUTE_SUMMARY, attribute_fields, _ATTRIBUTION, "attribute"),
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),
