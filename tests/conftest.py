@@ -84,6 +84,7 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "attribution/test_gradients.py::test_gradient_methods_pass_their_checks[[]t5[]]": ("slow",),  # 41-93 at load 10
     "corpus/test_index.py::test_a_build_killed_with_sigkill_and_resumed_equals_an_uninterrupted_one": ("slow",),  # 85
     "faithfulness/test_run.py::test_resume_after_a_kill_equals_an_uninterrupted_run": ("slow",),  # 69 at load 10
+    "faithfulness/test_run.py::test_cli_equals_the_library": ("slow",),  # ~25 with the module fixture
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),

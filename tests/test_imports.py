@@ -33,6 +33,7 @@ def _imported_after(code: str) -> set[str]:
                                     "attnscope.tracing", "attnscope.verify", "attnscope.rollout", "attnscope.errors",
                                     "attnscope.attribution.record", "attnscope.attribution.render",
                                     "attnscope.views.attribution", "attnscope.faithfulness.metrics",
+                                    "attnscope.faithfulness.aggregate", "attnscope.faithfulness.report_page",
                                     "attnscope.corpus.store"])
 def test_torch_free_modules_import_neither_torch_nor_transformers(module: str) -> None:
     loaded = _imported_after(f"import {module}")
