@@ -122,20 +122,31 @@ def validate_fit(sizes: dict[str, int], limit: int, tokens: int, rows: int = 0) 
         return
     mib = {name: -(-size // 2**20) for name, size in sizes.items()}
     parts = ", ".join(f"{n} {m} MiB" for n, m in mib.items())
+    optional = sorted((n for n in sizes if n != "weights"), key=lambda n: -sizes[n])  # largest first
     drop, left = [], total
-    for name in sorted((n for n in sizes if n != "weights"), key=lambda n: -sizes[n]):  # largest first
+    for name in optional:
         if left <= limit:
             break
         drop.append(name)
         left -= sizes[name]
-    advice = (f"leave out {' and '.join(repr(n) for n in drop)} (sources; on the page, untick "
-              f"{' and '.join(repr(SOURCE_LABELS.get(n, n)) for n in drop)}), or " if drop and left <= limit else "")
+    untick = " and ".join(repr(SOURCE_LABELS.get(n, n)) for n in drop)
+    leave = f"leave out {' and '.join(repr(n) for n in drop)} (sources; on the page, untick {untick})"
+    if drop and left <= limit:
+        advice = f"{leave}, or start the server with --cache-size {_mib(total + rows) + 1} or more"
+    elif drop:  # the weights alone do not fit either
+        advice = (f"{leave} and start the server with --cache-size {_mib(sizes['weights'] + rows) + 1} or more "
+                  f"({_mib(total + rows) + 1} to keep them)")
+    else:
+        advice = f"start the server with --cache-size {_mib(total + rows) + 1} or more"
     raise AttnscopeError(
-        f"the maps of this {tokens}-token trace would take {-(-total // 2**20)} MiB as uint8 ({parts}), over the "
-        f"server's --cache-size of {limit // 2**20} MiB, so they could not be kept for the page: {advice}start the "
-        f"server with --cache-size {-(-(total + rows) // 2**20) + 1} or more (the maps, and {-(-rows // 2**20)} MiB "
-        "for the Neuron tab's and the explanations' layer recompute), or trace fewer tokens (max_length)",
+        f"this {tokens}-token trace's maps do not fit the server's map cache: they would take {_mib(total)} MiB as "
+        f"uint8 ({parts}), over --cache-size of {limit // 2**20} MiB: {advice}, or trace fewer tokens (max_length); "
+        f"the sizes to start with count {_mib(rows)} MiB kept for the Neuron tab's and the explanations' recompute",
         parameter="sources")
+
+
+def _mib(size: int) -> int:
+    return -(-size // 2**20)
 
 
 def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
