@@ -1,6 +1,7 @@
 """The page never cuts what the user typed and never shows a trace it cannot serve (issue 29): a text over the
 server's --max-chars stays whole, is named with its length and the flag that raises the limit, and cannot be
-sent; a long trace whose maps do not fit the server's map cache (stored: false) is refused with what to change,
+sent; a long trace whose maps do not fit the server's map cache is refused with what to change (a 422 before the
+trace since the server sizes the maps up front; stored: false when other traces crowd them out, handled alike),
 and the previous text's views are dimmed so they are not taken for the new one."""
 
 from __future__ import annotations
