@@ -41,9 +41,9 @@ _EXPORTS = {
 
 __all__ = [
     "DEFAULT_MODEL",
-    "Attribution",
     "TOLERANCE",
     "AttnscopeError",
+    "Attribution",
     "CheckReport",
     "EncoderDecoderTrace",
     "GenerationTrace",
