@@ -187,18 +187,25 @@ def test_nan_fails_the_check_rather_than_disappearing(tiny_model: Callable[[str]
 
 def test_a_forward_pass_is_checked_while_the_next_one_runs(minilm: attnscope.Model) -> None:
     """trace = forward_pass(...).finish(); finish reads only what its forward pass left, so the server checks one
-    text in a thread while the model runs the next (attnscope.serve.service): the same errors and arrays."""
+    text in a thread while the model runs the next (attnscope.serve.service): the same errors and arrays.
+
+    One torch thread: with several, two threads calling torch at once may each get fewer workers, and a matrix
+    product split another way rounds differently (1.4e-06 against 0.0 seen in a loaded CI run), which says
+    nothing about what finish reads; on one thread every product sums in one order, so any difference is a leak.
+    (The thread count is each thread's own setting: the checking thread sets it too.)"""
     from concurrent.futures import ThreadPoolExecutor
 
+    from attnscope.placement import using_threads
     from attnscope.tracing.one_pass import forward_pass
 
     texts = [SENTENCE, "The capital of France is Paris, and it is big."]
-    alone = [attnscope.trace(t, model=minilm) for t in texts]
-    first = forward_pass(texts[0], model=minilm)
-    with ThreadPoolExecutor(1) as pool:
-        checked = pool.submit(first.finish)
-        second = forward_pass(texts[1], model=minilm)  # the model runs while the first text is checked
-        together = [checked.result()[0], second.finish()[0]]
+    with using_threads(1):
+        alone = [attnscope.trace(t, model=minilm) for t in texts]
+        first = forward_pass(texts[0], model=minilm)
+        with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(1,)) as pool:  # per thread
+            checked = pool.submit(first.finish)
+            second = forward_pass(texts[1], model=minilm)  # the model runs while the first text is checked
+            together = [checked.result()[0], second.finish()[0]]
     for a, b in zip(alone, together, strict=True):
         assert a.check().to_dict() == b.check().to_dict() and b.check().ok
         assert all(np.array_equal(a.arrays[s], b.arrays[s]) for s in a.arrays)
