@@ -85,6 +85,13 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "corpus/test_index.py::test_a_build_killed_with_sigkill_and_resumed_equals_an_uninterrupted_one": ("slow",),  # 85
     "faithfulness/test_run.py::test_resume_after_a_kill_equals_an_uninterrupted_run": ("slow",),  # 69 at load 10
     "faithfulness/test_run.py::test_cli_equals_the_library": ("slow",),  # ~25 with the module fixture
+    # the new methods' real-model tests, 10-40 s each at load 10: `make test` runs them, test-fast does not
+    "attribution/test_gradients.py": ("slow",),
+    "attribution/test_leave_one_out.py": ("slow",),
+    "attribution/test_methods.py": ("slow",),
+    "explain/test_attribution_walkthrough.py": ("slow",),
+    "corpus/test_corpus_cli.py": ("slow",),
+    "faithfulness/test_perturb.py": ("slow",),
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
