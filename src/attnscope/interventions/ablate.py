@@ -97,7 +97,7 @@ def ablate(text: str, heads: Sequence[AnyHead] = (), model: ModelLike = None, mo
     edit = HeadEdit(m.n_layers, scale, source)
     with torch.no_grad():
         fx = effects(probe.kind, outputs(probe, probe.rows(int(scale.shape[1])), edit))
-    return _result(m, probe, mode, chosen, fx, each)
+    return ablation_result(m, probe, mode, chosen, fx, each)
 
 
 def setting_gates(m: Model, sets: list[list[Head]], each: bool) -> torch.Tensor:
@@ -129,8 +129,10 @@ def _source(m: Model, probe: Probe, mode: Mode, reference: Sequence[str] | None,
     return mean_contexts(m, encode(m.tokenizer, texts, max_length=max_length).inputs)
 
 
-def _result(m: Model, probe: Probe, mode: Mode, chosen: list[Head], fx: dict[str, np.ndarray],
-            each: bool) -> Ablation:
+def ablation_result(m: Model, probe: Probe, mode: Mode, chosen: list[Head], fx: dict[str, np.ndarray],
+                    each: bool) -> Ablation:
+    """The Ablation of measured effects fx (each measure's rows: clean, then the chosen set's when chosen, then
+    every head alone when each): the library's one assembly of a result, also the web app's batched grid's."""
     scalars = {k: v for k, v in fx.items() if v.ndim == 1}
     clean = {k: float(v[0]) for k, v in scalars.items() if not k.startswith("d_") and k != "embedding_distance"
              and k != "mean_token_change"}

@@ -24,8 +24,7 @@ from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
 from attnscope.interventions import ablate
-from attnscope.interventions.ablate import Ablation
-from attnscope.interventions.ablate import _result as ablation_of  # the library's one assembly of a result
+from attnscope.interventions.ablate import Ablation, ablation_result
 from attnscope.interventions.effects import outputs, prepare
 from attnscope.interventions.gates import mean_contexts, validate_heads
 from attnscope.interventions.patch import patch
@@ -178,7 +177,7 @@ def _grid(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead], 
     admit(cost, req.deadline, f"ablating each of the {m.n_layers * m.n_heads} heads", split=True, ceiling=ceiling)
     source = mean_contexts(m, probe.inputs) if req.mode == "mean" else None
     fx = grid_in_batches(probe, chosen, source, batch_rows(cost, ceiling))
-    return ablation_of(m, probe, req.mode, chosen, fx, True)  # type: ignore[arg-type]
+    return ablation_result(m, probe, req.mode, chosen, fx, True)  # type: ignore[arg-type]
 
 
 def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> bytes:

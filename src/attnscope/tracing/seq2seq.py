@@ -25,7 +25,7 @@ from attnscope.errors import AttnscopeError, require_text
 from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, describe_capture, load_model
 from attnscope.placement import on_host
 from attnscope.records.trace import EncoderDecoderTrace
-from attnscope.tokens import Token, encode, fitting_max_length, validate_max_length
+from attnscope.tokens import Token, encode, fitting_max_length, piece_decoder, validate_max_length
 from attnscope.tracing.seq2seq_rows import KindResult, kind_traces
 from attnscope.verify.seq2seq import KindCapture, verify_kind
 
@@ -190,9 +190,12 @@ def _until_end(seq: list[int], ends: set[int]) -> list[int]:
 
 
 def _special_token(tok: PreTrainedTokenizerBase, token_id: int, index: int) -> Token:
-    """A decoder token known by its id only (the start token, a generated token)."""
+    """A decoder token known by its id only (the start token, a generated token), with its decoded text as the
+    tokenizer decodes the piece alone (tokens.piece_decoder), as every other Token has."""
     special = token_id in set(tok.all_special_ids)
-    return Token(index=index, text=str(tok.convert_ids_to_tokens(token_id)), id=token_id, special=special)
+    text = str(tok.convert_ids_to_tokens(token_id))
+    decode = piece_decoder(tok)
+    return Token(index=index, text=text, id=token_id, special=special, decoded=None if decode is None else decode(text))
 
 
 def _traced(m: Model, input_ids: torch.Tensor, source_keep: torch.Tensor, dec: Targets,
