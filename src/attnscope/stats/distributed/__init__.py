@@ -1,18 +1,21 @@
-"""Corpus statistics on a Ray cluster: `attnscope stats SOURCE --engine ray`.
+"""Corpus passes on a Ray cluster: `attnscope stats|faithfulness|index SOURCE --engine ray`.
 
 Ray is optional (`pip install 'attnscope[ray]'`) and imported only when a Ray run starts.
 `run` connects to a cluster (or starts a local one), runs the local engine's batches on
 worker actors and returns the same `RunResult`, with the same numbers, as `attnscope.stats.run`.
+`ordered` runs any per-item task (a faithfulness run's documents, an index build's batches) on
+the same workers and hands the results back in the items' order, for the caller's own loop.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
+from typing import Any, TypeVar
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
@@ -20,6 +23,7 @@ from attnscope.stats.engine import Progress, RunResult, Settings
 from attnscope.stats.sources import Source
 
 INSTALL = "pip install 'attnscope[ray]'"
+K = TypeVar("K", bound=Hashable)
 
 
 def require_ray(what: str = "attnscope.stats.distributed") -> ModuleType:
@@ -76,4 +80,19 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
                           workers=workers, threads=threads, worker_model=worker_model)
 
 
-__all__ = ["INSTALL", "connect", "require_ray", "run"]
+def ordered(task: Callable[[Model, Any, Any], Any], items: Iterable[tuple[K, Any]], model: Model,
+            work: Any, *, what: str = "engine='ray'", address: str | None = None, workers: int | None = None,
+            threads: int | None = None, worker_model: str | Model | None = None,
+            name: str = "attnscope") -> Generator[tuple[K, Any], None, None]:
+    """(key, task(model, item, work)) for each (key, item), in order, on Ray workers (see passes.ordered).
+
+    A missing Ray is reported here, naming `what`, before anything runs. `task` must be a module-level
+    function (the workers import it by name). Close the generator to stop the workers early."""
+    require_ray(what)
+    from attnscope.stats.distributed import passes
+
+    return passes.ordered(task, items, model, work, address=address, workers=workers, threads=threads,
+                          worker_model=worker_model, name=name)
+
+
+__all__ = ["INSTALL", "connect", "ordered", "require_ray", "run"]

@@ -1,14 +1,17 @@
-"""Ray actors that load the model once and turn batches into partial statistics, and the pool that feeds them.
+"""Ray actors that load the model once and run one task per item, and the pool that feeds them.
 
-A worker returns the exact mergeable state of one batch, nothing else, so the driver can
-merge results in any order. Ray restarts a dead worker (reloading the model) and retries
-its batches; a worker that is gone for good has its batches sent to the others.
+A task is a module-level function `task(model, item, work) -> result` (Ray pickles it by
+reference): the corpus statistics' `stats_batch` (a batch -> its exact mergeable state), a
+faithfulness run's one document -> its rows, an index build's one batch -> its token rows.
+Ray restarts a dead worker (reloading the model) and retries its items; a worker that is gone
+for good has its items sent to the others.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,26 +26,30 @@ from attnscope.stats.engine import Settings, run_batch
 from attnscope.stats.state import StatsState
 
 RESTARTS = 3  # times Ray restarts a dead worker
-TASK_RETRIES = 3  # times Ray resends a batch whose worker died
-RESUBMITS = 3  # times the pool sends a batch to another worker once its own is gone for good
-IN_FLIGHT = 2  # batches queued per worker: one running, one waiting, so a worker never idles
+TASK_RETRIES = 3  # times Ray resends an item whose worker died
+RESUBMITS = 3  # times the pool sends an item to another worker once its own is gone for good
+IN_FLIGHT = 2  # items queued per worker: one running, one waiting, so a worker never idles
 
 
-class StatsWorker:
-    """One model per process; each call runs one batch and returns its statistics alone."""
+Task = Callable[[Model, Any, Any], Any]  # (model, item, work) -> result; module-level, so Ray pickles it by name
 
-    def __init__(self, model: str | list[Any] | None, threads: int):
+
+class Worker:
+    """One model per process; each call runs the pool's task on one item and returns its result alone."""
+
+    def __init__(self, model: str | list[Any] | None, threads: int, task: Task):
         torch.set_num_threads(threads)
         # a shipped Model comes as [ObjectRef]: fetched here, so a restarted worker fetches it again
         self.model = load_model(ray.get(model[0]) if isinstance(model, list) else model)
+        self.task = task
 
     def describe(self) -> dict[str, Any]:
         m = self.model
         return {"name": m.name, "layers": m.n_layers, "heads": m.n_heads, "pid": os.getpid(),
                 "host": socket.gethostname(), "threads": torch.get_num_threads()}
 
-    def run(self, batch: Batch, work: Work) -> StatsState:
-        return run_batch(self.model, batch, work.empty, work.settings)
+    def run(self, item: Any, work: Any) -> Any:
+        return self.task(self.model, item, work)
 
 
 @dataclass(frozen=True)
@@ -54,13 +61,18 @@ class Work:
     settings: Settings
 
 
-RemoteWorker = ray.remote(max_restarts=RESTARTS, max_task_retries=TASK_RETRIES)(StatsWorker)
+def stats_batch(model: Model, batch: Batch, work: Work) -> StatsState:
+    """The corpus statistics' task: one batch's statistics alone."""
+    return run_batch(model, batch, work.empty, work.settings)
+
+
+RemoteWorker = ray.remote(max_restarts=RESTARTS, max_task_retries=TASK_RETRIES)(Worker)
 
 
 @dataclass
 class Job:
-    key: tuple[int, int]  # (chunk, batch): the batch's place in the local engine's order
-    batch: Any  # ObjectRef of the Batch, kept for resubmission
+    key: Hashable  # the item's place in the run's order (stats: (chunk, batch))
+    item: Any  # ObjectRef of the item, kept for resubmission
     worker: int
     tries: int = 1
 
@@ -89,15 +101,16 @@ def shape(workers: int | None, threads: int | None = None) -> Shape:
 
 
 class Pool:
-    """Workers plus the batches in flight on them; results come back as (key, state) in completion order."""
+    """Workers plus the items in flight on them; results come back as (key, result) in completion order."""
 
-    def __init__(self, model: str | Model | None, expected: Model, plan: Shape, name: str):
+    def __init__(self, model: str | Model | None, expected: Model, plan: Shape, name: str,
+                 task: Task = stats_batch):
         # the driver holds the shipped model for the pool's life: a restarted worker needs it again
         self.shipped = [ray.put(model)] if isinstance(model, Model) else None
         spec = self.shipped if self.shipped is not None else model
         self.plan = plan
         self.workers: list[Any] = [
-            RemoteWorker.options(num_cpus=plan.cpus, name=f"{name}-{i}").remote(spec, plan.threads)
+            RemoteWorker.options(num_cpus=plan.cpus, name=f"{name}-{i}").remote(spec, plan.threads, task)
             for i in range(plan.workers)
         ]
         self.alive = set(range(plan.workers))
@@ -122,8 +135,8 @@ class Pool:
     def room(self) -> bool:
         return len(self.jobs) < IN_FLIGHT * len(self.alive)
 
-    def submit(self, key: tuple[int, int], batch: Batch, work: Any) -> None:
-        self._send(Job(key, ray.put(batch), -1, 0), work)
+    def submit(self, key: Hashable, item: Any, work: Any) -> None:
+        self._send(Job(key, ray.put(item), -1, 0), work)
 
     def _send(self, job: Job, work: Any) -> None:
         if not self.alive:
@@ -135,10 +148,10 @@ class Pool:
                 load[j.worker] += 1
         job.worker = min(load, key=lambda i: (load[i], i))
         job.tries += 1
-        self.jobs[self.workers[job.worker].run.remote(job.batch, work)] = job
+        self.jobs[self.workers[job.worker].run.remote(job.item, work)] = job
 
-    def next_done(self, work: Any) -> list[tuple[tuple[int, int], StatsState]]:
-        """Block until at least one batch is done; resend the batches of workers that are gone."""
+    def next_done(self, work: Any) -> list[tuple[Any, Any]]:
+        """Block until at least one item is done; resend the items of workers that are gone."""
         ready, _ = ray.wait(list(self.jobs), num_returns=1)
         done = []
         for ref in ready:
@@ -148,7 +161,7 @@ class Pool:
             except RayActorError as exc:
                 self.alive.discard(job.worker)  # Ray's restarts are used up: this worker is gone
                 if job.tries > RESUBMITS:
-                    raise AttnscopeError(f"batch {job.key} was lost with {job.tries} workers "
+                    raise AttnscopeError(f"item {job.key} was lost with {job.tries} workers "
                                          f"({type(exc).__name__}): see the Ray logs, then run again with resume=True"
                                          ) from exc
                 self._send(job, work)
