@@ -6,6 +6,11 @@ length buckets, each batch numbered (chunk, batch)). Each batch's rows are appen
 batch and the label vocabularies. A build killed at any moment (even SIGKILL) resumes from the last checkpoint:
 the files are cut back to its lengths and the remaining batches are the same, so the index is byte for byte the
 one an uninterrupted build writes. The manifest (with every file's sha256) is written last.
+
+engine="ray" runs the batches on Ray workers (attnscope.stats.distributed.Engine): each batch is the same task as
+here (`batch_part`: its rows with labels coded batch by batch), and the driver takes the parts back in the
+batches' order, codes the labels in the index's vocabularies and appends them as a local build does, so the files
+and the manifest's checksums are byte for byte a local build's.
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from attnscope import families
 from attnscope.corpus import ann as ann_lib
@@ -36,8 +43,9 @@ from attnscope.corpus.tags import UPOS, Vocab
 from attnscope.corpus.vectors import Choice, batch_rows, token_offsets
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.models import Model, ModelLike, describe, load_model
-from attnscope.stats.batching import batches, chunks
+from attnscope.stats.batching import Batch, Key, batches, chunks
 from attnscope.stats.checkpoint import differences
+from attnscope.stats.distributed import Engine
 from attnscope.stats.engine import Progress
 from attnscope.stats.settings import Settings, guarded, validate_settings
 from attnscope.stats.sources import Source
@@ -113,12 +121,17 @@ def sizes_of(model: Model) -> tuple[int, int, int]:
 def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = None, *,
                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                 settings: Settings | None = None, resume: bool = False, ann: Sequence[str] = ann_lib.KINDS,
-                progress: Callable[[Progress], None] | None = None) -> BuildResult:
+                progress: Callable[[Progress], None] | None = None, engine: str = "local",
+                workers: int | None = None, address: str | None = None, threads: int | None = None) -> BuildResult:
     """Index a corpus into the directory `out` (see attnscope.corpus.store for the format).
 
     layers, heads: what to keep (0-indexed; default all). settings: the corpus statistics' reading and batching
     (max_length, batch_size, limit, checkpoint_every, ...). resume=True continues an interrupted build in `out`.
-    ann: the vectors that get an approximate index (embedding, context; () for none: exact search needs none)."""
+    ann: the vectors that get an approximate index (embedding, context; () for none: exact search needs none).
+    engine="ray": the batches on Ray workers (pip install 'attnscope[ray]'), `workers` of them (default one per
+    node) with `threads` torch threads each, on the cluster at `address` (default a local runtime); the files are
+    a local build's byte for byte when each process runs as many torch threads as this one."""
+    where = Engine.of(engine, workers, address, threads, model)
     m = model if isinstance(model, Model) else load_model(model)
     settings = settings or Settings(max_length=min(256, m.max_positions))
     validate_settings(m, settings)
@@ -137,7 +150,7 @@ def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = 
         appender.truncate(done)
     before, started = state.documents, time.perf_counter()
     try:
-        _batches(m, source, settings, choice, state, appender, root, progress)
+        _batches(m, source, settings, choice, state, appender, root, progress, where)
     except KeyboardInterrupt:
         _save(root, state, appender.sizes(), complete=False)
         raise
@@ -161,28 +174,75 @@ def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = 
 
 
 def _batches(m: Model, source: Source, settings: Settings, choice: Choice, state: _Run, appender: Appender,
-             root: Path, progress: Callable[[Progress], None] | None) -> None:
-    """Run the batches from the state's position on, appending their rows and checkpointing."""
+             root: Path, progress: Callable[[Progress], None] | None, engine: Engine) -> None:
+    """Run the batches from the state's position on (here or on Ray), appending their rows in order and
+    checkpointing."""
     started, n_batches = time.perf_counter(), 0
-    for c, chunk in enumerate(chunks(source, settings.limit, settings.chunk_documents)):
-        if c < state.position[0]:
-            continue
-        skip = state.position[1] if c == state.position[0] else 0
-        number = {id(d): c * settings.chunk_documents + i for i, d in enumerate(chunk)}
-        for j, batch in enumerate(batches(m, chunk, settings, skip=skip)):
-            offsets = token_offsets(m, batch.docs, settings.max_length)
-            rows, lines = batch_rows(m, batch, choice, offsets, state.upos, state.deprel,
-                                     [number[id(d.doc)] for d in batch.docs], state.documents)
-            appender.append(rows, lines)
-            state.position = (c, skip + j + 1)
-            state.documents += len(batch.docs)
-            state.tokens += batch.tokens
-            state.truncated += sum(d.truncated for d in batch.docs)
+    parts = engine.run(batch_part, numbered(m, source, settings, state.position), m, (choice, settings.max_length),
+                       name="attnscope-index")
+    try:
+        for key, part in parts:
+            appender.append(*recoded(part, state))
+            state.position = (key[0], key[1] + 1)
+            state.documents += part.documents
+            state.tokens += part.tokens
+            state.truncated += part.truncated
             n_batches += 1
             if n_batches % settings.checkpoint_every == 0:
                 _save(root, state, appender.sizes(), complete=False)
             if progress is not None:
                 progress(Progress(state.documents, state.tokens, time.perf_counter() - started, None))
+    finally:
+        parts.close()  # a Ray build stops its workers (and the runtime it started) here
+
+
+def numbered(m: Model, source: Source, settings: Settings,
+             start: Key) -> Iterator[tuple[Key, tuple[Batch, list[int]]]]:
+    """The build's batches from `start` on, each keyed (chunk, batch), with its documents' places in the corpus."""
+    for c, chunk in enumerate(chunks(source, settings.limit, settings.chunk_documents)):
+        if c < start[0]:
+            continue
+        skip = start[1] if c == start[0] else 0
+        number = {id(d): c * settings.chunk_documents + i for i, d in enumerate(chunk)}
+        for j, batch in enumerate(batches(m, chunk, settings, skip=skip)):
+            yield (c, skip + j), (batch, [number[id(d.doc)] for d in batch.docs])
+
+
+@dataclass(frozen=True, kw_only=True)
+class Part:
+    """One batch's rows as a worker computes them: documents numbered from 0, labels coded in the batch's own
+    vocabularies (`upos`, `deprel`: the labels of codes 0, 1, ...)."""
+
+    rows: dict[str, np.ndarray]
+    lines: list[dict[str, Any]]
+    upos: list[str]
+    deprel: list[str]
+    documents: int
+    tokens: int
+    truncated: int
+
+
+def batch_part(m: Model, item: tuple[Batch, list[int]], work: tuple[Choice, int]) -> Part:
+    """The build's task, here or on a Ray worker: one batch (and its documents' numbers) -> its Part."""
+    batch, numbers = item
+    choice, max_length = work
+    offsets = token_offsets(m, batch.docs, max_length)
+    upos, deprel = Vocab(UPOS), Vocab()
+    rows, lines = batch_rows(m, batch, choice, offsets, upos, deprel, numbers, 0)
+    return Part(rows=rows, lines=lines, upos=upos.labels, deprel=deprel.labels, documents=len(batch.docs),
+                tokens=batch.tokens, truncated=sum(d.truncated for d in batch.docs))
+
+
+def recoded(part: Part, state: _Run) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+    """A part's rows as the index stores them: documents numbered after those done, labels in the index's
+    vocabularies (taken in the batch's order of first appearance, so new labels get the codes a one-vocabulary
+    pass gives them)."""
+    rows = dict(part.rows)
+    rows["doc"] = part.rows["doc"] + state.documents
+    for name, labels, vocab in (("upos", part.upos, state.upos), ("deprel", part.deprel, state.deprel)):
+        codes = np.array([vocab.code(label) for label in labels] + [-1], dtype=np.int64)  # [-1]: no label
+        rows[name] = codes[part.rows[name]]
+    return rows, part.lines
 
 
 def _start(root: Path, ident: dict[str, Any], resume: bool) -> tuple[_Run, dict[str, int]]:
@@ -247,4 +307,4 @@ def _manifest(m: Model, source: Source, settings: Settings, choice: Choice, stat
     }
 
 
-__all__ = ["CHECKPOINT", "BuildResult", "build_index", "choose"]
+__all__ = ["CHECKPOINT", "BuildResult", "Part", "batch_part", "build_index", "choose"]

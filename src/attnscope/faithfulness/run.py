@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ from attnscope.faithfulness import aggregate, checkpoint
 from attnscope.faithfulness import metrics as fm
 from attnscope.faithfulness.perturb import DELETE, Perturber, check_removal, verified
 from attnscope.faithfulness.report_page import write_report
-from attnscope.models import DEFAULT_MODEL, DeviceLike, DtypeLike, Model, ModelLike, load_model
+from attnscope.models import DeviceLike, DtypeLike, Model, ModelLike, load_model
 from attnscope.numbers import finite_or_null
+from attnscope.stats.distributed import Engine
 from attnscope.stats.sources import Document, Source
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: Mo
     rows, in the same order, and the summary equal the local run's bit for bit when each process runs as many
     torch threads as this one."""
     check_removal(removal)
-    check_engine(engine, workers, address, threads, device, dtype)
+    where = Engine.of(engine, workers, address, threads, model, placed=device is not None or dtype is not None)
     names = tuple(method_names(methods)) if methods is not None else None
     for name, value in (("seeds", seeds), ("max_length", max_length), ("beam", beam),
                         ("checkpoint_every", checkpoint_every), ("limit", limit if limit is not None else 1)):
@@ -99,7 +100,6 @@ def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: Mo
     m = load_model(model, device=device, dtype=dtype)
     settings = Settings(methods=names, removal=removal, seeds=seeds, max_length=max_length,
                         exact_tokens=exact_tokens, beam=beam)
-    where = Engine(engine, workers, address, threads, worker_model(model) if engine == "ray" else None)
     return run(src, m, settings, Path(outdir), limit=limit, resume=resume, checkpoint_every=checkpoint_every,
                progress=progress, engine=where)
 
@@ -117,7 +117,8 @@ def run(source: Source, m: Model, settings: Settings, outdir: Path, limit: int |
     pos = checkpoint.start(outdir, ident, resume)
     done_before, started = pos.documents, time.perf_counter()
     docs = itertools.islice(enumerate(source), pos.documents, limit)
-    results = document_rows(m, docs, settings, engine or Engine())
+    items = ((index, (index, doc)) for index, doc in docs)  # keyed by the document's index
+    results = (engine or Engine()).run(indexed_rows, items, m, settings, name="attnscope-faithfulness")
     pending: list[dict[str, Any]] = []
     try:
         for index, rows in results:
@@ -151,64 +152,8 @@ def _save(outdir: Path, ident: dict[str, Any], pos: checkpoint.Position,
     return pos
 
 
-ENGINES = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where the documents run: here (local), or on Ray workers (see faithfulness())."""
-
-    name: str = "local"
-    workers: int | None = None
-    address: str | None = None
-    threads: int | None = None
-    worker_model: str | None = None  # what a Ray worker loads by name (None: the driver's model is shipped)
-
-
-def check_engine(engine: str, workers: int | None, address: str | None, threads: int | None,
-                 device: DeviceLike, dtype: DtypeLike) -> None:
-    """engine is local or ray; the Ray options only with ray, and the model's placement only locally."""
-    if engine not in ENGINES:
-        raise AttnscopeError(f"engine={engine!r} is not an engine: choose local or ray", parameter="engine")
-    if engine == "local" and (workers is not None or address is not None or threads is not None):
-        raise AttnscopeError("workers, address and threads choose where a Ray run goes: add engine='ray'",
-                             parameter="engine")
-    if engine == "ray" and (device is not None or dtype is not None):
-        raise AttnscopeError("device and dtype place the model of a local run: drop them with engine='ray'",
-                             parameter="engine")
-    for name, value in (("workers", workers), ("threads", threads)):
-        if value is not None and (not isinstance(value, int) or value < 1):
-            raise AttnscopeError(f"{name}={value!r} must be a positive integer", parameter=name)
-    if engine == "ray":
-        from attnscope.stats.distributed import require_ray
-
-        require_ray("engine='ray'")  # before any model loads
-
-
-def worker_model(model: ModelLike) -> str | None:
-    """What a Ray worker loads by name: a hub name or the bundled model's; None ships the driver's loaded model
-    (a Model, or a local path the other nodes may not have)."""
-    if isinstance(model, Model):
-        return None
-    if model is None:
-        return DEFAULT_MODEL
-    return None if Path(str(model)).expanduser().exists() else str(model)
-
-
-def document_rows(m: Model, docs: Iterator[tuple[int, Document]], settings: Settings,
-                  engine: Engine) -> Generator[tuple[int, list[dict[str, Any]]], None, None]:
-    """(index, rows) of each document in order: computed here, or on Ray workers (the same rows)."""
-    if engine.name == "local":
-        return ((index, example_rows(m, doc, index, settings)) for index, doc in docs)
-    from attnscope.stats.distributed import ordered
-
-    items = ((index, (index, doc)) for index, doc in docs)  # keyed by the document's index
-    return ordered(indexed_rows, items, m, settings, address=engine.address, workers=engine.workers,
-                   threads=engine.threads, worker_model=engine.worker_model, name="attnscope-faithfulness")
-
-
 def indexed_rows(m: Model, item: tuple[int, Document], settings: Settings) -> list[dict[str, Any]]:
-    """A Ray worker's task: one (index, document)'s rows (example_rows)."""
+    """The run's task, here or on a Ray worker: one (index, document)'s rows (example_rows)."""
     return example_rows(m, item[1], item[0], settings)
 
 

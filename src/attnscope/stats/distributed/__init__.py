@@ -13,12 +13,13 @@ import logging
 import os
 from collections.abc import Callable, Generator, Hashable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 from attnscope.errors import AttnscopeError
-from attnscope.models import Model
+from attnscope.models import DEFAULT_MODEL, Model, ModelLike
 from attnscope.stats.engine import Progress, RunResult, Settings
 from attnscope.stats.sources import Source
 
@@ -80,6 +81,60 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
                           workers=workers, threads=threads, worker_model=worker_model)
 
 
+ENGINES = ("local", "ray")
+Task = Callable[[Model, Any, Any], Any]  # (model, item, work) -> result, a module-level function
+
+
+@dataclass(frozen=True, kw_only=True)
+class Engine:
+    """Where a corpus pass runs its items: here (local), or on Ray workers (`ordered`), with the same results."""
+
+    name: str = "local"
+    workers: int | None = None  # Ray actors (default: one per node)
+    address: str | None = None  # the cluster (default: a local runtime)
+    threads: int | None = None  # torch threads per worker (default: the CPUs Ray gives it)
+    worker_model: str | None = None  # what a worker loads by name (None: the driver's model is shipped)
+
+    @classmethod
+    def of(cls, engine: str = "local", workers: int | None = None, address: str | None = None,
+           threads: int | None = None, model: ModelLike = None, placed: bool = False) -> Engine:
+        """The engine a library call asks for, checked (one line naming the parameter); a missing Ray is reported
+        here, before any model loads. model: what the call loads; placed: it gave device or dtype."""
+        if engine not in ENGINES:
+            raise AttnscopeError(f"engine={engine!r} is not an engine: choose local or ray", parameter="engine")
+        if engine == "local" and (workers is not None or address is not None or threads is not None):
+            raise AttnscopeError("workers, address and threads choose where a Ray run goes: add engine='ray'",
+                                 parameter="engine")
+        for name, value in (("workers", workers), ("threads", threads)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise AttnscopeError(f"{name}={value!r} must be a positive integer", parameter=name)
+        if engine == "local":
+            return cls()
+        if placed:
+            raise AttnscopeError("device and dtype place the model of a local run: drop them with engine='ray'",
+                                 parameter="engine")
+        require_ray("engine='ray'")
+        return cls(name="ray", workers=workers, address=address, threads=threads, worker_model=by_name(model))
+
+    def run(self, task: Task, items: Iterable[tuple[K, Any]], model: Model, work: Any,
+            name: str = "attnscope") -> Generator[tuple[K, Any], None, None]:
+        """(key, task(model, item, work)) for each (key, item), in order: here, or on Ray (`ordered`)."""
+        if self.name == "local":
+            return ((key, task(model, item, work)) for key, item in items)
+        return ordered(task, items, model, work, address=self.address, workers=self.workers,
+                       threads=self.threads, worker_model=self.worker_model, name=name)
+
+
+def by_name(model: ModelLike) -> str | None:
+    """What a Ray worker loads by name: a hub name or the bundled model's; None ships the driver's loaded model
+    (a Model, or a local path the other nodes may not have)."""
+    if isinstance(model, Model):
+        return None
+    if model is None:
+        return DEFAULT_MODEL
+    return None if Path(str(model)).expanduser().exists() else str(model)
+
+
 def ordered(task: Callable[[Model, Any, Any], Any], items: Iterable[tuple[K, Any]], model: Model,
             work: Any, *, what: str = "engine='ray'", address: str | None = None, workers: int | None = None,
             threads: int | None = None, worker_model: str | Model | None = None,
@@ -95,4 +150,4 @@ def ordered(task: Callable[[Model, Any, Any], Any], items: Iterable[tuple[K, Any
                           worker_model=worker_model, name=name)
 
 
-__all__ = ["INSTALL", "connect", "ordered", "require_ray", "run"]
+__all__ = ["ENGINES", "INSTALL", "Engine", "by_name", "connect", "ordered", "require_ray", "run"]
