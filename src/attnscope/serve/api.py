@@ -55,6 +55,10 @@ class ExplainRequest:
     layer: int
     head: int
     token: int | None
+    arrays: str = "all"  # EXPLAIN_ARRAYS: every value (as `attnscope explain --format json`) or what the page shows
+
+
+EXPLAIN_ARRAYS = ("all", "shown")
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ class NeuronRequest:
     truncate: bool
     layer: int
     head: int
+    binary: bool = False  # from the Accept header, not the body: the block's arrays as attnscope.serve.binary
 
 
 def text_fields(settings: Settings, models: Sequence[str], shortest: int = 2) -> list[Field]:
@@ -128,4 +133,9 @@ def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads
         *head_fields(settings, models, layers, heads, shortest),
         Field("token", "integer", "Focus on one query token (0-indexed); null for every query.",
               nullable=True, minimum=0, maximum=settings.max_tokens - 1),
+        Field("arrays", "string", "'all': every array whole, as nested lists (as `attnscope explain --format "
+              "json`); 'shown': what the web app's explanation shows of each (its first 10 rows, the focused "
+              "query's and the last 2; its first 62 and last 2 columns, every key of a key stage), with the shape, "
+              "the kept rows and columns and float32 as base64 of its bytes (docs/serve.md).", default="all",
+              enum=EXPLAIN_ARRAYS),
     ]

@@ -16,7 +16,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.explain.from_trace import walkthrough
-from attnscope.explain.render import walkthrough_json
+from attnscope.explain.render import walkthrough_json, walkthrough_shown_json
 from attnscope.models import Model, describe, load_model
 from attnscope.serve import binary, maps, rows, wordmaps
 from attnscope.serve.api import ExplainRequest, NeuronRequest, TextRequest, TraceRequest
@@ -200,6 +200,8 @@ class Service:
     def explain_body(self, req: ExplainRequest, stop: threading.Event) -> bytes:
         m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
         w = walkthrough(tr, req.layer, req.head, req.token, model=m)
+        if req.arrays == "shown":  # the page's: at most 12 rows, 64 columns (a key stage: every key) an array
+            return to_json(walkthrough_shown_json(w))
         values = sum(int(np.asarray(a).size) for s in w.steps for a in s.arrays.values())
         size = values * _LIST_BYTES  # every array as JSON lists: sized before the body is built
         if size > self.budget.max_bytes:  # --max-response; --max-list bounds what a client chooses as lists
@@ -210,6 +212,8 @@ class Service:
 
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
         _m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
+        if req.binary:  # Accept: application/x-attnscope-arrays: raw float32, nothing to encode or decode
+            return rows.neuron_binary(tr, req.layer, req.head)
         compress = tr.n_tokens * tr.n_keys <= _NEURON_ZLIB_UP_TO
         return to_json(neuron_block(tr, req.layer, req.head, compress=compress))
 

@@ -10,6 +10,7 @@
   const MAX_COLS = 64; // the tables scroll inside their box; wider arrays say which columns they leave out
   const KEY_STAGES = ["scores", "scaled", "masked", "weights"]; // arrays whose columns are keys
   const MASK_FLOOR = -1.7e38; // half the most negative float32: the additive mask
+  const BINARY = "application/x-attnscope-arrays"; // attnscope.serve.binary
 
   // The views fetch a lazy trace's maps through this (data.js has no network access of its own).
   A.getBinary = async function (url) {
@@ -46,6 +47,10 @@
     const response = await fetch(path, {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
+    return answer(path, response);
+  }
+
+  async function answer(path, response) {
     let data = null;
     try {
       data = await response.json();
@@ -164,11 +169,25 @@
   async function draw(keep) {
     if (!current) return;
     if (current.controller) current.controller.destroy();
-    const options = { view: $("sv-view").value, loadNeuron: (layer, head) => api("/api/neuron",
-      Object.assign({ layer: layer, head: head }, current.request)) };
+    const request = current.request;
+    const options = { view: $("sv-view").value, loadNeuron: (layer, head) => loadNeuron(request, layer, head) };
     if (keep) for (const k of ["layer", "head", "query", "source"]) if (keep[k] !== undefined) options[k] = keep[k];
     current.controller = await A.render($("sv-views"), current.payload, options);
     document.body.dataset.view = options.view;
+  }
+
+  // The Neuron tab's exact numbers of a head the payload lacks, asked for in the binary form (raw float32:
+  // 34 MB at 2,048 SmolLM2 tokens, where base64 JSON is 45 MB to decode here); a server that answers JSON gets
+  // the JSON block (views.neuron_block) read as before.
+  async function loadNeuron(request, layer, head) {
+    const response = await fetch("/api/neuron", {
+      method: "POST", body: JSON.stringify(Object.assign({ layer: layer, head: head }, request)),
+      headers: { "Content-Type": "application/json", Accept: `${BINARY}, application/json;q=0.5` },
+    });
+    if (response.ok && (response.headers.get("content-type") || "").startsWith(BINARY)) {
+      return A.neuronFromArrays(A.decodeArrays(await response.arrayBuffer()));
+    }
+    return answer("/api/neuron", response);
   }
 
   function clearExplanation() {
@@ -192,7 +211,8 @@
     box.dataset.state = "loading";
     box.replaceChildren(el("p", { class: "sv-hint", text: `explaining layer ${layer}, head ${head}, query ${detail.query}…` }));
     try {
-      const w = await api("/api/explain", Object.assign({ layer: layer, head: head, token: detail.query }, current.request));
+      const w = await api("/api/explain", Object.assign({ layer: layer, head: head, token: detail.query,
+                                                          arrays: "shown" }, current.request));
       if (seq !== explainSeq) return; // a newer click won
       box.replaceChildren(...walkthrough(w, detail.key, drawn));
       box.dataset.state = "ready";
@@ -278,12 +298,44 @@
     return null;
   }
 
+  // A float32 as numpy prints it (the shortest decimal that reads back as the same float32), as a number: the
+  // value the nested lists of `arrays: "all"` carry, so both forms print alike.
+  function shortest(f) {
+    if (!Number.isFinite(f) || Object.is(f, -0)) return f;
+    for (let p = 1; p < 10; p++) {
+      const d = Number(f.toPrecision(p));
+      if (Math.fround(d) === f) return d;
+    }
+    return f;
+  }
+
+  function float32s(text) {  // base64 of little-endian float32 -> Float32Array
+    const bin = atob(text);
+    const bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    return new Float32Array(bytes.buffer);
+  }
+
+  // An array of the walkthrough -> {rows, cols, at(i, j), integers}: nested lists (arrays "all"), or the shown
+  // form (arrays "shown": the shape, the rows and columns kept, their cells as float32 bytes or lists).
+  function cellsOf(values) {
+    if (Array.isArray(values)) {
+      const g = Array.isArray(values[0]) ? values : [values];
+      return { rows: g.length, cols: g[0] ? g[0].length : 0, at: (i, j) => g[i][j],
+               integers: g.flat().every((v) => Number.isInteger(v) && Math.abs(v) < 1e6) };
+    }
+    const [rows, cols] = values.shape;
+    const f32 = values.encoding === "f32";
+    const kept = f32 ? float32s(values.data) : values.values.flat();
+    const width = values.cols ? values.cols.length : cols;
+    const rowAt = new Map(values.rows.map((r, i) => [r, i]));
+    const colAt = values.cols ? new Map(values.cols.map((c, j) => [c, j])) : null;
+    const at = (i, j) => kept[rowAt.get(i) * width + (colAt ? colAt.get(j) : j)];
+    return { rows: rows, cols: cols, integers: values.integers, at: f32 ? (i, j) => shortest(at(i, j)) : at };
+  }
+
   function matrix(name, values, step, w, tokens, key) {
-    const grid = Array.isArray(values[0]) ? values : [values];
-    const rows = grid.length;
-    const cols = grid[0] ? grid[0].length : 0;
-    const flat = grid.flat();
-    const integers = flat.every((v) => Number.isInteger(v) && Math.abs(v) < 1e6);
+    const { rows, cols, at, integers } = cellsOf(values);
     const rl = rowLabels(rows, w, tokens);
     const cl = colLabels(name, cols, step, tokens);
     const keyCol = cl && KEY_STAGES.includes(step.stage) ? key : null;
@@ -295,7 +347,7 @@
     const body = ri.map((i) => el("tr", {}, [
       el("th", { text: i === null ? "…" : rl ? rl[i] : String(i) }),
       ...ci.map((j) => el("td", { class: j !== null && j === keyCol ? "sv-hit" : null,
-                                  text: i === null || j === null ? "…" : fmt(grid[i][j], integers) })),
+                                  text: i === null || j === null ? "…" : fmt(at(i, j), integers) })),
     ]));
     const caption = el("caption", { text: `${name} [${rows}, ${cols}]` });
     const table = el("div", { class: "sv-matrix" }, [el("table", { "data-name": name }, [caption,

@@ -159,6 +159,18 @@
     return [head];
   }
 
+  // A neuron block sent in the binary form (POST /api/neuron with Accept: application/x-attnscope-arrays; its
+  // header has the JSON block's fields, each stage an array of its own) -> the decoded block the neuron view
+  // reads, as data.js decodes a JSON block: float32 views of the answer's bytes per stage, d, scaling.
+  A.neuronFromArrays = function ({ header, arrays }) {
+    const parts = {};
+    for (const s of header.stages) {
+      if (!arrays[s] || arrays[s].spec.dtype !== "float32") throw new Error(`neuron data without float32 ${s}`);
+      parts[s] = arrays[s].values;
+    }
+    return Object.assign(parts, { layer: header.layer, head: header.head, d: header.d_head, scaling: header.scaling });
+  };
+
   A.lazyMaps = {
     source: makeLazySource,
     held(payload) {

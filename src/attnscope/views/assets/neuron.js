@@ -254,7 +254,22 @@
     if (have) return have;
     if (!model.payload.neuron.available || !ctx.options.loadNeuron) return null;
     content.replaceChildren(el("p", { class: "as-hint", text: `loading layer ${layer}, head ${head}…` }));
-    return model.addBlock(await ctx.options.loadNeuron(layer, head));
+    const got = await ctx.options.loadNeuron(layer, head);
+    return got && got.d !== undefined ? adopt(model, got) : model.addBlock(got); // decoded (binary form) or JSON
+  }
+
+  // A block loadNeuron gave decoded (the web app's binary form, A.neuronFromArrays) joins the payload's: in
+  // model.blocks for this view, and through model.readyBlock for the matrix's exact values and the neuron figure.
+  function adopt(model, block) {
+    const key = `${block.layer}:${block.head}`;
+    if (!model.adopted) {
+      const readyBlock = model.readyBlock;
+      model.adopted = new Map();
+      model.readyBlock = (layer, head) => model.adopted.get(`${layer}:${head}`) || readyBlock(layer, head);
+    }
+    model.adopted.set(key, block);
+    model.blocks.set(key, Promise.resolve(block));
+    return block;
   }
 
   function missing(ctx, layer, head) {
