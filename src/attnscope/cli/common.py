@@ -17,6 +17,8 @@ from attnscope.placement import DTYPES, validate_device_name
 
 if TYPE_CHECKING:
     from attnscope.models import Model
+    from attnscope.stats.distributed import Engine
+    from attnscope.stats.sources import Source
 
 FORMATS = ("text", "markdown", "json")
 
@@ -47,6 +49,52 @@ def add_model_args(p: argparse.ArgumentParser, placement: bool = False) -> None:
         p.add_argument("--dtype", choices=DTYPES, default=None,
                        help="float32 (default), bfloat16 or float16; the check's tolerance follows it "
                             "(1e-5, 0.66, 0.082: docs/models.md)")
+
+
+SOURCE_HELP = ("a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, or a directory of "
+               ".txt files")
+
+
+def add_source_args(p: argparse.ArgumentParser, source_help: str = SOURCE_HELP) -> None:
+    """SOURCE and how to read it (--field, --column, --strict): the corpus commands' (stats, index, faithfulness)
+    arguments, read by source_of."""
+    p.add_argument("source", metavar="SOURCE", help=source_help)
+    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
+    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
+    p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
+
+
+def source_of(args: argparse.Namespace, kind: type[Source] | None = None) -> Source:
+    """The corpus add_source_args named (kind: a Source subclass, e.g. the index's TaggedSource)."""
+    from attnscope.stats.sources import Source
+
+    return (kind or Source)(args.source, field=args.field, column=args.column, strict=args.strict)
+
+
+def add_engine_args(p: argparse.ArgumentParser, items: str = "batches") -> None:
+    """--engine local|ray with --address and --workers (read by engine_of)."""
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help=f"run the {items} here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
+    p.add_argument("--address", metavar="ADDR",
+                   help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
+    p.add_argument("--workers", type=integer, metavar="N",
+                   help="--engine ray: worker processes, each loading the model once (default: one per node)")
+
+
+def engine_of(args: argparse.Namespace) -> Engine:
+    """The engine add_engine_args' flags ask for, checked in the flags' words: the cluster options only with
+    --engine ray, --device and --dtype only without it, a missing Ray before any model loads. Ray workers load
+    --model by name (a hub name, smollm2, the bundled model); a local checkpoint directory is shipped to them."""
+    from attnscope.stats.distributed import Engine, require_ray
+
+    if args.engine != "ray":
+        if args.address is not None or args.workers is not None:
+            raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
+        return Engine()
+    if getattr(args, "device", None) is not None or getattr(args, "dtype", None) is not None:
+        raise AttnscopeError("--device and --dtype place the model of a local run: drop them with --engine ray")
+    require_ray("--engine ray")
+    return Engine.of("ray", args.workers, args.address, model=args.model)
 
 
 def integer(text: str) -> int:

@@ -7,7 +7,18 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_model_args, console, integer, model_of, print_json
+from attnscope.cli.common import (
+    SOURCE_HELP,
+    add_engine_args,
+    add_model_args,
+    add_source_args,
+    console,
+    engine_of,
+    integer,
+    model_of,
+    print_json,
+    source_of,
+)
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -29,9 +40,7 @@ def register(sub: Any) -> None:
 
 def _register_index(sub: Any) -> None:
     p = sub.add_parser("index", help="index a corpus by what the model computes (vectors and attention per token)")
-    p.add_argument("source", metavar="SOURCE",
-                   help="a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, or a "
-                        "directory of .txt files (CoNLL-U adds UD part of speech and dependency relations)")
+    add_source_args(p, SOURCE_HELP + " (CoNLL-U adds UD part of speech and dependency relations)")
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="directory for the index")
     p.add_argument("--resume", action="store_true", help="continue the build checkpointed in INDEX")
     p.add_argument("--layers", type=numbers, default=None, metavar="L,...",
@@ -41,15 +50,13 @@ def _register_index(sub: Any) -> None:
     p.add_argument("--ann", type=ann_kinds, default=None, metavar="KINDS",
                    help="vectors that get an approximate index: embedding,context (default), embedding, or none; "
                         "needs pip install 'attnscope[corpus]' (without it, searches are exact)")
-    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
-    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
-    p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
     add_model_args(p, placement=True)
     p.add_argument("--batch-size", type=integer, default=32, metavar="N", help="documents per batch (default 32)")
     p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
     p.add_argument("--checkpoint-every", type=integer, default=20, metavar="N",
                    help="write a checkpoint every N batches (default 20)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the build")
+    add_engine_args(p)
     p.set_defaults(func=run_index)
 
 
@@ -110,14 +117,15 @@ def run_index(args: argparse.Namespace) -> int:
     from attnscope.corpus.tags import TaggedSource
     from attnscope.stats.settings import Settings
 
-    source = TaggedSource(args.source, field=args.field, column=args.column, strict=args.strict)
+    source = source_of(args, TaggedSource)
+    engine = engine_of(args)  # before the model loads
     model = model_of(args)
     settings = Settings(max_length=args.max_length, batch_size=args.batch_size, truncate=not args.no_truncate,
                         limit=args.limit, checkpoint_every=max(1, args.checkpoint_every))
     kinds = KINDS if args.ann is None else args.ann
     try:
         result = build_index(source, args.output, model, layers=args.layers, heads=args.heads, settings=settings,
-                             resume=args.resume, ann=kinds)
+                             resume=args.resume, ann=kinds, engine=engine)
     except KeyboardInterrupt:
         print(f"attnscope: interrupted; add --resume to the same command to continue the build in {args.output}",
               file=sys.stderr)

@@ -7,7 +7,15 @@ import argparse
 import sys
 from typing import Any
 
-from attnscope.cli.common import integer, print_json
+from attnscope.cli.common import (
+    SOURCE_HELP,
+    add_engine_args,
+    add_source_args,
+    engine_of,
+    integer,
+    print_json,
+    source_of,
+)
 from attnscope.errors import AttnscopeError
 
 # torch, transformers and the run are imported when the command runs, so --help and bad flags stay instant.
@@ -20,9 +28,7 @@ def register(sub: Any) -> None:
                                    "with leave-one-out; controls: random orderings and the position baseline. "
                                    "Special tokens are never removed.",
                        epilog="exit status: 0 done; 2 bad input; 130 interrupted (add --resume to continue)")
-    p.add_argument("source", metavar="SOURCE",
-                   help="a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, or a "
-                        "directory of .txt files (as attnscope stats reads them)")
+    add_source_args(p, SOURCE_HELP + " (as attnscope stats reads them)")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="directory for the results")
     p.add_argument("--model", metavar="M", default=None,
                    help="Hugging Face id, local checkpoint or smollm2 (default: the bundled all-MiniLM-L6-v2)")
@@ -41,30 +47,27 @@ def register(sub: Any) -> None:
     p.add_argument("--beam", type=integer, default=2, metavar="W", help="the bounds' beam width (default 2)")
     p.add_argument("--checkpoint-every", type=integer, default=1, metavar="N",
                    help="write a checkpoint every N documents (default 1)")
-    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
-    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
-    p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
+    add_engine_args(p, "documents")
     p.set_defaults(func=run_faithfulness)
 
 
 def run_faithfulness(args: argparse.Namespace) -> int:
-    from attnscope.stats.sources import Source
-
-    source = Source(args.source, field=args.field, column=args.column, strict=args.strict)  # bad path: instant
+    source = source_of(args)  # bad path: instant
     from attnscope.attribution.methods import method_names
     from attnscope.faithfulness.run import faithfulness
 
     if args.methods is not None:
         method_names(args.methods)  # an unknown method fails before the model loads
+    engine = engine_of(args)  # and a missing Ray
     bar = None if args.no_progress else _bar(source.count(args.limit))
     try:
         try:
             result = faithfulness(source, args.output, args.model, args.methods, removal=args.removal,
                                   limit=args.limit, resume=args.resume, seeds=args.seeds,
                                   max_length=args.max_length, exact_tokens=args.exact_tokens, beam=args.beam,
-                                  checkpoint_every=args.checkpoint_every,
+                                  checkpoint_every=args.checkpoint_every, engine=engine,
                                   progress=(lambda p: bar.update(p.documents - bar.n)) if bar else None)
         finally:
             if bar:

@@ -10,7 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_model_args, integer, model_of, print_json
+from attnscope.cli.common import (
+    add_engine_args,
+    add_model_args,
+    add_source_args,
+    engine_of,
+    integer,
+    model_of,
+    print_json,
+    source_of,
+)
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
@@ -24,14 +33,10 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     p = sub.add_parser("stats", help="per-head attention statistics over a corpus, with tables, plots and a report")
-    p.add_argument("source", metavar="SOURCE",
-                   help="a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, "
-                        "a directory of .txt files, or sklearn:20newsgroups[:train|:test]")
+    add_source_args(p, "a .txt (one document per line), .jsonl, .csv, .tsv, .parquet or .conllu file, "
+                       "a directory of .txt files, or sklearn:20newsgroups[:train|:test]")
     p.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="directory for the results")
     p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUTDIR")
-    p.add_argument("--field", metavar="NAME", help="the text field of a .jsonl source (default: text)")
-    p.add_argument("--column", metavar="NAME", help="the text column of a .csv/.tsv/.parquet source")
-    p.add_argument("--strict", action="store_true", help="stop at the first malformed row instead of skipping it")
     add_model_args(p, placement=True)
     p.add_argument("--batch-size", type=integer, default=32, metavar="N", help="documents per batch (default 32)")
     p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
@@ -41,12 +46,7 @@ def register(sub: Any) -> None:
                    help="write a checkpoint every N batches (default 20)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
-    p.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="run the batches here, or on Ray workers (pip install 'attnscope[ray]'); same numbers")
-    p.add_argument("--address", metavar="ADDR",
-                   help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
-    p.add_argument("--workers", type=integer, metavar="N",
-                   help="--engine ray: worker processes, each loading the model once (default: one per node)")
+    add_engine_args(p)
     p.add_argument("--norms", action="store_true",
                    help="also the norm-weighted [CLS]/[SEP]/punctuation/other averages (Kobayashi et al. 2020)")
     p.set_defaults(func=run_stats)
@@ -90,29 +90,21 @@ def _runner(args: argparse.Namespace) -> Callable[..., RunResult]:
     """`attnscope.stats.run`, or the Ray engine's bound to the cluster options (a missing Ray is reported here,
     before any model loads). Workers load a hub name or the bundled model themselves; a local checkpoint
     directory is shipped from this process."""
-    if args.engine == "ray" and (args.device is not None or args.dtype is not None):
-        raise AttnscopeError("--device and --dtype place the model of a local run: drop them with --engine ray")
-    if args.engine != "ray":
-        if args.address is not None or args.workers is not None:
-            raise AttnscopeError("--address and --workers choose where a Ray run goes: add --engine ray")
+    engine = engine_of(args)
+    if engine.name != "ray":
         from attnscope.stats.engine import run
 
         return run
-    from attnscope.models import DEFAULT_MODEL
-    from attnscope.stats.distributed import require_ray
     from attnscope.stats.distributed import run as run_on_ray
 
-    require_ray("--engine ray")
-    shipped = args.model is not None and Path(args.model).expanduser().exists()
-    return functools.partial(run_on_ray, address=args.address, workers=args.workers,
-                             worker_model=None if shipped else (args.model or DEFAULT_MODEL))
+    return functools.partial(run_on_ray, address=engine.address, workers=engine.workers,
+                             worker_model=engine.worker_model)
 
 
 def _run(args: argparse.Namespace) -> int:
     from attnscope.stats.outputs import write_outputs
-    from attnscope.stats.sources import Source
 
-    source = Source(args.source, field=args.field, column=args.column, strict=args.strict)
+    source = source_of(args)
     run = _runner(args)
     model = model_of(args)  # first: --max-length's default fits the model
     settings = settings_of(args)

@@ -121,7 +121,7 @@ def sizes_of(model: Model) -> tuple[int, int, int]:
 def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = None, *,
                 layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
                 settings: Settings | None = None, resume: bool = False, ann: Sequence[str] = ann_lib.KINDS,
-                progress: Callable[[Progress], None] | None = None, engine: str = "local",
+                progress: Callable[[Progress], None] | None = None, engine: str | Engine = "local",
                 workers: int | None = None, address: str | None = None, threads: int | None = None) -> BuildResult:
     """Index a corpus into the directory `out` (see attnscope.corpus.store for the format).
 
@@ -130,8 +130,9 @@ def build_index(source: Source, out: str | os.PathLike[str], model: ModelLike = 
     ann: the vectors that get an approximate index (embedding, context; () for none: exact search needs none).
     engine="ray": the batches on Ray workers (pip install 'attnscope[ray]'), `workers` of them (default one per
     node) with `threads` torch threads each, on the cluster at `address` (default a local runtime); the files are
-    a local build's byte for byte when each process runs as many torch threads as this one."""
-    where = Engine.of(engine, workers, address, threads, model)
+    a local build's byte for byte when each process runs as many torch threads as this one. An Engine
+    (attnscope.stats.distributed.Engine) says all of that, and what the workers load, at once."""
+    where = engine if isinstance(engine, Engine) else Engine.of(engine, workers, address, threads, model)
     m = model if isinstance(model, Model) else load_model(model)
     settings = settings or Settings(max_length=min(256, m.max_positions))
     validate_settings(m, settings)

@@ -78,7 +78,7 @@ def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: Mo
                  resume: bool = False, seeds: int = 3, max_length: int = 64, exact_tokens: int = fm.EXACT_TOKENS,
                  beam: int = fm.BEAM, checkpoint_every: int = 1, device: DeviceLike = None,
                  dtype: DtypeLike = None, progress: Callable[[Progress], None] | None = None,
-                 engine: str = "local", workers: int | None = None, address: str | None = None,
+                 engine: str | Engine = "local", workers: int | None = None, address: str | None = None,
                  threads: int | None = None) -> FaithfulnessResult:
     """Measure every method's faithfulness over the first `limit` documents of source, into outdir.
 
@@ -88,9 +88,11 @@ def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: Mo
     engine="ray": the documents on Ray workers (pip install 'attnscope[ray]'), `workers` of them (default one
     per node) with `threads` torch threads each, on the cluster at `address` (default a local runtime); the
     rows, in the same order, and the summary equal the local run's bit for bit when each process runs as many
-    torch threads as this one."""
+    torch threads as this one. An Engine (attnscope.stats.distributed.Engine) says all of that, and what the
+    workers load, at once."""
     check_removal(removal)
-    where = Engine.of(engine, workers, address, threads, model, placed=device is not None or dtype is not None)
+    placed = device is not None or dtype is not None
+    where = engine if isinstance(engine, Engine) else Engine.of(engine, workers, address, threads, model, placed)
     names = tuple(method_names(methods)) if methods is not None else None
     for name, value in (("seeds", seeds), ("max_length", max_length), ("beam", beam),
                         ("checkpoint_every", checkpoint_every), ("limit", limit if limit is not None else 1)):
