@@ -7,11 +7,14 @@ AttentionViz's normalisation, applied before the projection so that queries and 
 - queries are scaled by c and keys by 1 / c, with c^2 = mean |k + t| / mean |q|, so both have the same mean norm;
   q . k is unchanged by that.
 The projection is PCA (the joint points centred, their top two right singular vectors), each axis' sign fixed so its
-largest coordinate is positive, so the same index gives the same picture.
+largest coordinate is positive, so the same index gives the same picture. t-SNE (scikit-learn, the `stats` extra) and
+UMAP (umap-learn, not a dependency: installed by hand) are offered when importable (`PROJECTIONS`, `available`), seeded
+and initialised from the PCA; they keep neighbourhoods, not distances, and explain no share of variance.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,9 @@ import numpy as np
 
 from attnscope.corpus.search import check_query
 from attnscope.corpus.store import CorpusIndex
+from attnscope.errors import AttnscopeError
+
+PROJECTIONS = {"pca": None, "tsne": "sklearn", "umap": "umap"}  # method -> the module it needs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,15 +36,17 @@ class QKMap:
     head: int
     rows: np.ndarray  # [token]
     points: np.ndarray  # [2 * token, 2]
-    explained: tuple[float, float]
+    explained: tuple[float, float] | None  # PCA's shares of variance (None for t-SNE and UMAP)
     translation: np.ndarray  # [d_head], added to every key
     scale: float  # queries times it, keys divided by it
+    method: str = "pca"
 
     def to_dict(self) -> dict[str, Any]:
         n = len(self.rows)
         return {"layer": self.layer, "head": self.head, "rows": self.rows.tolist(),
                 "queries": self.points[:n].tolist(), "keys": self.points[n:].tolist(),
-                "explained": list(self.explained), "scale": self.scale}
+                "explained": None if self.explained is None else list(self.explained), "scale": self.scale,
+                "method": self.method}
 
 
 def normalise(q: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -64,20 +72,59 @@ def pca_2d(x: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
     return centred @ axes.T, (shares[0], shares[1])
 
 
-def qk_map(index: CorpusIndex, layer: int, head: int, limit: int | None = None, seed: int = 0) -> QKMap:
+def available() -> list[str]:
+    """The projections this installation offers: pca always, tsne with scikit-learn, umap with umap-learn."""
+    return [m for m, module in PROJECTIONS.items() if module is None or importlib.util.find_spec(module) is not None]
+
+
+def project(x: np.ndarray, method: str = "pca", seed: int = 0) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """x [point, dim] -> ([point, 2], PCA's shares of variance or None), by PCA, t-SNE or UMAP (module docstring)."""
+    if method not in PROJECTIONS:
+        raise AttnscopeError(f"projection {method!r} is not known: choose from {', '.join(PROJECTIONS)}",
+                             parameter="method")
+    if method not in available():
+        raise AttnscopeError(f"the {method} projection needs the {PROJECTIONS[method]} package, which is not "
+                             f"installed: pip install {'umap-learn' if method == 'umap' else 'scikit-learn'}, or "
+                             "use pca", parameter="method")
+    start, explained = pca_2d(x)
+    if method == "pca":
+        return start, explained
+    n = len(x)
+    if n < 5:
+        raise AttnscopeError(f"{method} needs at least 5 points, the map has {n}: use pca", parameter="method")
+    if method == "tsne":
+        from sklearn.manifold import TSNE
+
+        tsne = TSNE(n_components=2, init=start / (np.std(start[:, 0]) or 1.0) * 1e-4, random_state=seed,
+                    perplexity=min(30.0, (n - 1) / 3.0))
+        return np.asarray(tsne.fit_transform(x), dtype=np.float64), None
+    import umap  # type: ignore[import-not-found]
+
+    reducer = umap.UMAP(n_components=2, random_state=seed, init=start, n_neighbors=min(15, n - 1))
+    return np.asarray(reducer.fit_transform(x), dtype=np.float64), None
+
+
+def qk_map(index: CorpusIndex, layer: int, head: int, limit: int | None = None, seed: int = 0,
+           method: str = "pca") -> QKMap:
     """The query/key map of one kept head at one kept layer (0-indexed), over every token of the index or a seeded
-    sample of `limit` of them."""
+    sample of `limit` of them, projected by `method` (pca, tsne or umap: `available()`)."""
     check_query(index, layer, "query", head)
     slot = index.heads.index(head)
-    rows = np.arange(index.n_tokens)
-    if limit is not None and limit < len(rows):
-        rows = np.sort(np.random.default_rng(seed).choice(len(rows), limit, replace=False))
+    rows = sample_rows(index.n_tokens, limit, seed)
     q = np.asarray(index.array(f"query.l{layer}")[rows, slot])  # [token, d_head]
     k = np.asarray(index.array(f"key.l{layer}")[rows, slot])
     qn, kn, translation, scale = normalise(q, k)
-    points, explained = pca_2d(np.concatenate([qn, kn]))
+    points, explained = project(np.concatenate([qn, kn]), method, seed)
     return QKMap(layer=layer, head=head, rows=rows, points=points, explained=explained, translation=translation,
-                 scale=scale)
+                 scale=scale, method=method)
 
 
-__all__ = ["QKMap", "normalise", "pca_2d", "qk_map"]
+def sample_rows(n_tokens: int, limit: int | None, seed: int = 0) -> np.ndarray:
+    """Every token row, or a seeded sample of `limit` of them in index order (the same for every head)."""
+    rows = np.arange(n_tokens)
+    if limit is not None and limit < len(rows):
+        rows = np.sort(np.random.default_rng(seed).choice(len(rows), limit, replace=False))
+    return rows
+
+
+__all__ = ["PROJECTIONS", "QKMap", "available", "normalise", "pca_2d", "project", "qk_map", "sample_rows"]
