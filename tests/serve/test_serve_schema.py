@@ -22,7 +22,8 @@ OPERATIONS = [("/api/trace", "POST"), ("/api/explain", "POST"), ("/api/neuron", 
               ("/healthz", "GET")]
 # generate streams, ablate and patch run the model over and over: only their refusals are fuzzed here (a valid
 # body is served in tests/serve/test_serve_generate.py and tests/serve/test_serve_interventions.py)
-REFUSED_ONLY = [("/api/generate", "POST"), ("/api/ablate", "POST"), ("/api/patch", "POST"), ("/api/attribute", "POST")]
+REFUSED_ONLY = [("/api/generate", "POST"), ("/api/ablate", "POST"), ("/api/patch", "POST"), ("/api/attribute", "POST"),
+                ("/api/faithfulness", "POST"), ("/api/search", "POST")]  # search: 404 on a server without --index
 MAP = ("/api/trace/{id}/map", "GET")  # a made-up id is 404: its refusals are tested in test_serve_long.py
 # Valid by the schema yet impossible for this text: more tokens than max_length with truncate=false, and
 # a query token past the end of the text, a max_length that fits one text's special tokens but not a pair's.
@@ -97,7 +98,9 @@ BASE_BODIES = {"/api/trace": {"text": "odd numbers"}, "/api/explain": {"text": "
                "/api/neuron": {"text": "odd numbers"}, "/api/generate": {"prompt": "odd numbers"},
                "/api/ablate": {"text": "odd numbers", "heads": "0.0"},
                "/api/patch": {"clean": "odd numbers", "corrupt": "odd letters"},
-               "/api/attribute": {"text": "odd numbers", "methods": "attention"}}
+               "/api/attribute": {"text": "odd numbers", "methods": "attention"},
+               "/api/faithfulness": {"text": "odd numbers", "methods": "attention", "seeds": 1},
+               "/api/search": {"text": "odd numbers", "token": 1, "layer": 0}}
 
 
 def _validated(case: Any) -> Any:

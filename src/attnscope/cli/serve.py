@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=real, default=30.0, metavar="SECONDS",
                    help="per-request deadline, waiting included; beyond, 504 (default 30)")
     p.add_argument("--cache", type=integer, default=16, metavar="N", help="recent traces kept (default 16)")
+    p.add_argument("--index", metavar="INDEX", default=None,
+                   help="a corpus index built by `attnscope index`: POST /api/search and the page's corpus search "
+                        "(without --model, the index's model is served)")
     add_guard_args(p)
     p.set_defaults(func=run_serve)
 
@@ -80,7 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before loading models: a taken port fails at once
     from attnscope.serve.app import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, index=args.index)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     names = ", ".join(m["name"] for m in app.state.server.service.model_list())
@@ -103,7 +106,8 @@ def settings_of(args: argparse.Namespace) -> Any:
         raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
                              "use it with a token (drop --no-token)")
     own_host = f"[{args.host}]" if ":" in args.host else args.host  # as a browser sends it in Host
-    return Settings(models=tuple(args.model or ()), max_chars=args.max_chars, max_tokens=args.max_tokens,
+    return Settings(models=tuple(args.model or index_models(args.index)), max_chars=args.max_chars,
+                    max_tokens=args.max_tokens,
                     max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
                     queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
                     allow_hosts=(own_host, *args.allow_host), token=token, header_timeout=args.header_timeout,
@@ -111,6 +115,19 @@ def settings_of(args: argparse.Namespace) -> Any:
                     max_response_bytes=_mib("--max-response", args.max_response), max_list_values=args.max_list,
                     cache_bytes=_mib("--cache-size", args.cache_size),
                     max_memory_bytes=_mib("--max-memory", args.max_memory))
+
+
+def index_models(index: str | None) -> tuple[str, ...]:
+    """Without --model: the model the corpus index was built with (its manifest read, torch-free), else none (the
+    bundled default)."""
+    if index is None:
+        return ()
+    from attnscope.corpus.store import CorpusIndex
+
+    try:
+        return (CorpusIndex(index, verify=False).model,)
+    except AttnscopeError as exc:
+        raise AttnscopeError(f"--index: {exc}", parameter="index") from exc
 
 
 def _mib(flag: str, value: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,8 +25,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from attnscope.attribution.objective import kind_of
 from attnscope.errors import AttnscopeError
-from attnscope.serve import binary, maps, memory, page, wordmaps
+from attnscope.serve import binary, maps, memory, page, search, wordmaps
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -36,6 +38,8 @@ from attnscope.serve.api import (
 )
 from attnscope.serve.attribute import attribute_fields
 from attnscope.serve.attribute import routes as attribute_routes
+from attnscope.serve.faithfulness import faithfulness_fields
+from attnscope.serve.faithfulness import routes as faithfulness_routes
 from attnscope.serve.fields import RequestError, parse_body, read_json
 from attnscope.serve.generate import GenerateRequest, generate_fields, stream_generation
 from attnscope.serve.guard import Guard
@@ -54,7 +58,7 @@ JSON = "application/json"
 class Server:
     """The endpoints, bound to one service (models and cache) and one inference pool."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, index: str | os.PathLike[str] | None = None) -> None:
         self.settings = settings
         if settings.threads is not None:
             # the server owns its process; several busy torch threads on a shared CPU spin rather than work
@@ -73,9 +77,26 @@ class Server:
         self.ablate_fields = ablate_fields(settings, self.service.names)  # POST /api/ablate
         self.patch_fields = patch_fields(settings, self.service.names)  # POST /api/patch
         self.attribute_fields = attribute_fields(settings, self.service.names)  # POST /api/attribute
+        self.faithfulness_fields = faithfulness_fields(settings, self.service.names)  # POST /api/faithfulness
+        self.search_fields = search.search_fields(settings, self.service.names)  # POST /api/search
+        self.corpus = search.load(index, self.service)  # attnscope serve --index: the corpus search's index
         self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields, self.generate_fields,
-                                self.ablate_fields, self.patch_fields, self.attribute_fields)
-        self.page, self.page_policy = page.render(self.service.model_list(), settings.max_chars)
+                                self.ablate_fields, self.patch_fields, self.attribute_fields,
+                                self.faithfulness_fields, self.search_fields)
+        self.page, self.page_policy = page.render(self._page_models(), settings.max_chars,
+                                                  self.corpus.describe() if self.corpus else None)
+
+    def _page_models(self) -> list[dict[str, Any]]:
+        """The served models as the page lists them, each with what attribution explains for it (the panels ask
+        an encoder for no target and a head's link for its attention alone)."""
+        out = []
+        for info in self.service.model_list():
+            try:
+                kind: str | None = kind_of(self.service.model(info["name"]))
+            except AttnscopeError:  # a decoder without its head: nothing to attribute
+                kind = None
+            out.append({**info, "attribution": kind})
+        return out
 
     async def trace(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
@@ -196,12 +217,13 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, index: str | os.PathLike[str] | None = None) -> Starlette:
     """The web app: the page at /, the JSON API under /api, /healthz and /openapi.json.
 
-    Loads every served model now, so a bad model name fails here (AttnscopeError).
+    Loads every served model now, so a bad model name fails here (AttnscopeError); index: a corpus index built by
+    `attnscope index` for POST /api/search (built with a served model, else AttnscopeError).
     """
-    server = Server(settings or Settings())
+    server = Server(settings or Settings(), index)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -218,6 +240,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         *intervention_routes(server.settings, server.service, server._run, server.ablate_fields,
                              server.patch_fields),  # /api/ablate, /api/patch
         *attribute_routes(server.settings, server.service, server._run, server.attribute_fields),  # /api/attribute
+        *faithfulness_routes(server.settings, server.service, server._run, server.faithfulness_fields),
+        *search.routes(server.settings, server.service, server._run, server.search_fields, server.corpus),
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

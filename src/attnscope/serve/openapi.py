@@ -8,8 +8,13 @@ from attnscope import __version__
 from attnscope.serve.attribute import RESPONSE_SCHEMA as _ATTRIBUTION
 from attnscope.serve.attribute import SUMMARY as _ATTRIBUTE_SUMMARY
 from attnscope.serve.binary import PRECISIONS
+from attnscope.serve.faithfulness import RESPONSE_SCHEMA as _FAITHFULNESS
+from attnscope.serve.faithfulness import SUMMARY as _FAITHFULNESS_SUMMARY
 from attnscope.serve.fields import Field, body_schema
 from attnscope.serve.maps import LEVELS, QUERY
+from attnscope.serve.search import NOT_FOUND as _NO_INDEX
+from attnscope.serve.search import RESPONSE_SCHEMA as _SEARCH
+from attnscope.serve.search import SUMMARY as _SEARCH_SUMMARY
 from attnscope.stages import ARRAYS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -54,6 +59,13 @@ _TRACE_LINKS = {"Explain": {"operationId": "explain", "requestBody": _SAME_TEXT,
                             "description": "Walk through a layer and head of the text just traced"},
                 "Neuron": {"operationId": "neuron", "requestBody": _SAME_TEXT,
                            "description": "The neuron view of a layer and head of the text just traced"}}
+
+
+def _search(fields: list[Field]) -> dict[str, Any]:
+    """POST /api/search: also 404 when the server was started without a corpus index."""
+    op = _post(_SEARCH_SUMMARY, fields, _SEARCH, "search")
+    op["post"]["responses"]["404"] = _json(_ERROR, _NO_INDEX)
+    return op
 
 
 def _get(summary: str, ok: dict[str, Any], op_id: str) -> dict[str, Any]:
@@ -161,7 +173,8 @@ _EFFECTS = _obj(["model", "kind"], model={"type": "string", "description": "the 
 
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
              generate_fields: list[Field], ablate_fields: list[Field], patch_fields: list[Field],
-             attribute_fields: list[Field]) -> dict[str, Any]:
+             attribute_fields: list[Field], faithfulness_fields: list[Field],
+             search_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
     return {
         "openapi": "3.0.3",
@@ -185,6 +198,8 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
             "/api/patch": _post("Activation patching: each head from the clean run into the corrupt run "
                                 "(as `attnscope patch --format json`)", patch_fields, _EFFECTS, "patch"),
             "/api/attribute": _post(_ATTRIBUTE_SUMMARY, attribute_fields, _ATTRIBUTION, "attribute"),
+            "/api/faithfulness": _post(_FAITHFULNESS_SUMMARY, faithfulness_fields, _FAITHFULNESS, "faithfulness"),
+            "/api/search": _search(search_fields),
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),

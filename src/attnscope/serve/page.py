@@ -13,9 +13,12 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from attnscope.attribution.methods import METHODS
+from attnscope.serve.faithfulness import MAX_SEEDS
 from attnscope.serve.generate import REQUEST_NEW_TOKENS
 from attnscope.views import css as views_css
 from attnscope.views import js as views_js
+from attnscope.views.attribution import STYLE as ATTRIBUTION_STYLE
 from attnscope.views.effects import STYLE as EFFECTS_STYLE
 from attnscope.views.generation import STYLE as GENERATION_STYLE
 from attnscope.views.page import json_for_script
@@ -23,6 +26,8 @@ from attnscope.views.page import json_for_script
 DEFAULT_TEXT = "time flies like an arrow"
 VIEW_CHOICES = (("all", "all views (tabs)"), ("head", "head"), ("model", "model"), ("matrix", "matrix"),
                 ("neuron", "neuron"))
+# ticked at first in the attribution and faithfulness panels: one forward (or n) each, seconds on a sentence
+PANEL_METHODS = ("attention", "rollout", "alti", "leave_one_out")
 
 
 @cache
@@ -137,10 +142,98 @@ def _generate_panel(max_new_tokens: int) -> str:
 </section>"""
 
 
-def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
-    """(the HTML page, its Content-Security-Policy header)."""
-    scripts = [views_js(), _views_asset("generation.js"), _views_asset("effects.js"), _asset("serve.js")]
-    config = json_for_script({"models": models, "max_chars": max_chars})
+def _method_boxes(prefix: str) -> str:
+    """One checkbox per attribution method (panels.js disables those that do not apply to the chosen model)."""
+    return "".join(
+        f'<label class="sv-check" title="{html.escape(m.paper)}; cost: {html.escape(m.cost)}"><input type="checkbox" '
+        f'name="{prefix}-method" value="{name}"{" checked" if name in PANEL_METHODS else ""}> {name}</label>'
+        for name, m in METHODS.items())
+
+
+def _attribution_panel() -> str:
+    """Attribution of the traced text (its model; POST /api/attribute), drawn by views/assets/attribution.js; a
+    head's "what this head contributes" link (panels.js) answers here too."""
+    return f"""<section id="sv-attr" class="sv-panel" aria-label="attribution">
+<h2>Which input tokens carry the prediction: attribution methods side by side, each beside its check</h2>
+<form id="sv-attr-form" class="sv-form sv-panel-form" autocomplete="off">
+<label for="sv-attr-target" id="sv-attr-target-label">Target (causal LMs and encoder-decoders: the continuation
+  explained; empty: the greedy next token)<input type="text" id="sv-attr-target" spellcheck="false"></label>
+<fieldset class="sv-methods" id="sv-attr-methods"><legend>Methods (the traced text, its model)</legend>
+{_method_boxes("sv-attr")}</fieldset>
+<button type="submit" id="sv-attr-go">Attribute</button>
+<span id="sv-attr-status" class="sv-panel-status" role="status" aria-live="polite"></span>
+</form>
+<div id="sv-attr-out" class="sv-panel-out"></div>
+</section>"""
+
+
+def _faithfulness_panel() -> str:
+    """Faithfulness of the traced text (POST /api/faithfulness): every method's deletion and insertion curves."""
+    return f"""<section id="sv-faith" class="sv-panel" aria-label="faithfulness">
+<h2>Which explanation can be trusted: deletion and insertion curves of this text, per method</h2>
+<form id="sv-faith-form" class="sv-form sv-panel-form" autocomplete="off">
+<fieldset class="sv-methods" id="sv-faith-methods"><legend>Methods (leave-one-out always runs: the reference;
+  random and position orderings are the controls)</legend>
+{_method_boxes("sv-faith")}</fieldset>
+<div class="sv-options">
+<label for="sv-faith-removal">Removal (special tokens never)<select id="sv-faith-removal">
+  <option value="delete" selected>delete (the rest close up)</option>
+  <option value="replace">replace (the baseline token)</option></select></label>
+<label for="sv-faith-seeds">Random orderings<input type="number" id="sv-faith-seeds" min="1" max="{MAX_SEEDS}"
+  value="3" required></label>
+<button type="submit" id="sv-faith-go">Measure faithfulness</button>
+<span id="sv-faith-status" class="sv-panel-status" role="status" aria-live="polite"></span>
+</div>
+</form>
+<div id="sv-faith-out" class="sv-panel-out"></div>
+</section>"""
+
+
+def _search_panel(corpus: dict[str, Any] | None) -> str:
+    """Corpus search (POST /api/search), only when the server loaded an index (--index)."""
+    if corpus is None:
+        return ""
+    layers = "".join(f'<option value="{v}">{v}</option>' for v in corpus["layers"])
+    heads = "".join(f'<option value="{v}">{v}</option>' for v in corpus["heads"])
+    by = "".join(f'<option value="{v}">{v}</option>' for v in corpus["by"])
+    what = (f"{int(corpus['documents']):,} sentences, {int(corpus['tokens']):,} tokens, "
+            f"{html.escape(str(corpus['model']))}")
+    return f"""<section id="sv-search" class="sv-panel" aria-label="corpus search">
+<h2>Search the corpus by what the model computes: the tokens nearest to one token of a text</h2>
+<p class="sv-hint">The index: {what}; layers and heads 0-indexed. Click a token in the views, then "find similar
+  tokens in the corpus", or ask here.</p>
+<form id="sv-search-form" class="sv-form sv-panel-form" autocomplete="off">
+<label for="sv-search-text">Text<input type="text" id="sv-search-text" spellcheck="false" required
+  value="{html.escape(DEFAULT_TEXT)}"></label>
+<div class="sv-options">
+<label for="sv-search-token">Token (0-indexed, special tokens included)<input type="number" id="sv-search-token"
+  min="0" value="1" required></label>
+<label for="sv-search-layer">Layer<select id="sv-search-layer">{layers}</select></label>
+<label for="sv-search-by">By<select id="sv-search-by">{by}</select></label>
+<label for="sv-search-head" title="query and key: one head the index keeps">Head<select
+  id="sv-search-head">{heads}</select></label>
+<label for="sv-search-k">Matches<input type="number" id="sv-search-k" min="1" max="{int(corpus['max_k'])}"
+  value="20" required></label>
+<label class="sv-check"><input type="checkbox" id="sv-search-exact"> exact (every token)</label>
+<button type="submit" id="sv-search-go">Search</button>
+<span id="sv-search-status" class="sv-panel-status" role="status" aria-live="polite"></span>
+</div>
+</form>
+<div id="sv-search-out" class="sv-panel-out"></div>
+</section>"""
+
+
+def _methods_config() -> list[dict[str, Any]]:
+    """Each method's kinds it does not apply to, with why (panels.js disables its box for such a model)."""
+    return [{"name": name, "not_for": dict(m.why_not)} for name, m in METHODS.items()]
+
+
+def render(models: list[dict[str, Any]], max_chars: int, corpus: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the HTML page, its Content-Security-Policy header); corpus: the loaded index's description, if any."""
+    scripts = [views_js(), _views_asset("generation.js"), _views_asset("effects.js"), _views_asset("attribution.js"),
+               _asset("serve.js"), _asset("panels.js")]
+    config = json_for_script({"models": models, "max_chars": max_chars, "methods": _methods_config(),
+                              "corpus": corpus})
     page = f"""<!doctype html>
 <html lang="en">
 <head>
@@ -155,6 +248,8 @@ def render(models: list[dict[str, Any]], max_chars: int) -> tuple[str, str]:
 <style>
 {EFFECTS_STYLE}</style>
 <style>
+{ATTRIBUTION_STYLE}</style>
+<style>
 {_asset("serve.css")}</style>
 </head>
 <body>
@@ -165,13 +260,14 @@ every step (layers, heads and tokens are 0-indexed)</p></header>
 <section id="sv-views" class="sv-views" aria-label="attention views"></section>
 <aside id="sv-explain" class="sv-explain" aria-label="step-by-step explanation" aria-live="polite"></aside>
 </div>
+<nav id="sv-links" class="sv-links" aria-label="from the selection" hidden></nav>
+{_search_panel(corpus)}
+{_attribution_panel()}
+{_faithfulness_panel()}
 {_interventions_panel()}
 {_generate_panel(REQUEST_NEW_TOKENS)}
 <script type="application/json" id="sv-config">{config}</script>
-<script>{scripts[0]}</script>
-<script>{scripts[1]}</script>
-<script>{scripts[2]}</script>
-<script>{scripts[3]}</script>
+""" + "".join(f"<script>{script}</script>\n" for script in scripts) + """
 </body>
 </html>
 """

@@ -1,0 +1,258 @@
+"""`POST /api/faithfulness`: one text's faithfulness, every chosen method's deletion and insertion curves and its
+metrics (issue 32, the web app's panel).
+
+The numbers are the library's own: `faithfulness.run.example_rows` on the served model, the code `attnscope
+faithfulness` runs for each document of a corpus (that text as example 0, so the random controls are the corpus
+run's first example's). The answer carries those rows as they are (NaN as null), plus the curves' x axes (k / m,
+k tokens removed of the m removable) and the tokens, which are removable (special tokens never are).
+
+Bounded like /api/attribute: the text's characters (fields) and tokens (max_length, at most the server's
+max_tokens; a longer text is refused, not cut), the pool's queue and deadline, one model forward at a time, every
+layer of every forward checking the job's stop event; and by its cost, before any method runs: one forward of the
+text and one batch of modified inputs are timed, and the attribution methods' forward-pass equivalents
+(serve.attribute.forward_rows) plus the modified inputs the metrics score (`perturbed_rows`: both curves of every
+ordering, the normalised-AOPC bounds, the unperturbed check) are admitted against the request's deadline (422
+naming what costs most and about how many tokens would fit).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from attnscope.attribution.api import make_settings
+from attnscope.attribution.methods import method_names, resolve
+from attnscope.attribution.objective import Objective, build_objective
+from attnscope.errors import AttnscopeError
+from attnscope.faithfulness import metrics as fm
+from attnscope.faithfulness import run as library
+from attnscope.faithfulness.metrics import Example
+from attnscope.faithfulness.perturb import DELETE, REMOVALS, Perturber
+from attnscope.models import Model
+from attnscope.numbers import finite_or_null
+from attnscope.serve.ablation import stopping, timed
+from attnscope.serve.attribute import forward_rows
+from attnscope.serve.fields import Field, parse_body, read_json
+from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
+from attnscope.serve.pool import checkpoint
+from attnscope.serve.service import Service
+from attnscope.serve.settings import Settings
+from attnscope.stats.sources import Document
+
+MAX_SEEDS = 10  # random orderings a request may ask for
+TIMED_ROWS = 32  # modified inputs timed in one batch: their rows cost several times less than one forward alone
+METHODS_NOTE = ("Methods, comma-separated (\"attention,rollout\"), or \"all\"; null for the defaults that apply to the "
+                "model. Leave-one-out under the removal is always run: it is the rank agreement's reference.")
+
+
+@dataclass(frozen=True)
+class FaithfulnessRequest:
+    text: str
+    model: str | None
+    methods: str | None
+    removal: str = DELETE
+    seeds: int = 3
+    max_length: int | None = None  # null: the server's max_tokens or the model's positions, the smaller
+    deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
+
+
+_NUMBER = {"type": "number", "nullable": True}
+_CURVE = {"type": "array", "items": _NUMBER}
+_ROW = {"type": "object", "required": ["method", "check", "deletion", "insertion", "aopc", "naopc"],
+        "description": "one ordering's per-example numbers, as `attnscope faithfulness` writes them to rows.jsonl "
+                       "(comprehensiveness_B and sufficiency_B at B = 1, 5, 10, 20, 50%, their ERASER aggregates, "
+                       "aopc, naopc, deletion_area, insertion_area, spearman_loo, kendall_loo, the curves and the "
+                       "removable tokens' scores); null: NaN",
+        "properties": {"method": {"type": "string"},
+                       "check": {"type": "string", "description": "the method's check (PASS, FAIL, NOT VERIFIED) "
+                                 "or 'control' (random_SEED, position)"},
+                       "deletion": _CURVE, "insertion": _CURVE, "aopc": _NUMBER, "naopc": _NUMBER}}
+# The 200 answer's schema, for the OpenAPI document (serve/openapi.py).
+RESPONSE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["model", "text", "kind", "description", "targets", "removal", "tokens", "deletion_x",
+                 "insertion_x", "rows"],
+    "properties": {
+        "model": {"type": "string"}, "text": {"type": "string"},
+        "kind": {"type": "string", "enum": ["causal", "seq2seq", "encoder"], "description": "what is measured"},
+        "description": {"type": "string"}, "targets": {"type": "array", "items": {"type": "string"}},
+        "removal": {"type": "string", "enum": list(REMOVALS)},
+        "special_tokens_removed": {"type": "boolean"},
+        "tokens": {"type": "array", "items": {"type": "object", "required": ["index", "text", "removable"],
+                                              "properties": {"index": {"type": "integer"},
+                                                             "text": {"type": "string"},
+                                                             "removable": {"type": "boolean"}}}},
+        "deletion_x": _CURVE, "insertion_x": _CURVE,
+        "rows": {"type": "array", "items": _ROW, "description": "one per method and control, the library's rows"},
+        "cost": {"type": "object", "description": "seconds, and the modified inputs scored"},
+    },
+}
+SUMMARY = ("One text's faithfulness: every method's deletion and insertion curves and its metrics (as a row of "
+           "`attnscope faithfulness`'s examples), with the random and position controls")
+
+
+def faithfulness_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
+    """The body of POST /api/faithfulness (validation and the OpenAPI schema alike)."""
+    return [
+        Field("text", "string", "The text (causal LMs explain their greedy next token; encoders their pooled "
+              "embedding).", required=True, max_length=settings.max_chars),
+        _model_field(models),
+        Field("methods", "string", METHODS_NOTE, nullable=True, max_length=1000,
+              empty='name methods such as "attention,rollout", or send null'),
+        Field("removal", "string", "How a token is taken away, the same for every method: delete (the rest close "
+              "up) or replace (the baseline token in its place). Special tokens are never removed.",
+              default=DELETE, enum=REMOVALS),
+        Field("seeds", "integer", "Random orderings (controls), one per seed.", default=3, minimum=1,
+              maximum=MAX_SEEDS),
+        _max_length_field(settings),
+    ]
+
+
+# ---- what it costs ----------------------------------------------------------------------------------------------
+
+def perturbed_rows(orderings: int, ex: Example, exact_tokens: int, beam: int) -> int:
+    """Modified inputs faithfulness.metrics.evaluate scores for one example (at most): both curves of every
+    ordering (2 (K + 1) each), the normalised-AOPC bounds (every subset of at most K removable tokens when m <=
+    exact_tokens; else a best and a worst beam search, each step at most beam parents x their children), and the
+    unperturbed check (1)."""
+    m, k = ex.m, ex.steps
+    if m <= exact_tokens:
+        bounds = sum(math.comb(m, j) for j in range(k + 1))
+    else:
+        steps = [min(min(beam, math.comb(m, s)) * (m - s), math.comb(m, s + 1)) for s in range(k)]
+        bounds = 2 * sum(steps)
+    return orderings * 2 * (k + 1) + bounds + 1
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What one text's faithfulness needs: attribution forwards and modified inputs, each timed here."""
+
+    tokens: int
+    attribution: dict[str, float]  # method -> forward-pass equivalents (serve.attribute.forward_rows)
+    perturbed: int  # modified inputs scored by the metrics
+    row_seconds: float  # one forward of the text, alone
+    perturbed_seconds: float  # one modified input, in a batch
+
+    def seconds(self, tokens: int | None = None) -> float:
+        """The estimate at this text's length, or at `tokens` (rows and row times scaled with the length)."""
+        if tokens is None:
+            return sum(self.attribution.values()) * self.row_seconds + self.perturbed * self.perturbed_seconds
+        r = tokens / self.tokens
+        return (sum(self.attribution.values()) * self.row_seconds * r * r
+                + self.perturbed * self.perturbed_seconds * r ** 3)  # curves ~ m orderings' rows, bounds ~ m^2
+
+
+def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str], orderings: int,
+                 ig_steps: int) -> Cost:
+    """The cost of example_rows on this objective: one forward and one batch of modified inputs timed."""
+    m = obj.model
+    attribution = {name: forward_rows(name, obj, ig_steps) for name in names}
+    if any(name in attribution for name in ("attention", "rollout", "flow", "attention_x_gradient")):
+        attribution["the verified trace"] = 2.0  # the attention-based methods share one traced, recomputed forward
+    row = timed(lambda: m.model(**obj.inputs()))
+    perturbed = perturbed_rows(orderings, ex, fm.EXACT_TOKENS, fm.BEAM)
+    masks = fm.deletion_masks(fm.ordering(np.arange(ex.n_tokens, dtype=np.float64), ex.removable), ex)
+    batch = masks[np.arange(min(TIMED_ROWS, perturbed)) % len(masks)]  # [variant, token]
+    started = time.perf_counter()
+    p.scores(batch)
+    p.forwards = 0  # timing only: the library's count starts from zero
+    return Cost(tokens=obj.n_tokens, attribution=attribution, perturbed=perturbed, row_seconds=row,
+                perturbed_seconds=(time.perf_counter() - started) / len(batch))
+
+
+def admit(cost: Cost, deadline: float) -> None:
+    """Refuse (AttnscopeError: 422) a text whose faithfulness cannot finish before `deadline`
+    (time.monotonic()), naming what costs most and about how many tokens would fit."""
+    left = deadline - time.monotonic()
+    if cost.seconds() <= left:
+        return
+    fits = max((n for n in range(2, cost.tokens) if cost.seconds(n) <= left), default=None)
+    parts = {**cost.attribution}
+    costly = ", ".join(f"{name} ~{parts[name]:.0f}" for name in sorted(parts, key=parts.__getitem__, reverse=True)[:3])
+    size = (f"about {fits} tokens (special tokens included) would fit" if fits is not None
+            else "not even a few tokens would fit")
+    raise AttnscopeError(
+        f"measuring this text's faithfulness needs about {sum(parts.values()):.0f} forward passes of {cost.tokens} "
+        f"tokens for the attributions ({costly}) and {cost.perturbed} modified inputs for the curves and the "
+        f"normalised-AOPC bounds, about {cost.seconds():.0f} s here, over the {max(0.0, left):.0f} s left before this "
+        f"request's deadline; {size}: shorten the text, name fewer or cheaper methods, ask fewer seeds, or start the "
+        "server with a longer --timeout", parameter="text")
+
+
+# ---- the answer -------------------------------------------------------------------------------------------------
+
+def faithfulness_rows(service: Service, req: FaithfulnessRequest, stop: threading.Event) -> dict[str, Any]:
+    """The library's example_rows for this text on the served model, admitted by its cost, stoppable."""
+    m = service.model(req.model)
+    _validate_tokens(service, m, req.text)
+    limit = _max_length(service, m, req.max_length)
+    names = None if req.methods is None else tuple(method_names(req.methods))  # unknown: 422 first
+    settings = library.Settings(methods=names, removal=req.removal, seeds=req.seeds, max_length=limit)
+    with service.model_lock(m), stopping(m, stop):
+        checkpoint(stop)
+        obj, ex = _example(m, req, limit)
+        started = time.perf_counter()
+        rows = library.example_rows(m, Document(req.text, "request"), 0, settings)
+        seconds = time.perf_counter() - started
+    return _answer(req, obj, ex, rows, seconds)
+
+
+def _example(m: Model, req: FaithfulnessRequest, limit: int) -> tuple[Objective, Example]:
+    """The objective (refusing a text over the limit rather than cutting it) and the metrics' view of it, admitted
+    by cost."""
+    obj = build_objective(m, req.text, max_length=limit, truncate=False)
+    p = Perturber(obj, req.removal)
+    ex = p.example()
+    if ex.steps < 1:
+        raise AttnscopeError(f"the text has {ex.m} removable token(s) (special tokens are never removed): nothing "
+                             "can be taken away; give a longer text", parameter="text")
+    names = list(method_names(req.methods))
+    loo = library.LOO[req.removal]
+    methods, _ = resolve([*names, *([] if loo in names else [loo])], obj, req.methods is not None)
+    chosen = [x.name for x in methods]
+    admit(measure_cost(obj, p, ex, chosen, len(chosen) + req.seeds + 1, make_settings().ig_steps), req.deadline)
+    return obj, ex
+
+
+def _answer(req: FaithfulnessRequest, obj: Objective, ex: Example, rows: list[dict[str, Any]],
+            seconds: float) -> dict[str, Any]:
+    removable = ex.removable.tolist()
+    return {
+        "model": obj.model.name, "text": req.text, "kind": obj.kind, "description": obj.description,
+        "targets": list(obj.targets), "removal": req.removal, "special_tokens_removed": False,
+        "tokens": [{"index": t.index, "text": t.shown, "special": t.special, "removable": r}
+                   for t, r in zip(obj.tokens, removable, strict=True)],
+        "deletion_x": (np.arange(ex.steps + 1) / ex.m).tolist(),
+        "insertion_x": (np.arange(ex.min_kept, ex.m + 1) / ex.m).tolist(),
+        "rows": rows, "cost": {"seconds": seconds, "modified_inputs": rows[0]["forwards"] if rows else 0},
+    }
+
+
+def faithfulness_body(service: Service, req: FaithfulnessRequest, stop: threading.Event) -> bytes:
+    """The answer as strict JSON (NaN as null)."""
+    body = faithfulness_rows(service, req, stop)
+    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def routes(settings: Settings, service: Service, run: Run, fields: list[Field]) -> list[Route]:
+    """The endpoint; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
+    its 422); fields: faithfulness_fields (the app's OpenAPI document shows the same)."""
+
+    async def faithfulness(request: Request) -> Response:
+        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
+        req = FaithfulnessRequest(**parsed, deadline=time.monotonic() + settings.timeout)
+        body_of: Callable[[Any, threading.Event], bytes] = lambda r, stop: faithfulness_body(service, r, stop)  # noqa: E731
+        return Response(await run(request, body_of, req), media_type="application/json")
+
+    return [Route("/api/faithfulness", faithfulness, methods=["POST"])]
