@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "attnscope.cli.attribute",
     "attnscope.cli.faithfulness",
     "attnscope.cli.corpus",
+    "attnscope.cli.explore",
 )
 
 
