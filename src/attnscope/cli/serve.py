@@ -127,7 +127,7 @@ def index_models(index: str | None) -> tuple[str, ...]:
     try:
         return (CorpusIndex(index, verify=False).model,)
     except AttnscopeError as exc:
-        raise AttnscopeError(f"--index: {exc}", parameter="index") from exc
+        raise AttnscopeError(f"--index: {exc}") from exc  # the message names the flag
 
 
 def _mib(flag: str, value: int) -> int:

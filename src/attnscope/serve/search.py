@@ -64,7 +64,7 @@ class Corpus:
         if not found:
             served = ", ".join(sorted({m.name for m in service.models.values()}))
             raise AttnscopeError(f"{path} was built with {self.index.model}, which this server does not serve "
-                                 f"({served}): add --model {self.index.model}", parameter="index")
+                                 f"({served}): add --model {self.index.model}")
         self.model: Model = found[0]
 
     def describe(self) -> dict[str, Any]:
