@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,22 +10,12 @@ import torch
 import attnscope
 from attnscope.stats import RunResult, Source, run
 from tests.support.distributed import SETTINGS
+from tests.support.ray_runtime import ray_runtime  # noqa: F401 (the shared Ray runtime fixture)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _one_torch_thread(one_torch_thread: None) -> None:
     """Every test here on one torch thread (tests/conftest.py's fixture)."""
-
-
-@pytest.fixture(scope="session")
-def ray_runtime() -> Iterator[object]:
-    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20, log_to_driver=False,
-             logging_level=logging.WARNING)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="session")
