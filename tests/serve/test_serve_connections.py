@@ -1,10 +1,12 @@
 """Connections at the edges (issue 29), on real `attnscope serve` processes on loopback: a generate stream that
-would pass --max-response ends with an error line, a client that hangs up mid-body or mid-stream is no internal
+could pass --max-response is refused up front (422, naming how many new tokens fit; the cut at the limit is
+tests/serve/test_serve_generate_size.py's), a client that hangs up mid-body or mid-stream is no internal
 error, the connection cap answers JSON 503 with Retry-After and a request id, and silent sockets expire."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -54,27 +56,28 @@ def tight() -> Iterator[Server]:
     assert "Traceback" not in log and "internal error" not in log, log[-4000:]
 
 
-def test_a_stream_past_the_response_limit_ends_with_an_error_line(gen_server: Server) -> None:
+def test_a_stream_that_could_pass_the_response_limit_is_refused_up_front(gen_server: Server) -> None:
+    with gen_server.client() as c:
+        r = c.post("/api/generate", json={"prompt": "time flies like an arrow", "max_new_tokens": 64})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert "--max-response of 1 MiB" in error and "max_new_tokens" in error
+    fits = int(re.search(r"at most (\d+) new tokens", error).group(1))  # type: ignore[union-attr]
+    assert 1 <= fits < 64
     with gen_server.client() as c, c.stream("POST", "/api/generate",
-                                            json={"prompt": "time flies like an arrow", "max_new_tokens": 64}) as r:
+                                            json={"prompt": "time flies like an arrow", "max_new_tokens": fits}) as r:
         assert r.status_code == 200
         raw = b"".join(r.iter_bytes())
-    assert len(raw) <= 2**20 and raw.endswith(b"\n")  # whole lines, within the budget
+    assert len(raw) <= 2**20 and raw.endswith(b"\n")  # as many as fit are served whole, within the budget
     events = [json.loads(line) for line in raw.splitlines()]
-    assert [e["event"] for e in events[:2]] == ["start", "token"]
-    last = events[-1]
-    assert last["event"] == "error", [e["event"] for e in events]
-    assert "response limit was reached" in last["error"] and "--max-response" in last["error"]
-    assert "max_new_tokens" in last["error"]
-    with gen_server.client() as c:  # the model's lock was released: a short generation is served whole
-        small = c.post("/api/generate", json={"prompt": "time flies", "max_new_tokens": 2})
-    assert small.status_code == 200
-    assert [json.loads(x)["event"] for x in small.text.splitlines()] == ["start", "token", "token", "done"]
+    assert [e["event"] for e in events] == ["start", *["token"] * fits, "done"]
+    assert len(events[-1]["steps"]) == fits
+    assert len(raw) > 2**19  # the estimate is not far above what is sent: half the budget at least
 
 
 def test_a_client_leaving_mid_stream_is_no_error(gen_server: Server) -> None:
-    with gen_server.client() as c, c.stream("POST", "/api/generate",
-                                            json={"prompt": "time flies", "max_new_tokens": 64}) as r:
+    with gen_server.client() as c, c.stream("POST", "/api/generate",  # 40: within --max-response, sized up front
+                                            json={"prompt": "time flies", "max_new_tokens": 40}) as r:
         first = next(r.iter_lines())
         assert json.loads(first)["event"] == "start"
     wait_for(gen_server, 0, limit_s=30)  # the job stopped at its next token

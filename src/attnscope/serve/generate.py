@@ -5,6 +5,8 @@ Lines: {"event": "start", ...} once, with what the view needs before any step (m
 alternatives); then {"event": "done", ...} with the whole generation view payload (every step's attention
 rows and the check), or {"event": "error", "error": "<one line>"} if it fails once streaming has begun,
 or if the next line would take the stream past --max-response (the last line is always done or error).
+Sized before it starts: a request whose max_new_tokens steps could pass --max-response is refused with 422
+naming how many new tokens fit (stream_bytes); the cut at the limit stays as a last resort.
 Bounded like the other endpoints: max_new_tokens (at most REQUEST_NEW_TOKENS), the prompt's characters and
 tokens, the pool's queue and deadline (a job past it, or whose client left, stops at its next token).
 """
@@ -21,14 +23,17 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from attnscope.errors import AttnscopeError
+from attnscope.models import Model
 from attnscope.serve.fields import Field, RequestError
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout, checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
+from attnscope.tokens import piece_decoder
 from attnscope.tracing.decoding import MIN_TEMPERATURE, generate
 
 REQUEST_NEW_TOKENS = 64  # the most new tokens one request to /api/generate may ask for
 _ERROR_LINE_BYTES = 1024  # kept back from the response budget for the final error line
+_TOKEN_LINE_BYTES = 1024  # about the most a step's token line takes (token, probability, 5 alternatives)
 NDJSON = "application/x-ndjson"
 MAX_TEMPERATURE = 100.0
 MAX_TOP_K = 1000
@@ -75,10 +80,13 @@ def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[
         raise AttnscopeError(f"the prompt is {n_prompt} tokens long, over this server's limit of "
                              f"{service.settings.max_tokens}: shorten it")
 
+    start = _start(m, [str(t) for t in m.tokenizer.convert_ids_to_tokens(ids)])
+    validate_size(m, len(_line(start)), n_prompt, req.max_new_tokens, service.settings.max_response_bytes)
+
     def on_token(step: Any) -> None:
         checkpoint(stop)  # the client left or the deadline passed: stop writing
         if step.step == 0:  # the prompt was accepted: the page can lay out the view
-            emit(_start(m, [str(t) for t in m.tokenizer.convert_ids_to_tokens(ids)]))
+            emit(start)
         emit({"event": "token", **token_payload(step)})
 
     with service.model_lock(m):
@@ -89,10 +97,39 @@ def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[
 
 
 def _start(m: Any, prompt_tokens: list[str]) -> dict[str, Any]:
-    """The first line: the generation view's payload without steps (the check comes with "done")."""
+    """The first line: the generation view's payload without steps (the check comes with "done"); prompt_shown:
+    each prompt token as the page shows it, the tokenizer's own decoding of the piece (" the" for "Ġthe")."""
+    decode = piece_decoder(m.tokenizer)
     return {"event": "start", "title": f"{m.name}: generation from a {len(prompt_tokens)}-token prompt",
             "model": {"name": m.name, "layers": m.n_layers, "heads": m.n_heads},
-            "prompt_tokens": prompt_tokens, "prompt_length": len(prompt_tokens)}
+            "prompt_tokens": prompt_tokens, "prompt_length": len(prompt_tokens),
+            "prompt_shown": prompt_tokens if decode is None else [decode(t) for t in prompt_tokens]}
+
+
+def stream_bytes(m: Model, start_bytes: int, n_prompt: int, new_tokens: int) -> int:
+    """About the most bytes a stream of new_tokens steps sends: the start line, a token line per step, and the done
+    line: the start line's fields again, and per step its token's fields and its attention rows, uint16 in base64,
+    weights [layer, head, key] and rollout [layer, key] over at most n_prompt + step + 1 keys."""
+    keys = new_tokens * (n_prompt + 1) + new_tokens * (new_tokens - 1) // 2  # sum over steps of their keys
+    rows = m.n_layers * (m.n_heads + 1)
+    per_step = 2 * _TOKEN_LINE_BYTES + 4 * 2  # the token line, its fields in done, base64 padding
+    return 2 * start_bytes + new_tokens * per_step + -(-2 * rows * keys // 3) * 4
+
+
+def validate_size(m: Model, start_bytes: int, n_prompt: int, new_tokens: int, budget: int) -> None:
+    """Refuse (422) before the first token a stream whose max_new_tokens steps could pass --max-response, naming
+    how many new tokens fit; the cut of a stream that still grows past it (_within) stays as a last resort."""
+    room = budget - _ERROR_LINE_BYTES
+    size = stream_bytes(m, start_bytes, n_prompt, new_tokens)
+    if size <= room:
+        return
+    fits = max((t for t in range(new_tokens) if stream_bytes(m, start_bytes, n_prompt, t) <= room), default=0)
+    advice = (f"ask for at most {fits} new tokens (max_new_tokens), or" if fits else "ask for")
+    raise AttnscopeError(f"the generation could take about {size / 2**20:.1f} MiB ({new_tokens} steps of attention "
+                         f"rows, {m.n_layers} layers x {m.n_heads} heads, over a {n_prompt}-token prompt), over the "
+                         f"server's --max-response of {budget / 2**20:g} MiB: {advice} a shorter prompt, or start "
+                         "the server with a larger --max-response",
+                         parameter="max_new_tokens")
 
 
 async def stream_generation(pool: InferencePool, service: Service, req: GenerateRequest) -> Response:
