@@ -8,9 +8,8 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 
 from attnscope.corpus.head_groups import classical_mds, compare, groups
-from attnscope.corpus.head_sums import HeadSums, add_sentence, js_pairs
-
-KINDS = ("previous", "first", "uniform")
+from attnscope.corpus.head_sums import js_pairs
+from tests.support.heads import hand_made_sums
 
 
 def test_the_js_distance_is_scipys() -> None:
@@ -23,33 +22,6 @@ def test_the_js_distance_is_scipys() -> None:
     want = np.array([[[jensenshannon(p[a, t], p[b, t]) for b in range(4)] for a in range(4)] for t in range(5)])
     assert np.abs(got - want).max() <= 1e-12
     assert got[2, 0, 1] == 0.0 and (got == got.transpose(0, 2, 1)).all()
-
-
-def hand_made(kind: str, n: int, causal: bool, rng: np.random.Generator) -> np.ndarray:
-    """A head's [query, key] map of n tokens, exactly of one kind (plus a little noise on a share of 0.05)."""
-    w = np.zeros((n, n))
-    t = np.arange(n)
-    if kind == "previous":
-        w[t, np.maximum(t - 1, 0)] = 1.0
-    elif kind == "first":
-        w[:, 0] = 1.0
-    else:
-        w[:] = 1.0
-    allowed = np.tril(np.ones((n, n))) if causal else np.ones((n, n))
-    noise = rng.random((n, n)) * allowed
-    w = 0.95 * (w * allowed) / (w * allowed).sum(-1, keepdims=True) + 0.05 * noise / noise.sum(-1, keepdims=True)
-    return w
-
-
-def hand_made_sums(causal: bool, copies: int = 3, seed: int = 0) -> HeadSums:
-    """One layer of 3 * copies heads (previous-token, first-token and uniform, `copies` of each) over 12 sentences."""
-    rng = np.random.default_rng(seed)
-    sums = HeadSums(layers=1, heads=len(KINDS) * copies)
-    for n in range(6, 18):
-        p = np.stack([hand_made(kind, n, causal, rng) for kind in KINDS for _ in range(copies)])
-        special = np.zeros(n, dtype=bool)
-        add_sentence(sums, p, special, causal)
-    return sums
 
 
 @pytest.mark.parametrize("causal", [False, True])
