@@ -144,10 +144,16 @@ def ordered(task: Callable[[Model, Any, Any], Any], items: Iterable[tuple[K, Any
     A missing Ray is reported here, naming `what`, before anything runs. `task` must be a module-level
     function (the workers import it by name). Close the generator to stop the workers early."""
     require_ray(what)
+    return _connected(address, task, items, model, work, workers=workers, threads=threads,
+                      worker_model=worker_model, name=name)
+
+
+def _connected(address: str | None, *args: Any, **kwargs: Any) -> Generator[tuple[Any, Any], None, None]:
+    """passes.ordered(*args, **kwargs) inside connect(address): the runtime started here ends with the pass."""
     from attnscope.stats.distributed import passes
 
-    return passes.ordered(task, items, model, work, address=address, workers=workers, threads=threads,
-                          worker_model=worker_model, name=name)
+    with connect(address):
+        yield from passes.ordered(*args, **kwargs)
 
 
 __all__ = ["ENGINES", "INSTALL", "Engine", "by_name", "connect", "ordered", "require_ray", "run"]

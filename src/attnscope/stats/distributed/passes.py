@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import ray
 
 from attnscope.models import Model
-from attnscope.stats.distributed import connect
 from attnscope.stats.distributed.workers import IN_FLIGHT, Pool, Task, shape
 
 log = logging.getLogger(__name__)
@@ -28,23 +27,21 @@ WINDOW = 4 * IN_FLIGHT  # items per worker sent or done but not yet yielded
 K = TypeVar("K", bound=Hashable)
 
 
-def ordered(task: Task, items: Iterable[tuple[K, Any]], model: Model, work: Any, *,
-            address: str | None = None, workers: int | None = None, threads: int | None = None,
-            worker_model: str | Model | None = None, name: str = "attnscope") -> Generator[tuple[K, Any], None, None]:
-    """(key, task(model, item, work)) for each (key, item), in the items' order, computed on Ray workers.
-
-    Connects as `attnscope.stats.distributed.connect(address)` does and shuts down what it started when the
-    generator ends or is closed. Workers load `worker_model` (a name or path every node has; default: `model`,
-    shipped through the object store) and are checked to have loaded `model`'s name and shape."""
-    with connect(address):
-        pool = Pool(model if worker_model is None else worker_model, model, shape(workers, threads),
-                    f"{name}-{uuid.uuid4().hex[:8]}", task)
-        for i, info in enumerate(pool.infos):
-            log.info("Ray worker %d: pid %d on %s, %d threads", i, info["pid"], info["host"], info["threads"])
-        try:
-            yield from in_order(pool, iter(items), ray.put(work))
-        finally:
-            pool.close()
+def ordered(task: Task, items: Iterable[tuple[K, Any]], model: Model, work: Any, *, workers: int | None = None,
+            threads: int | None = None, worker_model: str | Model | None = None,
+            name: str = "attnscope") -> Generator[tuple[K, Any], None, None]:
+    """(key, task(model, item, work)) for each (key, item), in the items' order, computed on Ray workers of the
+    runtime this process is connected to (attnscope.stats.distributed.ordered connects). Workers load
+    `worker_model` (a name or path every node has; default: `model`, shipped through the object store) and are
+    checked to have loaded `model`'s name and shape; they stop when the generator ends or is closed."""
+    pool = Pool(model if worker_model is None else worker_model, model, shape(workers, threads),
+                f"{name}-{uuid.uuid4().hex[:8]}", task)
+    for i, info in enumerate(pool.infos):
+        log.info("Ray worker %d: pid %d on %s, %d threads", i, info["pid"], info["host"], info["threads"])
+    try:
+        yield from in_order(pool, iter(items), ray.put(work))
+    finally:
+        pool.close()
 
 
 def in_order(pool: Pool, items: Iterator[tuple[K, Any]], work: Any) -> Iterator[tuple[K, Any]]:
