@@ -136,7 +136,7 @@
   // One curve kind (deletion or insertion) as an SVG: x the share of removable tokens removed (or kept), y the
   // measure; one polyline per method, controls dashed; a null (NaN) point breaks its line.
   function curveSVG(data, kind, colours) {
-    const W = 460, H = 280, L = 56, R = 12, T = 26, B = 40;
+    const W = 470, H = 280, L = 62, R = 22, T = 26, B = 40;
     const xs = data[`${kind}_x`];
     const [lo, hi] = yRange(data.rows, kind, data.rows[0].full);
     const px = (x) => L + x * (W - L - R);
@@ -155,6 +155,9 @@
                                                            class: "sv-tick" }, `${Math.round(x * 100)}%`));
     const xLabel = kind === "deletion" ? "share of removable tokens removed" : "share of removable tokens kept";
     root.append(svg("text", { x: (L + W - R) / 2, y: H - 6, "text-anchor": "middle", class: "sv-tick" }, xLabel));
+    const yMid = (T + H - B) / 2;
+    root.append(svg("text", { x: 12, y: yMid, "text-anchor": "middle", class: "sv-tick",
+                              transform: `rotate(-90 12 ${yMid})` }, "the measure f"));
     for (const row of data.rows) {
       const points = row[kind].map((y, i) => (y === null ? null : `${px(xs[i]).toFixed(1)},${py(y).toFixed(1)}`));
       const line = svg("polyline", { points: points.filter(Boolean).join(" "), fill: "none",
