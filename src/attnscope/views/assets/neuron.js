@@ -18,21 +18,41 @@
     return m;
   }
 
-  // rows x d coloured cells: cell(r, t) gives the number for display row r, dimension t.
-  function vectorCanvas(rows, d, cw, cell, theme, label) {
-    const canvas = A.canvas(d * cw, rows * ROW, "as-vec");
-    canvas.setAttribute("role", "img");
-    canvas.setAttribute("aria-label", label);
-    const g = canvas.getContext("2d");
-    const values = [];
-    for (let r = 0; r < rows; r++) for (let t = 0; t < d; t++) values.push(cell(r, t));
+  // Rows per canvas: a canvas taller than 32,767 px stays blank in Chromium (2,048 keys x 22 px is 45,056), so a
+  // long vector column is a stack of canvases of at most this many rows, coloured on one scale.
+  const CANVAS_ROWS = 1024;
+
+  // rows x d coloured cells: cell(r, t) gives the number for display row r, dimension t. One canvas (class
+  // as-vec), or for more than CANVAS_ROWS rows a stack of them in one box; hover describe(r, t) on either.
+  function vectorCanvas(rows, d, cw, cell, theme, label, tip, describe) {
+    const values = new Float64Array(rows * d);
+    for (let r = 0; r < rows; r++) for (let t = 0; t < d; t++) values[r * d + t] = cell(r, t);
     const max = maxAbs(values);
-    values.forEach((v, i) => {
-      const r = Math.floor(i / d);
-      g.fillStyle = A.diverging(v, max, theme);
-      g.fillRect((i % d) * cw, r * ROW + 3, cw - 1, ROW - 6);
-    });
-    return canvas;
+    const part = (from, to) => {
+      const canvas = A.canvas(d * cw, (to - from) * ROW, "as-vec");
+      const g = canvas.getContext("2d");
+      const byColour = new Map(); // one fillStyle per colour (a few hundred), not per cell: the same pixels
+      for (let i = from * d; i < to * d; i++) {
+        const colour = A.diverging(values[i], max, theme);
+        if (!byColour.has(colour)) byColour.set(colour, []);
+        byColour.get(colour).push(i);
+      }
+      for (const [colour, cells] of byColour) {
+        g.fillStyle = colour;
+        for (const i of cells) g.fillRect((i % d) * cw, (Math.floor(i / d) - from) * ROW + 3, cw - 1, ROW - 6);
+      }
+      hoverValues(canvas, tip, d, cw, (r, t) => describe(r + from, t));
+      return canvas;
+    };
+    if (rows <= CANVAS_ROWS) {
+      const canvas = part(0, rows);
+      canvas.setAttribute("role", "img");
+      canvas.setAttribute("aria-label", label);
+      return canvas;
+    }
+    const box = el("div", { class: "as-vec-stack", role: "img", "aria-label": label });
+    for (let from = 0; from < rows; from += CANVAS_ROWS) box.append(part(from, Math.min(rows, from + CANVAS_ROWS)));
+    return box;
   }
 
   function number(stage, v, extra) {
@@ -119,8 +139,7 @@
        (r, t) => [who(r), `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)))}`], 4],
     ];
     vectors.forEach(([rows, value, label, describe, at], i) => {
-      const canvas = vectorCanvas(rows, d, cw, value, ctx.theme(), label);
-      hoverValues(canvas, tip, d, cw, describe);
+      const canvas = vectorCanvas(rows, d, cw, value, ctx.theme(), label, tip, describe);
       put(canvas, at, i === 2 ? 3 : 2, rows > 1 ? rows : 0);
     });
     const scaling = f32(b.scaling);
@@ -154,8 +173,7 @@
       [(r, t) => wv(keys[r], t), "weight times v", (r, t) => [who(r), `${A.fmt(w(keys[r]))} × v[${t}] = ${A.fmt(wv(keys[r], t))}`]],
     ];
     vectors.forEach(([value, label, describe], i) => {
-      const canvas = vectorCanvas(n, d, cw, value, ctx.theme(), label);
-      hoverValues(canvas, tip, d, cw, describe);
+      const canvas = vectorCanvas(n, d, cw, value, ctx.theme(), label, tip, describe);
       put(canvas, 4, i + 2, n);
     });
     keys.forEach((j, r) => {
@@ -166,8 +184,8 @@
     const sum = [...Array(d).keys()].map((t) => keys.reduce((s, j) => s + wv(j, t), 0));
     const diff = Math.max(...sum.map((s, t) => Math.abs(s - context[t])));
     put(el("span", { class: "as-th", text: "sum = context" }), 4 + n, 1);
-    const canvas = vectorCanvas(1, d, cw, (r, t) => context[t], ctx.theme(), `context row of query ${query}`);
-    hoverValues(canvas, tip, d, cw, (r, t) => [`context[${t}] = ${A.fmt(context[t])}`, `sum of weight × v[${t}] = ${A.fmt(sum[t])}`]);
+    const canvas = vectorCanvas(1, d, cw, (r, t) => context[t], ctx.theme(), `context row of query ${query}`, tip,
+      (r, t) => [`context[${t}] = ${A.fmt(context[t])}`, `sum of weight × v[${t}] = ${A.fmt(sum[t])}`]);
     put(canvas, 4 + n, 3);
     const note = el("p", { class: "as-hint as-context-note", text: `The sum over keys of weight × v is the trace's ` +
       `context row (the head's output for this query), within float32 rounding: max difference ${A.fmtError(diff)}.` });

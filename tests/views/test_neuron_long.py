@@ -1,0 +1,52 @@
+"""The neuron view past 1,024 keys (issue 29, the long-context Neuron tab): Chromium leaves a canvas taller than
+32,767 px blank (2,048 keys x 22 px is 45,056), so each vector column is a stack of canvases of at most 1,024 rows,
+coloured on one scale, whose hover names the right key. A random-weight Llama (RoPE, 2,048 positions) on 1,100
+tokens, drawn from a self-contained page."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import attnscope
+from attnscope.tracing.one_pass import trace
+from attnscope.views import to_html
+
+KEYS = 1100
+
+
+@pytest.fixture(scope="module")
+def opened(tiny_model: Callable[[str], attnscope.Model], open_page: Callable[..., Any]) -> Any:
+    text = " ".join(["the keeper counted waves"] * (KEYS // 4 + 10))
+    tr = trace(text, model=tiny_model("llama"), max_length=KEYS)
+    assert tr.n_tokens == KEYS
+    o = open_page(to_html(tr, "neuron", layer=1, head=2, query=KEYS - 1), "neuron-long", width=1280)
+    o.page.wait_for_selector(".as-neuron .as-vec-stack", timeout=120_000)
+    return o
+
+
+def test_long_vector_columns_are_stacks_of_drawn_canvases(opened: Any) -> None:
+    page = opened.page
+    stacks = page.eval_on_selector_all(".as-neuron-parts .as-vec-stack", """ss => ss.map((s) => [...s.children]
+      .map((c) => { const g = c.getContext("2d"); const d = g.getImageData(0, 0, c.width, c.height).data;
+        let coloured = 0; for (let i = 0; i < d.length; i += 4) coloured += d[i] !== 255 || d[i + 1] !== 255 ||
+          d[i + 2] !== 255 ? 1 : 0;
+        return [c.tagName, parseFloat(c.style.height), coloured]; }))""")
+    assert len(stacks) == 4  # k, q x k; v, weight x v
+    for stack in stacks:
+        assert [(tag, height) for tag, height, _ in stack] == [("CANVAS", 1024 * 22), ("CANVAS", (KEYS - 1024) * 22)]
+        assert all(coloured > 0 for _, _, coloured in stack)  # the rows past 1,024 are drawn, not blank
+    assert opened.errors == []
+
+
+def test_hover_on_the_second_canvas_names_its_key(opened: Any) -> None:
+    page = opened.page
+    second = page.query_selector_all(".as-neuron-scores .as-vec-stack")[0].query_selector_all("canvas")[1]
+    box = second.bounding_box()
+    second.scroll_into_view_if_needed()
+    box = second.bounding_box()
+    page.mouse.move(box["x"] + 2, box["y"] + (1050 - 1024 + 0.5) * 22)  # key 1,050 (keys in position order)
+    tip = page.inner_text(".as-tip")
+    assert tip.startswith("key 1050"), tip
