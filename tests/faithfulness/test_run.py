@@ -25,8 +25,9 @@ from attnscope.records.check_report import TOLERANCE
 
 # One torch thread everywhere: float32 sums round differently on two threads (then runs agree within 1e-7, not bit
 # for bit), and it is the fast setting on a shared 2-core machine.
-ARGS = ["--methods", "attention,rollout", "--max-length", "12", "--seeds", "2", "--no-progress", "--threads", "1"]
-KW = {"methods": "attention,rollout", "max_length": 12, "seeds": 2}
+ARGS = ["--methods", "attention,rollout", "--max-length", "12", "--seeds", "2", "--no-progress", "--threads", "1",
+        "--no-png"]  # the PNGs: test_report_page (a browser test)
+KW = {"methods": "attention,rollout", "max_length": 12, "seeds": 2, "png": False}
 
 
 def cli(*args: str) -> list[str]:
@@ -122,7 +123,7 @@ def test_bad_input_is_one_line_and_exit_2(library: Path, ud_dev: Path, tmp_path:
 def test_malformed_rows_are_counted(tmp_path: Path, minilm: attnscope.Model) -> None:
     src = tmp_path / "c <b>&.jsonl"  # user-supplied text that reaches the report
     src.write_text('{"text": "The cat sat on the mat ."}\n{not json\n{"text": 3}\n{"text": "Dogs bark ."}\n')
-    result = faithfulness(str(src), tmp_path / "o", minilm, methods="attention", seeds=1)
+    result = faithfulness(str(src), tmp_path / "o", minilm, methods="attention", seeds=1, png=False)
     assert result.summary["source"]["malformed"] == 2 and result.summary["examples"] == 2
     page = (tmp_path / "o" / "report.html").read_text()
     assert "c &lt;b&gt;&amp;.jsonl" in page and "<b>&" not in page and "<script" not in page
@@ -133,9 +134,30 @@ def test_smollm2_delete_keeps_one_token_and_replace_removes_all(smollm2: attnsco
     src = tmp_path / "t.txt"
     src.write_text("The capital of France is\n")
     for removal in ("delete", "replace"):
-        rows = faithfulness(str(src), tmp_path / removal, smollm2, methods="attention", removal=removal,
+        rows = faithfulness(str(src), tmp_path / removal, smollm2, methods="attention", removal=removal, png=False,
                             seeds=1).rows
         r = rows[0]
         assert r["unperturbed_error"] <= TOLERANCE and r["min_kept"] == (1 if removal == "delete" else 0)
         assert len(r["deletion"]) == r["removable"] + 1 - r["min_kept"] and np.isfinite(r["deletion"]).all()
         assert r["full"] == pytest.approx(r["deletion"][0], abs=TOLERANCE * max(1.0, abs(r["full"])))
+
+
+def test_metrics_agreement_gives_the_full_runs_rank_agreement_in_few_forwards(library: Path, ud_dev: Path,
+                                                                              minilm: attnscope.Model,
+                                                                              tmp_path: Path) -> None:
+    result = faithfulness(ud_dev, tmp_path / "agree", minilm, limit=3, metrics="agreement", **KW)  # type: ignore[arg-type]
+    full = json.loads((library / "examples.json").read_text())
+    rows = json.loads((tmp_path / "agree" / "examples.json").read_text())  # NaN as null in both
+    assert len(rows) == len(full) == len(result.rows)
+    for short, long in zip(rows, full, strict=True):
+        assert (short["example"], short["method"], short["scores"]) == (long["example"], long["method"], long["scores"])
+        assert (short["spearman_loo"], short["kendall_loo"]) == (long["spearman_loo"], long["kendall_loo"])
+        assert "naopc" not in short and "deletion" not in short and short["forwards"] == 1  # the unperturbed check
+    s = result.summary
+    assert s["metrics"] == "agreement" and s["naopc_bounds"] == []
+    assert set(s["methods"]["attention"]) == {"examples", "spearman_loo", "kendall_loo"}
+    page = (tmp_path / "agree" / "report.html").read_text()
+    assert "<svg" not in page and "spearman (LOO)" in page and "no curves" in page
+    assert not (tmp_path / "agree" / "deletion.svg").exists()
+    with pytest.raises(attnscope.AttnscopeError, match="unknown metrics 'some'"):
+        faithfulness(ud_dev, tmp_path / "bad", minilm, limit=1, metrics="some")

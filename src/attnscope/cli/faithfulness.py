@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
     p.add_argument("--removal", choices=("delete", "replace"), default="delete",
                    help="take a token out (delete, default) or put the baseline token in its place (replace); "
                         "the same for every method")
+    p.add_argument("--metrics", choices=("all", "agreement"), default="all",
+                   help="every metric (all, default), or only Spearman and Kendall with leave-one-out (agreement: "
+                        "about m + 2 forwards per example of m removable tokens instead of thousands)")
     p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
     p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUTDIR")
     p.add_argument("--seeds", type=integer, default=3, metavar="N", help="random orderings per example (3)")
@@ -48,6 +51,8 @@ def register(sub: Any) -> None:
     p.add_argument("--checkpoint-every", type=integer, default=1, metavar="N",
                    help="write a checkpoint every N documents (default 1)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-png", action="store_true",
+                   help="write the curves as SVG only (PNG needs headless Chromium: the views extra)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
     add_engine_args(p, "documents")
     p.set_defaults(func=run_faithfulness)
@@ -67,6 +72,7 @@ def run_faithfulness(args: argparse.Namespace) -> int:
             result = faithfulness(source, args.output, args.model, args.methods, removal=args.removal,
                                   limit=args.limit, resume=args.resume, seeds=args.seeds,
                                   max_length=args.max_length, exact_tokens=args.exact_tokens, beam=args.beam,
+                                  metrics=args.metrics, png=not args.no_png,
                                   checkpoint_every=args.checkpoint_every, engine=engine,
                                   progress=(lambda p: bar.update(p.documents - bar.n)) if bar else None)
         finally:
@@ -98,11 +104,24 @@ def _bar(total: int) -> Any:
 def _print(s: dict[str, Any], out: str) -> None:
     print(f"{s['examples']:,} examples ({s['skipped']:,} too short, {s['source']['malformed']:,} malformed rows "
           f"skipped) on {s['model']}; removal: {s['removal']} (special tokens never removed); unperturbed check "
-          f"max error {s['unperturbed_error_max']:.1e}; NAOPC bounds: {', '.join(s['naopc_bounds'])}")
+          f"max error {s['unperturbed_error_max']:.1e}; NAOPC bounds: {', '.join(s['naopc_bounds']) or 'none'}")
+    if s.get("metrics") == "agreement":
+        _print_agreement(s, out)
+        return
     print(f"{'method':<24} {'NAOPC':>22} {'comp. AOPC':>11} {'suff. AOPC':>11} {'Spearman LOO':>13}")
     for name, e in s["methods"].items():
         n = e["naopc"]
         print(f"{name:<24} {n['mean']:>8.3f} [{n['low']:.3f}, {n['high']:.3f}] "
               f"{e['comprehensiveness_aopc']['mean']:>11.4f} {e['sufficiency_aopc']['mean']:>11.4f} "
               f"{e['spearman_loo']['mean']:>13.3f}")
+    print(f"Files: {out}/examples.parquet, {out}/examples.json, {out}/summary.json")
+
+
+def _print_agreement(s: dict[str, Any], out: str) -> None:
+    """The table of a run of --metrics agreement: Spearman and Kendall with leave-one-out, 95% intervals."""
+    print(f"{'method':<24} {'Spearman LOO':>24} {'Kendall LOO':>24}")
+    for name, e in s["methods"].items():
+        rho, tau = e["spearman_loo"], e["kendall_loo"]
+        print(f"{name:<24} {rho['mean']:>8.3f} [{rho['low']:.3f}, {rho['high']:.3f}] "
+              f"{tau['mean']:>8.3f} [{tau['low']:.3f}, {tau['high']:.3f}]")
     print(f"Files: {out}/examples.parquet, {out}/examples.json, {out}/summary.json")

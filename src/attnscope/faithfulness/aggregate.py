@@ -52,14 +52,15 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = [r for r in rows if r["method"] == method]
         entry: dict[str, Any] = {"examples": len(mine)}
-        for name in SCALARS:
+        for name in (n for n in SCALARS if n in mine[0]):  # a run of metrics="agreement" has only the LOO pair
             v = np.array([r[name] for r in mine], dtype=np.float64)
             ok = v[np.isfinite(v)]
             mean, low, high = bootstrap(ok)
             entry[name] = {"mean": mean, "low": low, "high": high, "n": int(ok.size), "nan": int(v.size - ok.size)}
-        entry["deletion"] = curve_bands([r["deletion"] for r in mine], [0.0] * len(mine))
-        entry["insertion"] = curve_bands([r["insertion"] for r in mine],
-                                         [r["min_kept"] / r["removable"] for r in mine])
+        if "deletion" in mine[0]:
+            entry["deletion"] = curve_bands([r["deletion"] for r in mine], [0.0] * len(mine))
+            entry["insertion"] = curve_bands([r["insertion"] for r in mine],
+                                             [r["min_kept"] / r["removable"] for r in mine])
         out[method] = entry
     return out
 

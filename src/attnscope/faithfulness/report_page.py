@@ -2,27 +2,23 @@
 
 The deletion and insertion curves (one line per method, its shaded 95% bootstrap band), the metrics table with
 95% bootstrap intervals, and the methods' rank-agreement matrix (mean Spearman per example), drawn from
-summary.json (faithfulness.aggregate). The curves are also written as deletion.svg and insertion.svg.
+summary.json (faithfulness.aggregate). The curves are also written as deletion.svg and insertion.svg, and as
+PNG through headless Chromium (views.raster).
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
+from attnscope.errors import AttnscopeError
 from attnscope.faithfulness.metrics import BINS
+from attnscope.views.report_style import CSP, CSS
 
-_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; padding: 0 1rem; color: #222; }
-h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
-table { border-collapse: collapse; margin: .5rem 0; }
-th, td { border: 1px solid #ccc; padding: .2rem .5rem; text-align: right; }
-th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-.grid { display: flex; flex-wrap: wrap; gap: 1rem; } .note { color: #555; font-size: .9rem; }
-"""
-_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+log = logging.getLogger(__name__)
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
             "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173")
 _W, _H, _PAD = 520, 320, 44
@@ -70,8 +66,9 @@ def curve_svg(summary: dict[str, Any], which: str) -> str:
 
 
 def _metrics_table(summary: dict[str, Any]) -> str:
-    cols = ["naopc", "aopc", "comprehensiveness_aopc", "sufficiency_aopc", *(f"comprehensiveness_{b}" for b in BINS),
-            "deletion_area", "insertion_area", "spearman_loo", "kendall_loo"]
+    every = ["naopc", "aopc", "comprehensiveness_aopc", "sufficiency_aopc", *(f"comprehensiveness_{b}" for b in BINS),
+             "deletion_area", "insertion_area", "spearman_loo", "kendall_loo"]
+    cols = [c for c in every if c in next(iter(summary["methods"].values()))]  # metrics="agreement": the last two
     head = "".join(f"<th>{_e(_label(c))}</th>" for c in cols)
     body = []
     for name, e in summary["methods"].items():
@@ -102,6 +99,20 @@ def _agreement_table(summary: dict[str, Any]) -> str:
     return f'<table><thead><tr><th></th>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
 
+def has_curves(summary: dict[str, Any]) -> bool:
+    """Whether the run measured curves (not a run of metrics="agreement")."""
+    return all("deletion" in e for e in summary["methods"].values())
+
+
+def _curves(summary: dict[str, Any]) -> str:
+    if not has_curves(summary):
+        return ('<p class="note">Only the rank agreement with leave-one-out was measured (metrics: agreement): no '
+                "curves, ERASER or AOPC.</p>")
+    return ('<h2>Deletion and insertion curves</h2><p class="note">Mean over examples, shaded: 95% bootstrap '
+            'band. Deletion: lower is more faithful; insertion: higher.</p><div class="grid">'
+            f"{curve_svg(summary, 'deletion')}{curve_svg(summary, 'insertion')}</div>")
+
+
 def report_html(summary: dict[str, Any]) -> str:
     """The page (summary: faithfulness's summary.json, NaN as null)."""
     s, src = summary, summary["source"]
@@ -109,22 +120,36 @@ def report_html(summary: dict[str, Any]) -> str:
             f"malformed rows skipped) on {_e(s['model'])}. Removal: <b>{_e(s['removal'])}</b>, the same for every "
             "method; special tokens are never removed. The unperturbed input scored beside the modified ones "
             f"differs from the model's own forward by at most {s['unperturbed_error_max']:.1e}. "
-            f"Normalised AOPC bounds: {_e(', '.join(s['naopc_bounds']))} (docs/faithfulness.md).")
+            + (f"Normalised AOPC bounds: {_e(', '.join(s['naopc_bounds']))} (docs/faithfulness.md)."
+               if s["naopc_bounds"] else ""))
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
-            f'content="{_CSP}"><title>attnscope faithfulness</title><style>{_CSS}</style></head><body>'
-            f"<h1>Faithfulness of attribution methods</h1><p>{what}</p>"
-            f'<h2>Deletion and insertion curves</h2><p class="note">Mean over examples, shaded: 95% bootstrap '
-            f'band. Deletion: lower is more faithful; insertion: higher.</p><div class="grid">'
-            f"{curve_svg(s, 'deletion')}{curve_svg(s, 'insertion')}</div>"
+            f'content="{CSP}"><title>attnscope faithfulness</title><style>{CSS}</style></head><body>'
+            f"<h1>Faithfulness of attribution methods</h1><p>{what}</p>{_curves(s)}"
             f'<h2>Metrics</h2><p class="note">Mean over examples [95% bootstrap interval].</p>{_metrics_table(s)}'
             f'<h2>Rank agreement</h2><p class="note">Mean Spearman rho per example between the methods\' scores '
             f"of the removable tokens.</p>{_agreement_table(s)}</body></html>")
 
 
-def write_report(summary: dict[str, Any], outdir: Path) -> list[Path]:
-    """report.html, deletion.svg and insertion.svg in outdir."""
-    paths = [outdir / "report.html", outdir / "deletion.svg", outdir / "insertion.svg"]
+def write_report(summary: dict[str, Any], outdir: Path, png: bool = True) -> list[Path]:
+    """report.html and, when the run measured curves, deletion.svg and insertion.svg in outdir, and with png
+    deletion.png and insertion.png (2 pixels per SVG pixel; skipped with a warning without a browser)."""
+    paths = [outdir / "report.html"]
     paths[0].write_text(report_html(summary), encoding="utf-8")
-    for which, path in zip(("deletion", "insertion"), paths[1:], strict=True):
-        path.write_text(curve_svg(summary, which), encoding="utf-8")
+    svgs = [(curve_svg(summary, which), outdir / f"{which}.svg") for which in ("deletion", "insertion")
+            if has_curves(summary)]
+    for svg, path in svgs:
+        path.write_text(svg, encoding="utf-8")
+        paths.append(path)
+    if png and svgs:
+        paths += _pngs(svgs)
     return paths
+
+
+def _pngs(svgs: list[tuple[str, Path]]) -> list[Path]:
+    from attnscope.views.raster import svgs_to_png
+
+    try:
+        return svgs_to_png([(svg, path.with_suffix(".png")) for svg, path in svgs])
+    except AttnscopeError as exc:  # no Playwright or no Chromium: the SVGs are written, the run is not lost
+        log.warning("the PNG figures were not written (%s); the SVGs are", exc)
+        return []

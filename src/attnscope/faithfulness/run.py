@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.methods import method_names
 from attnscope.attribution.objective import build_objective
@@ -37,6 +39,7 @@ from attnscope.stats.sources import Document, Source
 
 log = logging.getLogger(__name__)
 LOO = {"delete": "leave_one_out", "replace": "leave_one_out_replaced"}
+ALL, AGREEMENT = "all", "agreement"  # what a run measures: every metric, or only the rank agreement with LOO
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,9 +52,13 @@ class Settings:
     max_length: int = 64  # tokens per example (longer texts are truncated)
     exact_tokens: int = fm.EXACT_TOKENS
     beam: int = fm.BEAM
+    metrics: str = ALL  # AGREEMENT: Spearman and Kendall with leave-one-out only (no curves, no AOPC)
 
     def guarded(self) -> dict[str, Any]:
-        return {**asdict(self), "methods": list(self.methods) if self.methods is not None else None}
+        out = {**asdict(self), "methods": list(self.methods) if self.methods is not None else None}
+        if self.metrics == ALL:  # a run of every metric keeps the identity it had before the choice existed
+            del out["metrics"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -76,21 +83,27 @@ class FaithfulnessResult:
 def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: ModelLike = None,
                  methods: str | Sequence[str] | None = None, *, removal: str = DELETE, limit: int | None = None,
                  resume: bool = False, seeds: int = 3, max_length: int = 64, exact_tokens: int = fm.EXACT_TOKENS,
-                 beam: int = fm.BEAM, checkpoint_every: int = 1, device: DeviceLike = None,
+                 beam: int = fm.BEAM, metrics: str = ALL, checkpoint_every: int = 1, device: DeviceLike = None,
                  dtype: DtypeLike = None, progress: Callable[[Progress], None] | None = None,
                  engine: str | Engine = "local", workers: int | None = None, address: str | None = None,
-                 threads: int | None = None) -> FaithfulnessResult:
+                 threads: int | None = None, png: bool = True) -> FaithfulnessResult:
     """Measure every method's faithfulness over the first `limit` documents of source, into outdir.
 
     removal: "delete" or "replace" (the baseline token), the same for every method. methods: as
     attnscope.attribute takes them (None: its defaults). Returns the rows (one per example and method,
-    controls included: random_<seed>, position) and the summary (also written to outdir).
+    controls included: random_<seed>, position) and the summary (also written to outdir). metrics: "all", or
+    "agreement" for only Spearman and Kendall with leave-one-out (about m + 2 forwards per example of m
+    removable tokens instead of thousands: no curves, ERASER or AOPC). png: the curves also as PNG (headless
+    Chromium; skipped with a warning when Playwright or Chromium is missing).
     engine="ray": the documents on Ray workers (pip install 'attnscope[ray]'), `workers` of them (default one
     per node) with `threads` torch threads each, on the cluster at `address` (default a local runtime); the
     rows, in the same order, and the summary equal the local run's bit for bit when each process runs as many
     torch threads as this one. An Engine (attnscope.stats.distributed.Engine) says all of that, and what the
     workers load, at once."""
     check_removal(removal)
+    if metrics not in (ALL, AGREEMENT):
+        raise AttnscopeError(f"unknown metrics {metrics!r}: use all (every metric) or agreement (Spearman and "
+                             "Kendall with leave-one-out only)", parameter="metrics")
     placed = device is not None or dtype is not None
     where = engine if isinstance(engine, Engine) else Engine.of(engine, workers, address, threads, model, placed)
     names = tuple(method_names(methods)) if methods is not None else None
@@ -101,9 +114,9 @@ def faithfulness(source: str | Source, outdir: str | os.PathLike[str], model: Mo
     src = source if isinstance(source, Source) else Source(str(source))
     m = load_model(model, device=device, dtype=dtype)
     settings = Settings(methods=names, removal=removal, seeds=seeds, max_length=max_length,
-                        exact_tokens=exact_tokens, beam=beam)
+                        exact_tokens=exact_tokens, beam=beam, metrics=metrics)
     return run(src, m, settings, Path(outdir), limit=limit, resume=resume, checkpoint_every=checkpoint_every,
-               progress=progress, engine=where)
+               progress=progress, engine=where, png=png)
 
 
 def identity(m: Model, source: Source, settings: Settings) -> dict[str, Any]:
@@ -113,7 +126,8 @@ def identity(m: Model, source: Source, settings: Settings) -> dict[str, Any]:
 
 def run(source: Source, m: Model, settings: Settings, outdir: Path, limit: int | None = None,
         resume: bool = False, checkpoint_every: int = 1,
-        progress: Callable[[Progress], None] | None = None, engine: Engine | None = None) -> FaithfulnessResult:
+        progress: Callable[[Progress], None] | None = None, engine: Engine | None = None,
+        png: bool = True) -> FaithfulnessResult:
     """The run over source (see faithfulness()); a checkpoint every checkpoint_every documents."""
     ident = identity(m, source, settings)
     pos = checkpoint.start(outdir, ident, resume)
@@ -143,7 +157,7 @@ def run(source: Source, m: Model, settings: Settings, outdir: Path, limit: int |
     pos = _save(outdir, ident, pos, pending)
     if pos.examples == 0:
         raise AttnscopeError(f"{source.spec} has no documents with removable tokens to measure")
-    return finish(source, m, settings, outdir, ident, pos, time.perf_counter() - started, done_before)
+    return finish(source, m, settings, outdir, ident, pos, time.perf_counter() - started, done_before, png)
 
 
 def _save(outdir: Path, ident: dict[str, Any], pos: checkpoint.Position,
@@ -176,29 +190,40 @@ def example_rows(m: Model, doc: Document, index: int, settings: Settings) -> lis
     scores.update({f"random_{s}": fm.random_scores(ex.n_tokens, s, index) for s in range(settings.seeds)})
     scores["position"] = fm.position_scores(ex.n_tokens, p.anchor)
     error = p.unperturbed_error()
-    results = fm.evaluate(scores, ex, p.measure, loo, settings.exact_tokens, settings.beam)
+    if settings.metrics == AGREEMENT:
+        results = {name: _agreement(s, loo, ex.removable) for name, s in scores.items()}
+    else:
+        results = {name: r.to_row() for name, r in fm.evaluate(scores, ex, p.measure, loo, settings.exact_tokens,
+                                                                 settings.beam).items()}
     common = {"example": index, "where": doc.where, "tokens": ex.n_tokens, "removable": ex.m,
               "min_kept": ex.min_kept, "full": ex.full, "unperturbed_error": error,
               "unperturbed_verified": verified(error), "forwards": p.forwards}
-    return [{**common, "method": name, "check": checks.get(name, "control"), **r.to_row(),
+    return [{**common, "method": name, "check": checks.get(name, "control"), **r,
              "scores": scores[name][ex.removable].tolist()} for name, r in results.items()]
 
 
+def _agreement(scores: np.ndarray, loo: np.ndarray, removable: np.ndarray) -> dict[str, float]:
+    """Spearman and Kendall of scores [token] with leave-one-out's [token], on the removable tokens."""
+    a, b = scores[removable], loo[removable]
+    return {"spearman_loo": fm.spearman(a, b), "kendall_loo": fm.kendall(a, b)}
+
+
 def finish(source: Source, m: Model, settings: Settings, outdir: Path, ident: dict[str, Any],
-           pos: checkpoint.Position, seconds: float, done_before: int) -> FaithfulnessResult:
+           pos: checkpoint.Position, seconds: float, done_before: int, png: bool = True) -> FaithfulnessResult:
     """Write examples.parquet, examples.json and summary.json; mark the checkpoint complete."""
     rows = checkpoint.read_rows(outdir)
     summary = {"model": m.name, "source": {**source.describe(), "malformed": source.malformed},
                "removal": settings.removal, "special_tokens_removed": False, "settings": settings.guarded(),
                "documents": pos.documents, "examples": pos.examples, "skipped": pos.skipped,
                "unperturbed_error_max": max(r["unperturbed_error"] for r in rows),
-               "naopc_bounds": sorted({r["naopc_bound"] for r in rows}),
+               "metrics": settings.metrics,
+               "naopc_bounds": sorted({r["naopc_bound"] for r in rows if "naopc_bound" in r}),
                "methods": aggregate.summarise(rows), "agreement": aggregate.agreement(rows)}
     files = [_write_parquet(rows, outdir / "examples.parquet"), outdir / "examples.json", outdir / "summary.json"]
     (outdir / "examples.json").write_text(json.dumps(finite_or_null(rows), allow_nan=False), encoding="utf-8")
     strict = finite_or_null(summary)  # NaN as null, as JSON holds it
     (outdir / "summary.json").write_text(json.dumps(strict, allow_nan=False, indent=1), encoding="utf-8")
-    files += write_report(strict, outdir)
+    files += write_report(strict, outdir, png=png)
     checkpoint.save(outdir, ident, checkpoint.Position(documents=pos.documents, examples=pos.examples,
                                                        skipped=pos.skipped, bytes=pos.bytes, complete=True))
     return FaithfulnessResult(outdir, rows, summary, seconds, done_before, files)

@@ -7,20 +7,7 @@ import base64
 import html
 from typing import Any
 
-_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 2rem auto; max-width: 72rem; padding: 0 1rem; color: #222; }
-h1 { font-size: 1.5rem; } h2 { font-size: 1.2rem; margin-top: 2rem; }
-table { border-collapse: collapse; margin: .5rem 0; }
-th, td { border: 1px solid #ccc; padding: .2rem .5rem; text-align: right; }
-th { background: #f3f3f3; } td.l, th.l { text-align: left; }
-.grid { display: flex; flex-wrap: wrap; gap: 1rem; }
-figure { margin: 0; } figcaption { font-size: .85rem; color: #555; }
-img { max-width: 34rem; height: auto; border: 1px solid #eee; }
-.note { color: #555; font-size: .9rem; }
-"""
-
-# Nothing may load from the network: no scripts at all, images only from data: URLs.
-_CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+from attnscope.views.report_style import CSP, CSS, FIGURES_CSS
 
 
 def _e(value: Any) -> str:
@@ -97,8 +84,8 @@ def report_html(info: dict[str, Any], heads: list[dict[str, Any]], images: dict[
     title = f"attnscope stats: {info['model']['name']} on {info['source'].get('spec')}"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+        f"<title>{_e(title)}</title><style>{CSS}{FIGURES_CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
         f'<p class="note">{_e(info["indexing"])}. Each document counts equally: every figure is the mean '
         "over documents of a per-document value (see docs/stats.md).</p>"
