@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import attnscope
+from tests.support import seq2seq
 from tests.support.families import build_model, modern_configs
-from tests.support.seq2seq import tiny_seq2seq
+from tests.support.random_models import random_models
 
 
 @pytest.fixture(scope="session")
@@ -25,18 +26,7 @@ def tiny_lm(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
                                                        bos_token_id=101, eos_token_id=102)),
         "llama": lambda: build_model(modern_configs()["llama"](), "ForCausalLM"),
         "starcoder2": lambda: T.Starcoder2ForCausalLM(T.Starcoder2Config(**small)),
+        "t5": lambda: seq2seq.build("t5"),
+        "bart": lambda: seq2seq.build("bart"),
     }
-    cache: dict[str, attnscope.Model] = {}
-
-    def get(name: str) -> attnscope.Model:
-        if name not in cache:
-            if name in ("t5", "bart"):
-                cache[name] = tiny_seq2seq(name, minilm)
-            else:
-                torch.manual_seed(0)
-                model = build[name]()
-                model.config._attn_implementation = "eager"
-                cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
-        return cache[name]
-
-    return get
+    return random_models(minilm, build)

@@ -13,6 +13,7 @@ import attnscope
 from attnscope.attribution.blocks import capture_blocks
 from attnscope.attribution.norm_based import layer_norms, norm_based, output_error
 from attnscope.errors import AttnscopeError
+from attnscope.norms import norm_attention_batch
 from tests.support.families import build_model, modern_configs
 
 TEXT = "The capital of France is Paris, a city of light."
@@ -71,3 +72,19 @@ def test_an_encoder_decoder_is_refused_in_one_line(seq2seq: Callable[[str], attn
     with pytest.raises(AttnscopeError, match="encoder-decoder") as err:
         norm_based(m, inputs(m))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_the_float32_norms_equal_attnscope_norms_in_float64(name: str, request: pytest.FixtureRequest) -> None:
+    """norm_based() takes float32 blocks (the captured precision): its norms equal attnscope.norms' float64 ones
+    within 1e-5 of each row's largest, and a wrong Gram (the heads' cross terms dropped) does not."""
+    m: attnscope.Model = request.getfixturevalue(name)
+    wide = capture_blocks(m, inputs(m), whole_block=False)
+    for layer, block in enumerate(capture_blocks(m, inputs(m), whole_block=False, dtype=torch.float32)):
+        ours = layer_norms(block).double()
+        theirs = norm_attention_batch(wide[layer].v[None, None], wide[layer].weights[None, None],
+                                      [wide[layer].w_o])["norm_layer"][0, 0]
+        scale = theirs.max(dim=-1, keepdim=True).values
+        assert ((ours - theirs).abs() / scale).max() <= 1e-5
+        no_cross = (block.weights**2 * (block.f**2).sum(-1)[:, None, :]).sum(0).sqrt()  # sum_h ||a_h f_h||^2 only
+        assert ((no_cross.double() - theirs).abs() / scale).max() > 1e-3

@@ -128,7 +128,7 @@ def test_alti_layer_and_rollout_are_altis_own(alti_walk: AttributionWalkthrough,
     layer = alti_walk.layer
     assert layer == 5  # the last by default
     c = arrays(alti_walk, "contributions")["c_ij"]  # [key, (d, |y|-d, clipped, c_ij, alti())]; encoder: row I
-    assert np.abs(c[:, 3] - mixing.matrices[layer, FLIES]).max() <= 1e-12
+    assert np.abs(c[:, 3] - mixing.matrices[layer, FLIES]).max() <= 1e-5  # alti() takes float32 distances
     assert np.array_equal(c[:, 4], mixing.matrices[layer, FLIES])
     assert np.array_equal(c[:, 2], np.maximum(c[:, 1], 0.0))  # the clip, as printed
     assert alti_walk.final == pytest.approx(float(mixing.rolled()[:, FLIES].mean()), abs=1e-12)

@@ -9,6 +9,7 @@ import torch
 
 import attnscope
 from tests.support.families import build_model, modern_configs
+from tests.support.random_models import random_models
 
 
 @pytest.fixture(scope="session")
@@ -17,22 +18,12 @@ def lm_heads(minilm: attnscope.Model) -> Callable[[str], attnscope.Model]:
     import transformers as T
 
     small = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
-    build = {
+    build: dict[str, Callable[[], torch.nn.Module]] = {
         "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=30522)),
         "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**small, num_key_value_heads=2, vocab_size=30522)),
         "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small)),
     }
-    cache: dict[str, attnscope.Model] = {}
-
-    def get(name: str) -> attnscope.Model:
-        if name not in cache:
-            torch.manual_seed(0)
-            model = build[name]()
-            model.config._attn_implementation = "eager"
-            cache[name] = attnscope.load_model(model.eval(), tokenizer=minilm.tokenizer)
-        return cache[name]
-
-    return get
+    return random_models(minilm, build)
 
 
 @pytest.fixture(scope="session")

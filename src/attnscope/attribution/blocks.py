@@ -6,7 +6,8 @@ Every layer's attention output is a sum of one vector per head h and key j (Koba
 
 where v^h_j is the captured `v` stage (b_V included; grouped k/v heads repeated for the query heads they
 serve) and W_O^h head h's d_head rows of the output projection. The residual stream and the block's output
-come from hooks on the real modules (named below); nothing is recomputed from the model's code.
+come from hooks on the real modules (named by each family's BlockNorms in families.adapters); nothing is
+recomputed from the model's code.
 
 Two block shapes are decomposed (ALTI needs the whole block; norm-based attention only the sum above):
 - post-norm (BERT, RoBERTa, ELECTRA, DistilBERT): block output = LayerNorm(x + output), x the attention input;
@@ -29,22 +30,11 @@ from torch import nn
 from attnscope.capture import LayerCapture, hooked
 from attnscope.errors import AttnscopeError
 from attnscope.families import attention_modules, base_of, family_of, is_encoder_decoder, layer_modules, pre_attention
+from attnscope.families.adapters import FAMILIES, BlockNorms
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 
-POST_NORM = {  # the LayerNorm after the residual sum, relative to the attention module's parent
-    **{name: "output.LayerNorm" for name in ("bert", "roberta", "electra")},  # <layer>.attention.output.LayerNorm
-    "distilbert": "sa_layer_norm",  # <layer>.sa_layer_norm beside <layer>.attention
-}
-PRE_NORM_OUT = {  # the module whose input is the block output x + attention output (relative to the base model)
-    "gpt2": "h.{layer}.ln_2",
-    **{name: "layers.{layer}.post_attention_layernorm" for name in ("llama", "mistral", "qwen2", "qwen3", "phi3")},
-}
-SANDWICH = {  # RMSNorm (scaling by 1 + w) on the attention output before the residual sum; then the block output
-    name: ("layers.{layer}.post_attention_layernorm", "layers.{layer}.pre_feedforward_layernorm")
-    for name in ("gemma2", "gemma3_text")
-}
-BLOCK_FAMILIES = tuple(sorted(set(POST_NORM) | set(PRE_NORM_OUT) | set(SANDWICH)))
+BLOCK_FAMILIES = tuple(sorted(name for name, fam in FAMILIES.items() if fam.block_norms is not None))
 LAYER_ALONE = {"value_zeroing"}  # methods that call each layer module alone (not one shared module: ALBERT)
 
 
@@ -64,7 +54,7 @@ class Norm:
 
 @dataclass(frozen=True)
 class LayerBlock:
-    """One layer's attention block of one text, in float64 (captured in the model's dtype)."""
+    """One layer's attention block of one text, in float64 or float32 (captured in the model's dtype)."""
 
     weights: torch.Tensor  # [head, query, key]
     v: torch.Tensor  # [head, key, d_head]: the captured v stage, k/v heads repeated for their query heads
@@ -82,12 +72,22 @@ class LayerBlock:
         return self.v @ self.w_o.reshape(heads, d_head, -1)  # [head, key, d_head] @ [head, d_head, d_model]
 
     def attention_sum(self) -> torch.Tensor:
-        """sum_j sum_h alpha^h_ij f^h(x_j), without the [query, key, d_model] tensor: [query, d_model]."""
-        return torch.einsum("hqk,hkd->qd", self.weights, self.f)
+        """sum_j sum_h alpha^h_ij f^h(x_j) = merged(alpha v) W_O, the heads' contexts projected: [query, d_model].
+
+        The same sum as attention_vectors().sum(1), by the associativity of alpha v W_O: h n^2 d_head + n d^2
+        multiplications instead of h n^2 d_model, and no [query, key, d_model] tensor."""
+        return merged_context(self.weights, self.v) @ self.w_o  # [query, head * d_head] @ [head * d_head, d_model]
 
     def attention_vectors(self) -> torch.Tensor:
         """sum_h alpha^h_ij f^h(x_j): [query, key, d_model]."""
         return torch.einsum("hqk,hkd->qkd", self.weights, self.f)
+
+
+def merged_context(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The heads' contexts alpha v side by side: weights [head, query, key], v [head, key, d_head] ->
+    [query, head * d_head] (head h in columns h * d_head.., the rows of W_O it meets)."""
+    context = weights @ v  # [head, query, key] @ [head, key, d_head] -> [head, query, d_head]
+    return context.transpose(0, 1).reshape(weights.shape[1], -1)  # [query, head * d_head]
 
 
 @dataclass
@@ -113,7 +113,7 @@ def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
     if method in LAYER_ALONE and fam.shared_layers:
         raise AttnscopeError(f"{method} calls each layer alone, and {fam.name} runs one shared module for every "
                              "layer: choose another method (norm applies)", parameter="methods")
-    if whole_block and fam.name not in BLOCK_FAMILIES:
+    if whole_block and fam.block_norms is None:
         raise AttnscopeError(f"{method} decomposes the whole attention block of {', '.join(BLOCK_FAMILIES)} "
                              f"models only; {kind!r} places its norms otherwise", parameter="methods")
 
@@ -130,41 +130,50 @@ def one_text(inputs: dict[str, torch.Tensor], method: str) -> int:
 
 
 @torch.no_grad()
-def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool) -> list[LayerBlock]:
+def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
+                   dtype: torch.dtype = torch.float64) -> list[LayerBlock]:
     """Run the model once on one text and return each layer's block (whole_block: with residual, block output
-    and norm, for ALTI)."""
+    and norm, for ALTI), its tensors in dtype (float64 to read and recompute; the methods take float32, the
+    captured pieces' own precision, where float64's small batched products cost several times more)."""
     cap, extra = LayerCapture(), _Extra()
     with hooked(m.model, cap, cap.x.append, cap.output.append), _extra_hooks(m, extra, whole_block):
-        m.model(**inputs)
+        m.base(**inputs)  # the transformer alone: the decomposition needs no logits (an LM head costs a layer or more)
     fam = family_of(m.model)
     assert fam is not None
     blocks = []
     for layer, (call, mod) in enumerate(zip(cap.calls, layer_modules(m.model), strict=True)):
         p = fam.params(m.model, mod, layer)
         heads = call.weights.shape[1]
-        v = expand_kv(call.v[0].double(), heads // call.v.shape[1])  # [head, key, d_head]
-        w_o = p.w_o.double()  # [head * d_head, d_model]
-        b_o = p.b_o.double() if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=torch.float64)
-        block = LayerBlock(call.weights[0].double(), v, w_o, b_o, cap.output[layer][0].double())
-        blocks.append(_whole(m, block, layer, cap, extra) if whole_block else block)
+        v = expand_kv(call.v[0].to(dtype), heads // call.v.shape[1])  # [head, key, d_head]
+        w_o = p.w_o.to(dtype)  # [head * d_head, d_model]
+        b_o = p.b_o.to(dtype) if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=dtype)
+        block = LayerBlock(call.weights[0].to(dtype), v, w_o, b_o, cap.output[layer][0].to(dtype))
+        blocks.append(_whole(m, block, layer, cap, extra, dtype) if whole_block else block)
     return blocks
 
 
-def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _Extra) -> LayerBlock:
-    """The block with its residual stream, its captured output and (post-norm, sandwich) its norm."""
+def _norms_of(m: Model) -> BlockNorms:
     fam = family_of(m.model)
-    assert fam is not None
-    if fam.name in POST_NORM:  # the residual is the attention input itself
-        ln = _post_norm(m.model, attention_modules(m.model)[layer])
-        norm = Norm(ln.weight.detach().double(), ln.bias.detach().double(), float(ln.eps),
-                    extra.norm_in[layer][0].double(), extra.norm_out[layer][0].double())
-        return replace(block, residual=cap.x[layer][0].double(), block_output=norm.returned, norm=norm)
-    residual, output = extra.residual[layer][0].double(), extra.block_output[layer][0].double()
-    if fam.name in SANDWICH:
-        rms: Any = base_of(m.model).get_submodule(SANDWICH[fam.name][0].format(layer=layer))
-        gamma = 1.0 + rms.weight.detach().double()  # Gemma's RMSNorm scales by 1 + w
-        norm = Norm(gamma, torch.zeros_like(gamma), float(rms.eps), extra.norm_in[layer][0].double(),
-                    extra.norm_out[layer][0].double(), centred=False, sandwich=True)
+    assert fam is not None and fam.block_norms is not None  # refuse_unsupported said so before
+    return fam.block_norms
+
+
+def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _Extra,
+           dtype: torch.dtype) -> LayerBlock:
+    """The block with its residual stream, its captured output and (post-norm, sandwich) its norm."""
+    where = _norms_of(m)
+    if where.kind == "post":  # the residual is the attention input itself
+        ln = _post_norm(m.model, attention_modules(m.model)[layer], where)
+        norm = Norm(ln.weight.detach().to(dtype), ln.bias.detach().to(dtype), float(ln.eps),
+                    extra.norm_in[layer][0].to(dtype), extra.norm_out[layer][0].to(dtype))
+        return replace(block, residual=cap.x[layer][0].to(dtype), block_output=norm.returned, norm=norm)
+    residual, output = extra.residual[layer][0].to(dtype), extra.block_output[layer][0].to(dtype)
+    if where.kind == "sandwich":
+        assert where.attention_norm is not None
+        rms: Any = base_of(m.model).get_submodule(where.attention_norm.format(layer=layer))
+        gamma = rms.weight.detach().to(dtype) + (1.0 if where.unit_offset else 0.0)  # Gemma's RMSNorm: 1 + w
+        norm = Norm(gamma, torch.zeros_like(gamma), float(rms.eps), extra.norm_in[layer][0].to(dtype),
+                    extra.norm_out[layer][0].to(dtype), centred=False, sandwich=True)
         return replace(block, residual=residual, block_output=output, norm=norm)
     return replace(block, residual=residual, block_output=output)
 
@@ -172,22 +181,21 @@ def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _E
 @contextlib.contextmanager
 def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
     handles: list[Any] = []
-    fam = family_of(m.model)
-    if whole_block and fam is not None:
-        if fam.name in POST_NORM:
+    if whole_block:
+        where = _norms_of(m)
+        if where.kind == "post":
             for mod in attention_modules(m.model):
-                handles.append(_post_norm(m.model, mod).register_forward_hook(_take_both(extra)))
+                handles.append(_post_norm(m.model, mod, where).register_forward_hook(_take_both(extra)))
         else:
             base = base_of(m.model)
             for layer in range(len(attention_modules(m.model))):
                 before = pre_attention(m.model, layer)
-                assert before is not None
+                assert before is not None and where.block_output is not None
                 handles.append(before.register_forward_pre_hook(_take_input(extra.residual)))
-                out = SANDWICH[fam.name][1] if fam.name in SANDWICH else PRE_NORM_OUT[fam.name]
-                after = base.get_submodule(out.format(layer=layer))
+                after = base.get_submodule(where.block_output.format(layer=layer))
                 handles.append(after.register_forward_pre_hook(_take_input(extra.block_output)))
-                if fam.name in SANDWICH:
-                    rms = base.get_submodule(SANDWICH[fam.name][0].format(layer=layer))
+                if where.attention_norm is not None:
+                    rms = base.get_submodule(where.attention_norm.format(layer=layer))
                     handles.append(rms.register_forward_hook(_take_both(extra)))
     try:
         yield
@@ -196,14 +204,13 @@ def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
             h.remove()
 
 
-def _post_norm(model: nn.Module, attention: nn.Module) -> nn.LayerNorm:
+def _post_norm(model: nn.Module, attention: nn.Module, where: BlockNorms) -> nn.LayerNorm:
     """The post-norm block's LayerNorm, found from the attention module (BERT's <layer>.attention.self ->
     <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm)."""
-    fam = family_of(model)
-    assert fam is not None
+    assert where.post_norm is not None
     name = next(n for n, mod in model.named_modules() if mod is attention)
     parent = name.rsplit(".", 1)[0] if "." in name else ""
-    ln = model.get_submodule(f"{parent}.{POST_NORM[fam.name]}" if parent else POST_NORM[fam.name])
+    ln = model.get_submodule(f"{parent}.{where.post_norm}" if parent else where.post_norm)
     assert isinstance(ln, nn.LayerNorm)
     return ln
 
@@ -220,4 +227,4 @@ def _take_both(extra: _Extra) -> Any:
     return hook
 
 
-__all__ = ["BLOCK_FAMILIES", "LayerBlock", "Norm", "capture_blocks", "one_text", "refuse_unsupported"]
+__all__ = ["BLOCK_FAMILIES", "LayerBlock", "Norm", "capture_blocks", "merged_context", "one_text", "refuse_unsupported"]

@@ -22,6 +22,31 @@ class Unsupported(Exception):
 
 
 @dataclass(frozen=True)
+class BlockNorms:
+    """Where a layer's attention block ends and which norms it holds, for decompositions of the whole block
+    (attribution.alti: the residual, the norms and the block output). Module names are "{layer}"-formatted.
+
+    post: y = LayerNorm(x + attention output); `post_norm` is that LayerNorm, relative to the attention module's
+      parent (BERT's <layer>.attention.self -> <layer>.attention.output.LayerNorm).
+    pre: y = x + attention(norm(x)); `block_output` (relative to the base model) is the module whose input is y.
+    sandwich: y = x + RMSNorm(attention output); `attention_norm` is that RMSNorm (scaling by 1 + w where
+      unit_offset), `block_output` the module whose input is y.
+    """
+
+    kind: str  # "post" | "pre" | "sandwich"
+    post_norm: str | None = None
+    block_output: str | None = None
+    attention_norm: str | None = None
+    unit_offset: bool = False
+
+
+_POST_BERT = BlockNorms("post", post_norm="output.LayerNorm")
+_PRE_LLAMA = BlockNorms("pre", block_output="layers.{layer}.post_attention_layernorm")
+_SANDWICH_GEMMA = BlockNorms("sandwich", block_output="layers.{layer}.pre_feedforward_layernorm",
+                             attention_norm="layers.{layer}.post_attention_layernorm", unit_offset=True)
+
+
+@dataclass(frozen=True)
 class Family:
     """How to read one architecture family's attention modules."""
 
@@ -36,6 +61,7 @@ class Family:
     shared_layers: bool = False  # one attention module serves every layer (ALBERT)
     cross: str | None = None  # encoder-decoder: the name of the decoder's cross-attention modules
     unit_offset: bool = False  # RMSNorm weights stored as w, scaling by 1 + w (Gemma 3's QK-norm)
+    block_norms: BlockNorms | None = None  # the whole attention block's norms (None: ALTI does not decompose it)
 
 
 def text_config(config: Any) -> Any:
@@ -187,6 +213,7 @@ def _bert_family(name: str, cls_prefix: str) -> Family:
         out_proj=lambda model, m: _sibling(model, m, "output.dense"),
         x_source="layer 0: token + position + segment embeddings, then LayerNorm; "
         "layer l > 0: the output of layer l-1",
+        block_norms=_POST_BERT,
     )
 
 
@@ -196,10 +223,11 @@ _DECODER_X = ("{norm} of the residual stream: the token embeddings{scaled} for l
 
 def _decoder(name: str, cls: str, params: Callable[[nn.Module, Any, int], AttentionParams] = _qkv_proj_params,
              out: str = "o_proj", norm: str = "input_layernorm (RMSNorm)", scaled: str = "",
-             pre: str | None = "layers.{layer}.input_layernorm", unit_offset: bool = False) -> Family:
+             pre: str | None = "layers.{layer}.input_layernorm", unit_offset: bool = False,
+             block_norms: BlockNorms | None = None) -> Family:
     return Family(name, (cls,), True, params, lambda model, m: getattr(m, out),
                   _DECODER_X.format(norm=norm, scaled=scaled), pre_attention=pre, rotary=True,
-                  unit_offset=unit_offset)
+                  unit_offset=unit_offset, block_norms=block_norms)
 
 
 # Encoder-decoder families: one attention class serves the encoder's self-attention, the decoder's causal
@@ -246,6 +274,7 @@ FAMILIES: dict[str, Family] = {
         params=_distilbert_params,
         out_proj=lambda model, m: m.out_lin,
         x_source="layer 0: token + position embeddings, then LayerNorm; layer l > 0: the output of layer l-1",
+        block_norms=BlockNorms("post", post_norm="sa_layer_norm"),  # <layer>.sa_layer_norm beside <layer>.attention
     ),
     "albert": Family(
         name="albert",
@@ -266,16 +295,18 @@ FAMILIES: dict[str, Family] = {
         x_source="ln_1 (LayerNorm) of the residual stream: token + position embeddings for layer 0, "
         "the output of layer l-1 after that",
         pre_attention="h.{layer}.ln_1",
+        block_norms=BlockNorms("pre", block_output="h.{layer}.ln_2"),
     ),
-    "llama": _decoder("llama", "LlamaAttention"),
-    "mistral": _decoder("mistral", "MistralAttention"),
-    "qwen2": _decoder("qwen2", "Qwen2Attention"),
-    "qwen3": _decoder("qwen3", "Qwen3Attention"),
-    "gemma2": _decoder("gemma2", "Gemma2Attention", scaled=" times sqrt(d_model)"),
+    "llama": _decoder("llama", "LlamaAttention", block_norms=_PRE_LLAMA),
+    "mistral": _decoder("mistral", "MistralAttention", block_norms=_PRE_LLAMA),
+    "qwen2": _decoder("qwen2", "Qwen2Attention", block_norms=_PRE_LLAMA),
+    "qwen3": _decoder("qwen3", "Qwen3Attention", block_norms=_PRE_LLAMA),
+    "gemma2": _decoder("gemma2", "Gemma2Attention", scaled=" times sqrt(d_model)", block_norms=_SANDWICH_GEMMA),
     # Gemma 3: QK-norm scaling by 1 + w, local (sliding) and global layers with their own RoPE bases
     "gemma3_text": _decoder("gemma3_text", "Gemma3Attention", scaled=" times sqrt(d_model)",
-                            norm="input_layernorm (RMSNorm, scaling by 1 + w)", unit_offset=True),
-    "phi3": _decoder("phi3", "Phi3Attention", params=_phi3_params),
+                            norm="input_layernorm (RMSNorm, scaling by 1 + w)", unit_offset=True,
+                            block_norms=_SANDWICH_GEMMA),
+    "phi3": _decoder("phi3", "Phi3Attention", params=_phi3_params, block_norms=_PRE_LLAMA),
     "gpt_neox": _decoder("gpt_neox", "GPTNeoXAttention", params=_neox_params, out="dense",
                          norm="input_layernorm (LayerNorm)"),
     "gpt_oss": _decoder("gpt_oss", "GptOssAttention"),  # attention sinks, alternating sliding layers, YaRN
