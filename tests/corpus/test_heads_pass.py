@@ -4,6 +4,7 @@ pass resumed ends with the same bits, and the CLI answers bad input in one line.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -92,3 +93,21 @@ def test_the_cli_refuses_bad_input_in_one_line(done: HeadsRun, ud_dev: Path, tmp
     (bad / FILE).write_bytes(b"not a heads file")
     code, _, err = run(capsys, "heads-compare", out, str(bad))
     assert code == 2 and err.count("\n") == 1 and "not a heads file" in err
+
+
+def test_the_cli_writes_the_page_and_compares(ud_dev: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              done: HeadsRun) -> None:
+    out = tmp_path / "out"
+    code, stdout, _ = run(capsys, "heads", str(ud_dev), "-o", str(out), "--limit", "12", "--max-length", "32",
+                          "--batch-size", "3", "--clusters", "5", "--example", "A <b>bold</b> example.",
+                          "--format", "json")
+    assert code == 0
+    answer = json.loads(stdout)
+    assert answer["heads"]["names"][20] == "1.8" and max(answer["heads"]["clusters"]) == 5
+    assert np.array_equal(answer["heads"]["distance"], done.sums.distance())  # the same sums, through JSON
+    page = Path(answer["page"]).read_text(encoding="utf-8")
+    assert 'id="attnscope-heads"' in page and 'id="attnscope-data"' in page and "<b>bold" not in page
+    code, stdout, _ = run(capsys, "heads-compare", str(out), str(done.path), "-o", str(tmp_path / "c.html"))
+    assert code == 0 and "nearest all-MiniLM-L6-v2 head of each all-MiniLM-L6-v2 head" in stdout
+    assert " 0.2 -> 0.2    0.000  previous / previous" in stdout
+    assert '"comparison":{"a":"all-MiniLM-L6-v2"' in (tmp_path / "c.html").read_text(encoding="utf-8")
