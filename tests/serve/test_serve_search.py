@@ -17,7 +17,7 @@ import transformers as T
 import attnscope
 from attnscope.corpus.query import search
 from attnscope.corpus.store import CorpusIndex
-from tests.support.serve import Server, serve_command, start_server
+from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
 from tests.support.serve_index import HEADS, LAYERS, SENTENCES, tiny_index
 
 TEXT = "The president nominated a judge to the court."
@@ -130,3 +130,48 @@ def test_serve_refuses_an_index_it_cannot_use(index_dir: Path, other_model: Path
     done = subprocess.run(serve_command("--port", "0", *args), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+HOSTILE = "The judge <img src=x onerror=alert(1)> nominated."
+
+
+def test_a_click_on_a_token_finds_similar_tokens_in_the_corpus(indexed: Server, index_dir: Path,
+                                                               minilm: attnscope.Model, one_torch_thread: None) -> None:
+    """In Chromium: trace a (hostile) text, click a matrix cell at layer 5 (0-indexed), follow "find similar tokens
+    in the corpus": the matches drawn are the library's for that token and layer, every text shown as text."""
+    from attnscope.views.browser import chromium
+
+    layer, query = 5, 2  # "judge"
+    with chromium() as b:
+        page = b.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: (errors.append(d.message), d.dismiss()))
+        page.goto(indexed.url)
+        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
+        assert page.locator("#sv-search").is_visible()
+        page.fill("#sv-text", HOSTILE)
+        page.select_option("#sv-view", "matrix")
+        page.click("#sv-go")
+        page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
+                               arg=HOSTILE, timeout=60_000)
+        page.locator("#sv-views .as-panel select").first.select_option(str(layer))
+        canvas = page.locator("#sv-views canvas.as-matrix")
+        cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
+        canvas.click(position={"x": label + 0.5 * cell, "y": label + (query + 0.5) * cell})
+        page.wait_for_selector("#sv-links:not([hidden]) #sv-link-search")
+        assert f'token {query} "judge":' in str(page.text_content("#sv-links"))
+        page.click("#sv-link-search")
+        page.wait_for_function("() => ['ok', 'error'].includes(document.getElementById('sv-search-status')"
+                               ".dataset.kind)", timeout=60_000)
+        assert page.get_attribute("#sv-search-status", "data-kind") == "ok", page.text_content("#sv-search-status")
+        drawn = page.eval_on_selector_all("#sv-search-out .sv-matches li", "ls => ls.map(l => "
+                                          "[+l.dataset.distance, l.querySelector('mark').textContent])")
+        line = str(page.text_content("#sv-search-out .sv-fx-line"))
+        assert page.input_value("#sv-search-text") == HOSTILE and page.input_value("#sv-search-layer") == str(layer)
+        page.locator("#sv-search").screenshot(path=str(ARTIFACTS / "search-panel.png"))
+        assert page.locator("img").count() == 0 and errors == []
+    want = search(CorpusIndex(index_dir), HOSTILE, token=query, layer=layer, k=20, model=minilm)
+    assert [token for _, token in drawn] == [m.token or "(special token)" for m in want.matches]
+    assert max(abs(d - m.distance) for (d, _), m in zip(drawn, want.matches, strict=True)) <= TOLERANCE
+    assert line.startswith(f'"judge" (token {query} of the query) at layer {layer}, by embedding: 20 nearest')

@@ -232,10 +232,14 @@
 
   // ---- corpus search ------------------------------------------------------------------------------------------
 
+  const SPECIAL = "(special token)"; // a match with no characters in its sentence ([CLS], [SEP], BOS)
+
   // The sentence as text, its matched token in a <mark>.
   function marked(m) {
+    const special = m.start === m.end;
     return el("span", { class: "sv-sentence" }, [document.createTextNode(m.text.slice(0, m.start)),
-      el("mark", { text: m.text.slice(m.start, m.end) }), document.createTextNode(m.text.slice(m.end))]);
+      el("mark", { class: special ? "sv-special" : null, text: special ? SPECIAL : m.text.slice(m.start, m.end) }),
+      document.createTextNode(m.text.slice(m.end))]);
   }
 
   function counts(title, values) {
@@ -243,7 +247,7 @@
     const top = Math.max(1, ...entries.map(([, n]) => n));
     return el("section", { class: "sv-counts", "data-name": title }, [el("h3", { text: title }),
       entries.length ? el("ul", {}, entries.slice(0, 12).map(([label, n]) => el("li", {}, [
-        el("span", { class: "sv-count-label", text: A.oneLine(label) }),
+        el("span", { class: "sv-count-label", text: label === "" ? SPECIAL : A.oneLine(label) }),
         el("span", { class: "sv-bar", style: `width:${Math.round((n / top) * 100)}%` }),
         el("span", { class: "sv-count-n", text: String(n) })]))) : el("p", { class: "sv-hint", text: "none" })]);
   }
