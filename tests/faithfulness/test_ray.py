@@ -99,3 +99,15 @@ def test_workers_load_a_named_model_by_name_and_a_loaded_one_is_shipped(minilm: 
     assert Engine.of("ray", model=None).worker_model == attnscope.models.DEFAULT_MODEL
     assert Engine.of("ray", model="smollm2").worker_model == "smollm2"
     assert Engine.of("ray", model=minilm).worker_model is None  # shipped: it may be changed in memory
+
+
+@pytest.mark.usefixtures("ray_runtime", "one_torch_thread")
+def test_the_command_with_engine_ray_writes_the_local_files(local: FaithfulnessResult, ud_dev: Path,
+                                                            tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.cli.main import main
+
+    assert main(["faithfulness", str(ud_dev), "-o", str(tmp_path / "cli"), "--engine", "ray", "--workers", "2",
+                 "--limit", "4", "--methods", "attention,rollout", "--max-length", "12", "--seeds", "2",
+                 "--no-progress", "--threads", "1", "--format", "json"]) == 0
+    assert '"examples": 4' in capsys.readouterr().out
+    same_files(local.outdir, tmp_path / "cli")
