@@ -4,7 +4,8 @@ Ray is optional (`pip install 'attnscope[ray]'`) and imported only when a Ray ru
 `run` connects to a cluster (or starts a local one), runs the local engine's batches on
 worker actors and returns the same `RunResult`, with the same numbers, as `attnscope.stats.run`.
 `ordered` runs any per-item task (a faithfulness run's documents, an index build's batches) on
-the same workers and hands the results back in the items' order, for the caller's own loop.
+the same workers and hands the results back in the items' order, for the caller's own loop;
+`Engine` is a library call's choice of local or Ray (checked once), running such a task either way.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import DEFAULT_MODEL, Model, ModelLike
 from attnscope.stats.engine import Progress, RunResult, Settings
 from attnscope.stats.sources import Source
+
+if TYPE_CHECKING:
+    from attnscope.stats.distributed.workers import Task  # (model, item, work) -> result, a module-level function
 
 INSTALL = "pip install 'attnscope[ray]'"
 K = TypeVar("K", bound=Hashable)
@@ -82,7 +86,6 @@ def run(source: Source, model: Model, settings: Settings, outdir: str | os.PathL
 
 
 ENGINES = ("local", "ray")
-Task = Callable[[Model, Any, Any], Any]  # (model, item, work) -> result, a module-level function
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,7 +138,7 @@ def by_name(model: ModelLike) -> str | None:
     return None if Path(str(model)).expanduser().exists() else str(model)
 
 
-def ordered(task: Callable[[Model, Any, Any], Any], items: Iterable[tuple[K, Any]], model: Model,
+def ordered(task: Task, items: Iterable[tuple[K, Any]], model: Model,
             work: Any, *, what: str = "engine='ray'", address: str | None = None, workers: int | None = None,
             threads: int | None = None, worker_model: str | Model | None = None,
             name: str = "attnscope") -> Generator[tuple[K, Any], None, None]:
