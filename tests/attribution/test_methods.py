@@ -49,12 +49,14 @@ def test_every_method_on_causal_families(tiny_lm: Callable[[str], attnscope.Mode
 
 def test_encoder_decoders_run_what_applies(tiny_lm: Callable[[str], attnscope.Model]) -> None:
     a = attribute(TEXT, model=tiny_lm("bart"), methods="all")
-    assert set(a.methods) == {"saliency", "input_x_gradient", "integrated_gradients", "leave_one_out",
-                              "leave_one_out_replaced"}
+    assert set(a.methods) == {"attention", "rollout", "attention_x_gradient", "saliency", "input_x_gradient",
+                              "integrated_gradients", "leave_one_out", "leave_one_out_replaced"}
     assert set(a.skipped) == set(METHODS) - set(a.methods)  # said in the output, with the reason
-    assert "three kinds of attention" in a.skipped["rollout"] and "encoder-decoder" in a.skipped["alti"]
-    with pytest.raises(AttnscopeError, match=r"rollout does not apply to .*three kinds of attention"):
-        attribute(TEXT, model=tiny_lm("t5"), methods="rollout")
+    assert "max-flow through one stack" in a.skipped["flow"] and "ALTI+" in a.skipped["alti"]
+    for name in ("flow", "alti", "norm", "value_zeroing"):
+        with pytest.raises(AttnscopeError, match=f"{name} does not apply to .*encoder") as exc:
+            attribute(TEXT, model=tiny_lm("t5"), methods=name)
+        assert "\n" not in str(exc.value) and exc.value.parameter == "methods"
 
 
 def test_refusals(minilm: attnscope.Model) -> None:

@@ -74,13 +74,13 @@ def trace_check(tr: Trace) -> MethodCheck:
                        verified=verified, detail=detail)
 
 
-def _layer(ctx: Context, n_layers: int) -> int:
+def layer_of(ctx: Context, n_layers: int) -> int:
     layer = n_layers - 1 if ctx.settings.layer is None else ctx.settings.layer
     validate_index("layer", layer, n_layers, ctx.objective.model.name)
     return layer
 
 
-def _heads(ctx: Context, w: np.ndarray) -> np.ndarray:
+def heads_of(ctx: Context, w: np.ndarray) -> np.ndarray:
     """[head, query, key] -> [query, key]: the mean of the heads, or the one asked for."""
     if ctx.settings.head is not None:
         validate_index("head", ctx.settings.head, w.shape[0], ctx.objective.model.name)
@@ -96,15 +96,15 @@ def _scores(ctx: Context, name: str, matrix: np.ndarray, unit: str, settings: di
 
 def raw_attention(ctx: Context) -> MethodScores:
     tr = shared_trace(ctx)
-    layer = _layer(ctx, tr.n_layers)
+    layer = layer_of(ctx, tr.n_layers)
     head = "mean" if ctx.settings.head is None else ctx.settings.head
-    return _scores(ctx, "attention", _heads(ctx, tr.weights[layer].astype(np.float64)),
+    return _scores(ctx, "attention", heads_of(ctx, tr.weights[layer].astype(np.float64)),
                    "attention weight", {"layer": layer, "head": head})
 
 
 def rollout(ctx: Context) -> MethodScores:
     tr = shared_trace(ctx)
-    layer = _layer(ctx, tr.n_layers)
+    layer = layer_of(ctx, tr.n_layers)
     return _scores(ctx, "rollout", tr.rollout()[layer], "share of the input (rollout)", {"layer": layer})
 
 
@@ -118,8 +118,8 @@ def flow(ctx: Context) -> MethodScores:
     return _scores(ctx, "flow", tr.flow(max_tokens=most), "share of the input (max-flow)", {})
 
 
-class _KeepContexts:
-    """A capture.Intervention that changes nothing and keeps each layer's context [batch, query, head, d_head]."""
+class KeepContexts:
+    """A capture.Intervention that changes nothing and keeps each call's context [batch, query, head, d_head]."""
 
     def __init__(self) -> None:
         self.contexts: list[torch.Tensor] = []
@@ -135,7 +135,7 @@ class _KeepContexts:
 def attention_gradients(obj: Objective, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [head, query, key], dF/dweights [target, head, query, key]) of one layer, one forward."""
     embeds = obj.embed(obj.ids[None].to(obj.model.device)).detach().requires_grad_(True)
-    keep = _KeepContexts()
+    keep = KeepContexts()
     with intervening(obj.model.model, keep), capturing(obj.model.model) as cap:
         f = obj.score_embeds(embeds)[0]  # [target]
     ctx, call = keep.contexts[layer], cap.calls[layer]
@@ -149,10 +149,10 @@ def attention_gradients(obj: Objective, layer: int) -> tuple[torch.Tensor, torch
 
 def attention_x_gradient(ctx: Context) -> MethodScores:
     obj, tr = ctx.objective, shared_trace(ctx)
-    layer = _layer(ctx, tr.n_layers)
+    layer = layer_of(ctx, tr.n_layers)
     weights, grads = attention_gradients(obj, layer)
     product = (weights[None] * grads).double().cpu().numpy()  # [target, head, query, key]
-    rows_ = np.stack([rows(obj, _heads(ctx, product[t]))[0 if obj.kind == ENCODER else t]
+    rows_ = np.stack([rows(obj, heads_of(ctx, product[t]))[0 if obj.kind == ENCODER else t]
                       for t in range(obj.n_targets)])  # [target, key]: target t's own row
     check = trace_check(tr)
     drift = float(np.abs(weights.double().cpu().numpy() - tr.weights[layer]).max())

@@ -53,6 +53,7 @@ class Method:
     cost: str  # in forwards (F) and backwards (B) of the input, n tokens, T targets
     why_not: dict[str, str]  # kind -> why the method does not apply to it; the kinds absent here it applies to
     per_family: bool = False  # also ask the module's why_not(name, objective) (a family it cannot decompose)
+    by_kind: dict[str, str] = field(default_factory=dict)  # kind -> another module with the same function for it
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -70,7 +71,8 @@ class Method:
 
     def run(self, ctx: Context) -> MethodScores:
         """The method's scores, with the seconds it took."""
-        fn: Callable[[Context], MethodScores] = getattr(importlib.import_module(self.module), self.function)
+        module = self.by_kind.get(ctx.objective.kind, self.module)
+        fn: Callable[[Context], MethodScores] = getattr(importlib.import_module(module), self.function)
         start = time.perf_counter()
         out = fn(ctx)
         cost = Cost(forwards=out.cost.forwards, backwards=out.cost.backwards, seconds=time.perf_counter() - start)
@@ -81,26 +83,32 @@ _ATTN = "attnscope.attribution.attention"
 _GRAD = "attnscope.attribution.gradients"
 _LOO = "attnscope.attribution.leave_one_out"
 _MIX = "attnscope.attribution.decomposition"
-_ONE_MATRIX = ("an encoder-decoder mixes tokens through three kinds of attention (encoder, decoder, cross), so "
-               "there is no one token-to-token matrix per layer to read or roll out; use a gradient or "
-               "leave-one-out method")
+_S2S = {SEQ2SEQ: "attnscope.attribution.seq2seq_attention"}  # the encoder-decoder's three kinds of attention
+_ONE_STACK = ("attention flow is a max-flow through one stack's layered graph (Abnar & Zuidema 2020), and an "
+              "encoder-decoder's encoder output feeds every decoder layer at once through cross-attention: use "
+              "rollout, which follows the encoder and then the decoder's self- and cross-attention")
+_ONE_BLOCK = ("ALTI, norm-based attention and value zeroing decompose one stack's attention blocks as their papers "
+              "do; an encoder-decoder's decoder layers also mix in the encoder's output through cross-attention, "
+              "which needs the encoder-decoder extension (ALTI+, Ferrando et al. 2022), not built here: use rollout, "
+              "a gradient or a leave-one-out method")
 _AT_MAXIMUM = ("what is explained for an encoder is the cosine similarity of its pooled embedding with the unperturbed "
                "one, which is at its maximum (1) at the input itself, so its gradient there is 0 up to rounding and "
                "says nothing; use integrated_gradients (a path from a baseline) or leave_one_out")
-_NOT_ONE = {SEQ2SEQ: _ONE_MATRIX}
+_NOT_ONE = {SEQ2SEQ: _ONE_BLOCK}
 _ALL: dict[str, str] = {}
 _LM = {ENCODER: _AT_MAXIMUM}
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("attention", _ATTN, "raw_attention", "the attention weights (Bahdanau et al. 2015; Jain & Wallace 2019)",
-           "1 F (the verified trace)", _NOT_ONE),
-    Method("rollout", _ATTN, "rollout", "attention rollout (Abnar & Zuidema 2020)", "1 F (the verified trace)",
-           _NOT_ONE),
+           "1 F (the verified trace)", _ALL, by_kind=_S2S),
+    Method("rollout", _ATTN, "rollout", "attention rollout (Abnar & Zuidema 2020; encoder-decoders: through the "
+           "encoder, then the decoder's self- and cross-attention, after Chefer, Gur & Wolf 2021)",
+           "1 F (the verified trace)", _ALL, by_kind=_S2S),
     Method("flow", _ATTN, "flow", "attention flow (Abnar & Zuidema 2020)",
-           "1 F + n^2 max-flows (refused past --max-flow-tokens)", _NOT_ONE),
+           "1 F + n^2 max-flows (refused past --max-flow-tokens)", {SEQ2SEQ: _ONE_STACK}),
     Method("attention_x_gradient", _ATTN, "attention_x_gradient",
            "attention x gradient (Serrano & Smith 2019; Chefer et al. 2021's A * dA)", "1 F + T B (+ the trace)",
-           {SEQ2SEQ: _ONE_MATRIX, ENCODER: _AT_MAXIMUM}),
+           {ENCODER: _AT_MAXIMUM}, by_kind=_S2S),
     Method("saliency", _GRAD, "saliency", "saliency, the gradient norm (Simonyan et al. 2014; Li et al. 2016)",
            "T (F + B) + 2T F (the finite-difference check)", _LM),
     Method("input_x_gradient", _GRAD, "input_x_gradient", "input x gradient (Shrikumar et al. 2016)",

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.methods import METHODS
-from attnscope.attribution.objective import build_objective
+from attnscope.attribution.objective import SEQ2SEQ, build_objective
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.explain import attribution_mixing as mixing
 from attnscope.explain import attribution_steps as gradient
@@ -65,6 +65,7 @@ BUILDERS: dict[str, Builder] = {
     "input_x_gradient": gradient.input_x_gradient, "leave_one_out": gradient.leave_one_out,
     "leave_one_out_replaced": gradient.leave_one_out}
 WALKED = tuple(BUILDERS)
+ONE_STACK = ("attention", "rollout")  # walkthroughs of one stack's weights: not an encoder-decoder's three kinds
 
 
 def require_walked(method: str) -> None:
@@ -89,7 +90,12 @@ def attribution_walkthrough(text: str, method: str, token: int, model: ModelLike
     obj = build_objective(m, text, target, max_length=max_length, truncate=truncate)
     reason = METHODS[method].supports(obj)
     if reason is not None:
-        raise AttnscopeError(reason)
+        raise AttnscopeError(reason, parameter="attribution")
+    if obj.kind == SEQ2SEQ and method in ONE_STACK:
+        raise AttnscopeError(f"the {method} walkthrough follows one stack's attention, and an encoder-decoder's "
+                             f"{method} joins the encoder, the decoder and cross-attention (attribute() gives its "
+                             "scores): walk through a gradient or leave-one-out method instead",
+                             parameter="attribution")
     validate_index("token", token, obj.n_tokens, f"the input ({' '.join(t.text for t in obj.tokens)})")
     if layer is not None:
         validate_index("layer", layer, int(m.n_layers), m.name)
