@@ -100,17 +100,19 @@ def test_the_answer_says_what_the_index_holds(indexed: Server) -> None:
     ({"by": "attention"}, "field 'by' must be one of 'embedding', 'context', 'query', 'key'"),
     ({"text": "word " * 40}, "over this server's limit of 32"),
 ])
-def test_what_the_index_cannot_answer_is_a_one_line_422(indexed: Server, body: dict[str, Any], message: str) -> None:
+def test_what_the_index_cannot_answer_is_a_one_line_422(indexed: Server, index_dir: Path, body: dict[str, Any],
+                                                        message: str) -> None:
     r = post(indexed, {"text": TEXT, "token": 2, "layer": 5, **body})
     assert r.status_code == 422, r.text
     assert message in r.json()["error"] and "\n" not in r.json()["error"]
+    assert str(index_dir) not in r.json()["error"]  # the server's paths are not the client's business
 
 
 def test_another_model_than_the_indexs_is_a_422_naming_both(indexed: Server, other_model: Path) -> None:
     r = post(indexed, {"text": TEXT, "token": 2, "layer": 0, "model": str(other_model)})
     assert r.status_code == 422, r.text
     error = r.json()["error"]
-    assert "was built with all-MiniLM-L6-v2, not" in error and "model=all-MiniLM-L6-v2" in error
+    assert "the index was built with all-MiniLM-L6-v2, not" in error and "model=all-MiniLM-L6-v2" in error
 
 
 def test_without_an_index_search_is_a_404_saying_how_to_load_one(server: Server) -> None:

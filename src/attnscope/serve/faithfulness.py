@@ -94,7 +94,8 @@ RESPONSE_SCHEMA: dict[str, Any] = {
                                                              "removable": {"type": "boolean"}}}},
         "deletion_x": _CURVE, "insertion_x": _CURVE,
         "rows": {"type": "array", "items": _ROW, "description": "one per method and control, the library's rows"},
-        "cost": {"type": "object", "description": "seconds, and the modified inputs scored"},
+        "cost": {"type": "object", "description": "seconds and modified inputs: as run, and as estimated when the "
+                 "request was admitted"},
     },
 }
 SUMMARY = ("One text's faithfulness: every method's deletion and insertion curves and its metrics (as a row of "
@@ -201,14 +202,16 @@ def faithfulness_rows(service: Service, req: FaithfulnessRequest, stop: threadin
     settings = library.Settings(methods=names, removal=req.removal, seeds=req.seeds, max_length=limit)
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        obj, ex = _example(m, req, limit)
+        obj, ex, cost = _example(m, req, limit)
         started = time.perf_counter()
         rows = library.example_rows(m, Document(req.text, "request"), 0, settings)
         seconds = time.perf_counter() - started
-    return _answer(req, obj, ex, rows, seconds)
+    return {**_answer(req, obj, ex, rows),
+            "cost": {"seconds": seconds, "modified_inputs": rows[0]["forwards"] if rows else 0,
+                     "estimated_seconds": cost.seconds(), "estimated_modified_inputs": cost.perturbed}}
 
 
-def _example(m: Model, req: FaithfulnessRequest, limit: int) -> tuple[Objective, Example]:
+def _example(m: Model, req: FaithfulnessRequest, limit: int) -> tuple[Objective, Example, Cost]:
     """The objective (refusing a text over the limit rather than cutting it) and the metrics' view of it, admitted
     by cost."""
     obj = build_objective(m, req.text, max_length=limit, truncate=False)
@@ -221,12 +224,12 @@ def _example(m: Model, req: FaithfulnessRequest, limit: int) -> tuple[Objective,
     loo = library.LOO[req.removal]
     methods, _ = resolve([*names, *([] if loo in names else [loo])], obj, req.methods is not None)
     chosen = [x.name for x in methods]
-    admit(measure_cost(obj, p, ex, chosen, len(chosen) + req.seeds + 1, make_settings().ig_steps), req.deadline)
-    return obj, ex
+    cost = measure_cost(obj, p, ex, chosen, len(chosen) + req.seeds + 1, make_settings().ig_steps)
+    admit(cost, req.deadline)
+    return obj, ex, cost
 
 
-def _answer(req: FaithfulnessRequest, obj: Objective, ex: Example, rows: list[dict[str, Any]],
-            seconds: float) -> dict[str, Any]:
+def _answer(req: FaithfulnessRequest, obj: Objective, ex: Example, rows: list[dict[str, Any]]) -> dict[str, Any]:
     removable = ex.removable.tolist()
     return {
         "model": obj.model.name, "text": req.text, "kind": obj.kind, "description": obj.description,
@@ -235,7 +238,7 @@ def _answer(req: FaithfulnessRequest, obj: Objective, ex: Example, rows: list[di
                    for t, r in zip(obj.tokens, removable, strict=True)],
         "deletion_x": (np.arange(ex.steps + 1) / ex.m).tolist(),
         "insertion_x": (np.arange(ex.min_kept, ex.m + 1) / ex.m).tolist(),
-        "rows": rows, "cost": {"seconds": seconds, "modified_inputs": rows[0]["forwards"] if rows else 0},
+        "rows": rows,
     }
 
 

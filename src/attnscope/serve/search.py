@@ -131,8 +131,12 @@ def search_body(service: Service, corpus: Corpus, req: SearchRequest, stop: thre
     _validate_tokens(service, m, req.text)
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        result = search(corpus.index, req.text, token=req.token, layer=req.layer, by=req.by, head=req.head, k=req.k,
-                        model=m, exact=req.exact)
+        try:
+            result = search(corpus.index, req.text, token=req.token, layer=req.layer, by=req.by, head=req.head,
+                            k=req.k, model=m, exact=req.exact)
+        except AttnscopeError as exc:  # the library names the index by its path: a client reads "the index"
+            raise AttnscopeError(str(exc).replace(str(corpus.index.root), "the index"),
+                                 parameter=exc.parameter) from exc
     body = {**result.to_dict(), "index": corpus.describe()}
     return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
