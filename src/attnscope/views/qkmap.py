@@ -33,6 +33,7 @@ ROOT = "attnscope-qkmap-root"
 DATA = "attnscope-qkmap"
 BOOT = "\nwindow.attnscope.bootQKMap();\n"
 COLOURS = ("kind", "position", "upos", "deprel")  # what a point's colour says (the page's toggle)
+MAX_TOKENS = 20_000  # tokens a page maps (each head draws two points per token as SVG)
 DIGITS = 5  # decimals a point's coordinates keep in the page (a map's scale is ~1..100)
 STYLE = """
 .as-qk { font: 14px system-ui, sans-serif; margin: 12px; color: #111; }
@@ -94,6 +95,9 @@ def qkmap_payload(index: CorpusIndex, layer: int, heads: Sequence[int] | None = 
     for head in chosen:
         check_query(index, layer, "query", head)
     rows = sample_rows(index.n_tokens, limit, seed)
+    if len(rows) > MAX_TOKENS:
+        raise AttnscopeError(f"{len(rows):,} tokens are too many points for a page (at most {MAX_TOKENS:,}): "
+                             f"sample fewer with limit=N", parameter="limit")
     tokens, documents = token_rows(index, rows)
     maps = []
     for head in chosen:

@@ -23,7 +23,7 @@
   function dendrogramBody(data) {
     const d = data.dendrogram;
     const n = d.leaves.length;
-    const step = Math.max(7, Math.min(16, 900 / n));
+    const step = Math.max(9, Math.min(16, 900 / n)); // a leaf's label is ~8 px across, rotated
     const height = 260;
     const top = Math.max(1e-12, ...d.dcoord.flat());
     const x = (v) => 40 + ((v - 5) / 10) * step;
@@ -49,16 +49,16 @@
   }
 
   // The map: one point per head at its MDS coordinates, coloured by its first label, named when there is room.
-  function mapBody(data, x0) {
+  function mapBody(data, x0, y0) {
     const xs = data.points.map((p) => p[0]);
     const ys = data.points.map((p) => p[1]);
     const [a, b, c, d] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
     const span = Math.max(b - a, d - c) || 1;
-    const at = (p) => [x0 + 12 + ((p[0] - a) / span) * (MAP - 24), 22 + MAP - ((p[1] - c) / span) * (MAP - 24)];
+    const at = (p) => [x0 + 12 + ((p[0] - a) / span) * (MAP - 24), y0 + 22 + MAP - ((p[1] - c) / span) * (MAP - 24)];
     const named = data.names.length <= 96;
-    const out = [`<g class="as-hd-map">`, F.text(x0, 0, "map of the heads (classical MDS of the JS distances)",
+    const out = [`<g class="as-hd-map">`, F.text(x0, y0, "map of the heads (classical MDS of the JS distances)",
                                                    ' font-weight="600"'),
-      `<rect x="${x0}" y="10" width="${MAP}" height="${MAP + 12}" fill="none" stroke="#cccccc"/>`];
+      `<rect x="${x0}" y="${y0 + 10}" width="${MAP}" height="${MAP + 12}" fill="none" stroke="#cccccc"/>`];
     data.points.forEach((p, u) => {
       const [px, py] = at(p);
       out.push(`<circle data-unit="${u}" cx="${F.num(px)}" cy="${F.num(py)}" r="5" fill="${colourOf(data, u)}" ` +
@@ -76,11 +76,12 @@
 
   function layout(data) {
     const den = dendrogramBody(data);
-    const mapX = den.width + 30;
-    const height = Math.max(den.height, MAP + 40) + 30;
-    const body = [`<g transform="translate(0 14)">`, den.body, mapBody(data, mapX), "</g>",
+    const beside = den.width <= 1000; // a wide dendrogram (many heads) puts the map below it
+    const [mapX, mapY] = beside ? [den.width + 30, 0] : [0, den.height + 30];
+    const height = (beside ? Math.max(den.height, MAP + 40) : mapY + MAP + 40) + 30;
+    const body = [`<g transform="translate(0 14)">`, den.body, mapBody(data, mapX, mapY), "</g>",
                   legendBody(height + 10)].join("\n");
-    return { body: body, width: mapX + MAP + 10, height: height + 20 };
+    return { body: body, width: Math.max(den.width, mapX + MAP + 10), height: height + 20 };
   }
 
   A.headsSVG = function (data, options) {
