@@ -7,7 +7,6 @@ Numbers follow `attnscope.numbers` (4 decimals; errors as 5.4e-07).
 
 from __future__ import annotations
 
-import base64
 import io
 from typing import Any
 
@@ -278,20 +277,20 @@ KEY_STAGES = ("scores", "scaled", "masked", "weights")  # columns are keys: the 
 
 def walkthrough_shown_json(w: Walkthrough) -> dict[str, Any]:
     """The walkthrough as the web app's explanation shows it: walkthrough_json's fields without the per-step
-    labels (the page labels rows and columns from `tokens`), each array as shown_array gives it: the rows and
-    columns the page can show (every column of a key stage, whose clicked key the page keeps in view), float32 as
-    base64 of its exact bytes. At 2,048 SmolLM2 tokens: ~0.3 MB instead of ~30 MB of JSON lists."""
+    labels (the page labels rows and columns from `tokens`); each step's "arrays" holds only the cells the page can
+    show of each array (nested lists, float32 in their shortest exact form, as walkthrough_json), and its "shown"
+    says where they sit (shown_array). At 2,048 SmolLM2 tokens ~0.3 MB instead of ~30 MB of JSON lists."""
     n = len(w.tokens)
-    must = w.token  # the focused query row stays in view (the page's keep())
+    steps = []
+    for i, s in enumerate(w.steps, 1):
+        kept = {k: shown_array(v, n, w.token, s.stage in KEY_STAGES) for k, v in s.arrays.items()}
+        steps.append({"stage": s.stage, "number": s.number or str(i), "title": s.title, "text": s.text,
+                      "shape": s.shape, "arrays": {k: cells for k, (cells, _) in kept.items()},
+                      "shown": {k: where for k, (_, where) in kept.items()}})
     return {
         "model": w.model, "layer": w.layer, "head": w.head, "token": w.token, "tokens": w.tokens, "arrays": "shown",
         **({} if w.attention == "self" else {"attention": w.attention, "key_tokens": w.key_tokens}),
-        "steps": [
-            {"stage": s.stage, "number": s.number or str(i), "title": s.title, "text": s.text, "shape": s.shape,
-             "arrays": {k: shown_array(v, n, must, s.stage in KEY_STAGES) for k, v in s.arrays.items()}}
-            for i, s in enumerate(w.steps, 1)
-        ],
-        "check": w.check,
+        "steps": steps, "check": w.check,
     }
 
 
@@ -306,11 +305,11 @@ def shown_rows(n: int, limit: int, must: int | None = None) -> list[int]:
     return [*sorted(head), n - 2, n - 1]
 
 
-def shown_array(arr: np.ndarray, n_tokens: int, must: int | None, key_stage: bool) -> dict[str, Any]:
-    """One array [rows, cols] (1-D: one row) as the page shows it: its shape, the kept rows and columns (None:
-    every column), whether every value is a whole number under 1e6 (the page then prints integers; over the whole
-    array, as before), and the kept cells: float32 as "f32" (base64 of little-endian float32, exact), other
-    dtypes as nested JSON lists ("list")."""
+def shown_array(arr: np.ndarray, n_tokens: int, must: int | None, key_stage: bool) -> tuple[Any, dict[str, Any]]:
+    """One array [rows, cols] (1-D: one row) as the page shows it: the kept cells, as nested lists (rows x columns
+    kept), and where they sit: its shape, the kept rows (the focused query's kept in view, as the page's keep()) and
+    columns (None: every column, as for a key stage, whose clicked key the page keeps in view), and whether every
+    value of the whole array is a whole number under 1e6 (the page then prints integers, as it did from all)."""
     a = np.atleast_2d(np.asarray(arr))
     rows_n, cols_n = a.shape
     rows = shown_rows(rows_n, SHOWN_ROWS, must if rows_n == n_tokens else None)
@@ -318,10 +317,7 @@ def shown_array(arr: np.ndarray, n_tokens: int, must: int | None, key_stage: boo
     kept = a[rows] if cols is None else a[np.ix_(rows, cols)]
     whole = bool(np.all(np.isfinite(a) & (a == np.round(a)) & (np.abs(a) < 1e6))) if a.dtype.kind == "f" else (
         bool(np.all(np.abs(a) < 1e6)) if a.dtype.kind in "iu" else False)  # JS: a boolean is no integer
-    out: dict[str, Any] = {"shape": [rows_n, cols_n], "rows": rows, "cols": cols, "integers": whole}
-    if kept.dtype == np.float32:
-        return out | {"encoding": "f32", "data": base64.b64encode(np.ascontiguousarray(kept, "<f4").tobytes()).decode()}
-    return out | {"encoding": "list", "values": _json_array(kept)}
+    return _json_array(kept), {"shape": [rows_n, cols_n], "rows": rows, "cols": cols, "integers": whole}
 
 
 def _json_array(arr: np.ndarray) -> Any:

@@ -135,7 +135,7 @@ def explain_fields(settings: Settings, models: Sequence[str], layers: int, heads
               nullable=True, minimum=0, maximum=settings.max_tokens - 1),
         Field("arrays", "string", "'all': every array whole, as nested lists (as `attnscope explain --format "
               "json`); 'shown': what the web app's explanation shows of each (its first 10 rows, the focused "
-              "query's and the last 2; its first 62 and last 2 columns, every key of a key stage), with the shape, "
-              "the kept rows and columns and float32 as base64 of its bytes (docs/serve.md).", default="all",
+              "query's and the last 2; its first 62 and last 2 columns, every key of a key stage), each step's "
+              "`shown` naming the shape and the rows and columns kept (docs/serve.md).", default="all",
               enum=EXPLAIN_ARRAYS),
     ]

@@ -298,44 +298,22 @@
     return null;
   }
 
-  // A float32 as numpy prints it (the shortest decimal that reads back as the same float32), as a number: the
-  // value the nested lists of `arrays: "all"` carry, so both forms print alike.
-  function shortest(f) {
-    if (!Number.isFinite(f) || Object.is(f, -0)) return f;
-    for (let p = 1; p < 10; p++) {
-      const d = Number(f.toPrecision(p));
-      if (Math.fround(d) === f) return d;
-    }
-    return f;
-  }
-
-  function float32s(text) {  // base64 of little-endian float32 -> Float32Array
-    const bin = atob(text);
-    const bytes = new Uint8Array(bin.length);
-    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-    return new Float32Array(bytes.buffer);
-  }
-
-  // An array of the walkthrough -> {rows, cols, at(i, j), integers}: nested lists (arrays "all"), or the shown
-  // form (arrays "shown": the shape, the rows and columns kept, their cells as float32 bytes or lists).
-  function cellsOf(values) {
-    if (Array.isArray(values)) {
-      const g = Array.isArray(values[0]) ? values : [values];
+  // An array of the walkthrough -> {rows, cols, at(i, j), integers}: whole (arrays "all"), or the cells the page
+  // shows with where they sit (arrays "shown": step.shown[name] has the shape, the rows and columns kept).
+  function cellsOf(values, where) {
+    const g = Array.isArray(values[0]) ? values : [values];
+    if (!where) {
       return { rows: g.length, cols: g[0] ? g[0].length : 0, at: (i, j) => g[i][j],
                integers: g.flat().every((v) => Number.isInteger(v) && Math.abs(v) < 1e6) };
     }
-    const [rows, cols] = values.shape;
-    const f32 = values.encoding === "f32";
-    const kept = f32 ? float32s(values.data) : values.values.flat();
-    const width = values.cols ? values.cols.length : cols;
-    const rowAt = new Map(values.rows.map((r, i) => [r, i]));
-    const colAt = values.cols ? new Map(values.cols.map((c, j) => [c, j])) : null;
-    const at = (i, j) => kept[rowAt.get(i) * width + (colAt ? colAt.get(j) : j)];
-    return { rows: rows, cols: cols, integers: values.integers, at: f32 ? (i, j) => shortest(at(i, j)) : at };
+    const rowAt = new Map(where.rows.map((r, i) => [r, i]));
+    const colAt = where.cols ? new Map(where.cols.map((c, j) => [c, j])) : null;
+    return { rows: where.shape[0], cols: where.shape[1], integers: where.integers,
+             at: (i, j) => g[rowAt.get(i)][colAt ? colAt.get(j) : j] };
   }
 
   function matrix(name, values, step, w, tokens, key) {
-    const { rows, cols, at, integers } = cellsOf(values);
+    const { rows, cols, at, integers } = cellsOf(values, step.shown && step.shown[name]);
     const rl = rowLabels(rows, w, tokens);
     const cl = colLabels(name, cols, step, tokens);
     const keyCol = cl && KEY_STAGES.includes(step.stage) ? key : null;
