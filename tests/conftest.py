@@ -51,6 +51,7 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "views/test_export_generation.py": ("browser",),
     "views/test_figures.py": ("browser",),
     "views/test_figures_select.py": ("browser",),
+    "views/test_figures_paper.py": ("browser",),
     "views/test_long.py": ("browser",),
     "views/test_seq2seq_browser.py": ("browser",),
     "views/test_seq2seq_export.py": ("browser",),
