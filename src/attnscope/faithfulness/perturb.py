@@ -95,12 +95,24 @@ class Perturber:
         mask = torch.from_numpy(np.ascontiguousarray(keep))
         self.forwards += int(keep.shape[0])
         if self.removal == DELETE:
-            rows = obj.score_edits(mask, rows_tokens=self.edit_tokens)
+            rows = self._by_length(mask)
         else:
             ids = obj.ids.expand(keep.shape[0], -1).clone()  # [variant, token]
             ids[~mask] = baseline_id(obj.model)
             rows = obj.score_edits(torch.ones_like(mask), ids, rows_tokens=self.edit_tokens)
         out: np.ndarray = rows.cpu().numpy()
+        return out
+
+    def _by_length(self, mask: torch.Tensor) -> torch.Tensor:
+        """mask [variant, token] -> [variant, target]: the deleted variants scored in groups of one kept length,
+        so no row is padded (a curve's rows run from every token to one: padded to the longest, about half of
+        the batch's work was padding; the bench measured 1.57x the plain forwards of the same inputs)."""
+        kept = mask.sum(dim=1)  # [variant]
+        parts = [(rows, self.objective.score_edits(mask[rows], rows_tokens=self.edit_tokens))
+                 for rows in (torch.nonzero(kept == n).flatten() for n in torch.unique(kept))]
+        out = torch.empty(mask.shape[0], parts[0][1].shape[1], dtype=parts[0][1].dtype)
+        for rows, values in parts:
+            out[rows] = values
         return out
 
     def unperturbed_error(self, batch_with: np.ndarray | None = None) -> float:
