@@ -93,6 +93,13 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "explain/test_attribution_walkthrough.py": ("slow",),
     "corpus/test_corpus_cli.py": ("slow",),
     "faithfulness/test_perturb.py": ("slow",),
+    # the corpus explorer's heads pass (75-97 s each at load 19) and its pages in Chromium
+    "corpus/test_heads_pass.py": ("slow",),
+    "corpus/test_heads_kill.py": ("slow",),
+    "corpus/test_heads_smollm2.py": ("slow",),
+    "corpus/test_qkmap_ranks.py::test_the_projections_offered_are_those_installed": ("slow",),
+    "views/test_qkmap_page.py": ("browser",),
+    "views/test_heads_page.py": ("browser",),
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),

@@ -8,7 +8,12 @@
 - `search.py`: exact cosine search (the reference) and matches; `ann.py`: the optional FAISS HNSW index
 - `query.py`: `search`, from a text and a token to the nearest corpus tokens; `summary.py`: what the matches are
 - `tags.py`: the stats reader plus each CoNLL-U word's UPOS
-- `maps.py`: a head's queries and keys in 2-D with AttentionViz's normalisation (query/key maps' data)
+- `maps.py`: a head's queries and keys in 2-D (PCA, t-SNE or UMAP) with AttentionViz's normalisation (query/key
+  maps' data)
+- `head_sums.py`: what the heads pass sums per sentence (pairwise Jensen-Shannon distances, behaviour shares) and
+  its .npz
+- `heads.py`: `head_pass`, the streaming, checkpointed, resumable pass over a corpus for the heads' distances
+- `head_groups.py`: heads grouped: UPGMA dendrogram, classical MDS map, behaviour labels, cross-model comparison
 
 Submodules are imported on use: `import attnscope.corpus` loads no torch.
 """
