@@ -11,18 +11,27 @@ disk per token.
     (stored vectors plus Gaussian noise of 0.05 per coordinate): exact (float64, the reference) and approximate
     latency p50/p95 and recall@10. Target: p95 < 50 ms at recall@10 >= 0.95.
 (3) Peak RSS of this process after each part; bytes on disk per token (arrays; approximate index).
+(4) --engine ray (--parts ray): the build of (1) on the same sentences, local against engine="ray" with 1 and 2
+    workers on a local Ray runtime, every model process on --threads torch threads; seconds counted from the moment
+    the workers have loaded the model (bench_ray.WorkersReady) and wall seconds with their start; every Ray index
+    checked byte for byte equal to the local one (arrays, documents, manifest). Best of --repeats.
 
 Usage: .venv/bin/python benchmarks/bench_index.py [--documents 500] [--tokens 1000000] [--repeats 2] [--keep DIR]
+                                                  [--parts build,search,ray] [--threads 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import resource
 import shutil
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,20 +153,74 @@ def top10(data: np.ndarray, queries: np.ndarray, rows: int = 65536) -> np.ndarra
     return best
 
 
+def same_files(a: Path, b: Path) -> bool:
+    """Every file of two index directories byte for byte."""
+    names = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    if names != sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file()):
+        return False
+    return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+
+
+def ray_speed(model: attnscope.Model, documents: int, repeats: int, threads: int, work: Path) -> None:
+    """(4): the build of (1), local against engine="ray" with 1 and 2 workers (see the module's docstring)."""
+    import ray
+
+    from bench_ray import WorkersReady, timed_pass
+
+    settings = Settings(limit=documents, batch_size=32, checkpoint_every=10**6)
+    ready = WorkersReady()
+    began = time.perf_counter()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray_start = time.perf_counter() - began
+    steady: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    tokens = 0
+    try:
+        for r in range(repeats):
+            for name, workers in (("local", None), ("ray:1", 1), ("ray:2", 2)):
+                out = work / f"ray-{name.replace(':', '')}-{r}"
+                kw: dict[str, Any] = {} if workers is None else {"engine": "ray", "workers": workers,
+                                                                 "threads": threads}
+                result, seconds, after = timed_pass(partial(build_index, TaggedSource(str(ud_dev())), out, model,
+                                                            settings=settings, ann=(), **kw), ready)
+                tokens = result.tokens
+                if workers is not None and not same_files(work / f"ray-local-{r}", out):
+                    raise SystemExit(f"{name}'s index differs from the local build")
+                steady[name] = min(steady.get(name, float("inf")), after)
+                wall[name] = min(wall.get(name, float("inf")), seconds)
+    finally:
+        ray.shutdown()
+    print(f"(4) --engine ray: {documents} sentences, {tokens:,} tokens, all layers and heads, {threads} torch "
+          f"thread(s) per model process, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; Ray runtime "
+          f"start {ray_start:.1f} s; every Ray index byte for byte the local one")
+    for name in steady:
+        print(f"    {name:6s} {steady[name]:7.2f} s after the workers were ready ({tokens / steady[name]:,.0f} "
+              f"tokens/s), {wall[name]:7.2f} s wall with their start")
+    print(f"    speed-up of 2 workers over local: {steady['local'] / steady['ray:2']:.2f}x once ready, "
+          f"{wall['local'] / wall['ray:2']:.2f}x wall")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--documents", type=int, default=500)
     parser.add_argument("--tokens", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--keep", type=Path, default=None, help="build in this directory and keep it")
+    parser.add_argument("--parts", default="build,search,ray", help="which parts: build (1), search (2), ray (4)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per model process (default 1)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    parts = set(args.parts.split(","))
+    torch.set_num_threads(args.threads)
     model = attnscope.load_model()
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench_index_"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        build_speed(model, args.documents, args.repeats, work)
-        search_at_scale(model, args.tokens, work)
+        if "build" in parts:
+            build_speed(model, args.documents, args.repeats, work)
+        if "ray" in parts:
+            ray_speed(model, args.documents, args.repeats, args.threads, work)
+        if "search" in parts:
+            search_at_scale(model, args.tokens, work)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -15,7 +15,13 @@ apart, once per run. The machine is shared, so the engines take turns, --repeats
 the best of each is kept. Every Ray result is checked equal to the local one.
 Target: Ray at 1 worker within 15% of local (overhead = 1 - ray:1 / local).
 
+--pass faithfulness: the same for a faithfulness run (attnscope.faithfulness, --methods on the first --documents
+sentences, --max-length tokens each): documents/s of the local run and of engine="ray" with 1 and 2 workers, the
+seconds counted from the moment the workers have loaded the model (`WorkersReady`), the per-example rows and the
+summary checked equal to the local ones. (The index build's Ray comparison is benchmarks/bench_index.py --parts ray.)
+
 Usage: .venv/bin/python benchmarks/bench_ray.py [--documents 1000] [--repeats 2] [--threads 1]
+       .venv/bin/python benchmarks/bench_ray.py --pass faithfulness [--documents 16] [--methods M1,M2]
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -52,12 +61,91 @@ def timed_ray(model: attnscope.Model, settings: Settings, out: Path, workers: in
     return result, time.perf_counter() - start
 
 
+class WorkersReady(logging.Handler):
+    """The moment each Ray pass's workers have all loaded the model (the last "Ray worker N: pid" line logged by
+    attnscope.stats.distributed.passes)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.times: list[float] = []
+        logger = logging.getLogger("attnscope.stats.distributed.passes")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("Ray worker"):
+            self.times.append(time.perf_counter())
+
+
+def timed_pass(run: Callable[[], Any], ready: WorkersReady) -> tuple[Any, float, float]:
+    """(result, wall seconds, seconds after the workers were ready; the wall for a local run)."""
+    before = len(ready.times)
+    start = time.perf_counter()
+    result = run()
+    end = time.perf_counter()
+    return result, end - start, end - (ready.times[-1] if len(ready.times) > before else start)
+
+
+def faithfulness_pass(args: argparse.Namespace) -> None:
+    """Local against engine="ray" with 1 and 2 workers on the same sentences (see the module's docstring)."""
+    import ray
+
+    from attnscope.faithfulness import faithfulness
+
+    torch.set_num_threads(args.threads)
+    model = attnscope.load_model(args.model)
+    kw: dict[str, Any] = {"methods": args.methods, "max_length": args.max_length, "limit": args.documents}
+    ready = WorkersReady()
+    began = time.perf_counter()
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    ray_start = time.perf_counter() - began
+    steady: dict[str, float] = {}
+    wall: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.repeats):
+            reference, seconds, _ = timed_pass(partial(faithfulness, UD_DEV, Path(tmp) / f"local{r}", model, **kw),
+                                               ready)
+            steady["local"] = min(steady.get("local", float("inf")), seconds)
+            wall["local"] = min(wall.get("local", float("inf")), seconds)
+            for workers in (1, 2):
+                name = f"ray:{workers}"
+                result, seconds, after = timed_pass(partial(faithfulness, UD_DEV, Path(tmp) / f"{name}-{r}", model,
+                                                            engine="ray", workers=workers, threads=args.threads,
+                                                            **kw), ready)
+                if result.rows != reference.rows or result.summary != reference.summary:
+                    raise SystemExit(f"{name} differs from the local run")
+                steady[name] = min(steady.get(name, float("inf")), after)
+                wall[name] = min(wall.get(name, float("inf")), seconds)
+    ray.shutdown()
+    report = {
+        "pass": "faithfulness", "model": model.name, "documents": args.documents, "methods": args.methods,
+        "max_length": args.max_length, "threads_per_model_process": args.threads, "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "ray_runtime_start_s": round(ray_start, 2),
+        "seconds_after_workers_ready": {k: round(v, 2) for k, v in steady.items()},
+        "wall_s_including_worker_start": {k: round(v, 2) for k, v in wall.items()},
+        "ray2_speedup_over_local": round(steady["local"] / steady["ray:2"], 2),
+        "ray2_speedup_over_local_wall": round(wall["local"] / wall["ray:2"], 2),
+        "results_identical": True,
+    }
+    print(json.dumps(report, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--pass", dest="corpus_pass", choices=("stats", "faithfulness"), default="stats")
+    parser.add_argument("--documents", type=int, default=None, help="default 1000 (stats), 16 (faithfulness)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", default=None, help="faithfulness: the model (default the bundled MiniLM)")
+    parser.add_argument("--methods", default="attention,rollout,alti",
+                        help="faithfulness: the methods (leave-one-out always runs)")
+    parser.add_argument("--max-length", type=int, default=24, help="faithfulness: tokens per sentence")
     args = parser.parse_args()
+    if args.corpus_pass == "faithfulness":
+        args.documents = args.documents or 16
+        faithfulness_pass(args)
+        return
+    args.documents = args.documents or 1000
     import ray
 
     torch.set_num_threads(args.threads)
