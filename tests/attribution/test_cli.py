@@ -45,13 +45,15 @@ def test_a_failed_check_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "attribute", "time flies like an arrow", "--methods", "integrated_gradients",
                        "--ig-steps", "2", "--ig-max-steps", "2")
     out = " ".join(out.split())
-    assert code == 1 and "FAIL completeness" in out and "raise --ig-max-steps" in out
+    assert code == 1 and "FAIL completeness" in out and "raise ig_max_steps" in out
 
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--methods", "saliency,ig"], "unknown attribution method 'ig'"),
     (["--methods", "saliency"], "saliency does not apply to all-MiniLM-L6-v2 (BertModel)"),
-    (["--target", " Paris"], "not a predicted token: drop --target"),
+    (["--target", " Paris"], "not a predicted token, so it takes no --target"),
+    (["--ig-steps", "64", "--ig-max-steps", "32"], "--ig-steps 64 is more than the step cap, 32: give --ig-steps at "
+                                                   "most 32, or raise the cap"),
     (["--methods", "flow", "--max-flow-tokens", "3"], "beyond its budget of --max-flow-tokens 3 tokens"),
     (["--methods", "leave_one_out", "--max-perturb-tokens", "3"], "raise --max-perturb-tokens"),
 ])

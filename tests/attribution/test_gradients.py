@@ -78,3 +78,20 @@ def test_integrated_gradients_capped_says_so(minilm: attnscope.Model) -> None:
     ig = full.methods["integrated_gradients"]
     assert ig.check.verified is True and ig.check.value <= 0.01
     assert ig.scores[0, 0] == 0.0 and ig.scores[0, -1] == 0.0  # [CLS] and [SEP] keep their embedding
+
+
+@pytest.mark.parametrize("steps", [2, 3, 32, 512])
+def test_ig_weights_are_the_trapezoid_rule(steps: int) -> None:
+    """ig_weights: Captum's alphas (linspace) and the trapezoid rule's weights 1/(n-1), halved at the ends, summing
+    to 1; Captum's own sizes, unscaled, sum to 1 - 1/n (the gap trapezoid_fix closes)."""
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    from attnscope.attribution.gradients import IG_RULE, ig_weights
+
+    weights, alphas = ig_weights(steps)
+    expected = np.full(steps, 1.0 / (steps - 1))
+    expected[[0, -1]] /= 2
+    assert np.allclose(alphas, np.linspace(0, 1, steps), atol=1e-12)
+    assert np.abs(weights - expected).max() <= 1e-12 and abs(weights.sum() - 1.0) <= 1e-12
+    captum_sizes = np.asarray(approximation_parameters(IG_RULE)[0](steps))
+    assert abs(captum_sizes.sum() - (1 - 1 / steps)) <= 1e-12  # the wrong sum, had it not been rescaled

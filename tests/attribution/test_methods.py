@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import attnscope
-from attnscope.attribution.api import attribute
+from attnscope.attribution.api import attribute, make_settings
 from attnscope.attribution.attention import trace_check
 from attnscope.attribution.methods import METHODS, method_names
 from attnscope.errors import AttnscopeError
@@ -72,6 +72,14 @@ def test_refusals(minilm: attnscope.Model) -> None:
         attribute("time flies like an arrow", model=minilm, methods="leave_one_out", max_perturb_tokens=4)
     with pytest.raises(AttnscopeError, match="unknown attribution setting 'steps'"):
         attribute("time flies", model=minilm, steps=3)
+    for steps, cap in ((64, 32), (1024, None), (None, 16)):  # the first steps beyond the cap, given or default
+        given = {k: v for k, v in (("ig_steps", steps), ("ig_max_steps", cap)) if v is not None}
+        with pytest.raises(AttnscopeError, match=r"ig_steps=\d+ is more than the step cap") as exc:
+            make_settings(**given)
+        assert exc.value.parameter == "ig_steps" and "--" not in str(exc.value)
+    assert make_settings(ig_steps=32, ig_max_steps=32).ig_steps == 32  # equal is a cap reached, not exceeded
+    with pytest.raises(AttnscopeError, match="ig_steps=1: the trapezoid rule needs at least 2 points"):
+        make_settings(ig_steps=1)
 
 
 def test_a_failed_recompute_fails_the_attention_check(minilm: attnscope.Model) -> None:

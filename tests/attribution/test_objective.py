@@ -79,5 +79,6 @@ def test_bad_targets(smollm2: attnscope.Model, minilm: attnscope.Model,
     with pytest.raises(AttnscopeError, match="tokenizes to nothing") as exc:
         build_objective(tiny_lm("gpt2"), "the capital of france is", target="  ")
     assert exc.value.parameter == "target"
-    with pytest.raises(AttnscopeError, match="not a predicted token: drop --target"):
+    with pytest.raises(AttnscopeError, match="not a predicted token, so it takes no target") as exc:
         build_objective(minilm, "time flies", target=" Paris")
+    assert exc.value.parameter == "target" and "--" not in str(exc.value)  # the library speaks Python

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -59,3 +60,41 @@ def test_rank_agreement_is_spearman() -> None:
     assert np.isnan(spearman(np.array([[1.0, 2.0], [3.0, 3.0]]))[1]).all()  # a constant row ranks nothing
     a = _record(_scores("a", True), _scores("b", True))
     assert np.isnan(a.rank_agreement()).all()  # rows holding NaN: no ranking, never a made-up number
+
+
+def _pieces() -> Attribution:
+    tokens = [Token(index=0, text="[bold]", id=1, decoded="[bold]"), Token(index=1, text="Ġcapital", id=2,
+                                                                          decoded=" capital"),
+              Token(index=2, text="Ċ", id=3, decoded="\n")]
+    ms = MethodScores(method="[red]m", scores=np.array([[0.5, 0.25, 0.125]]), unit="u",
+                      check=MethodCheck(name="c", value=0.0, bound=1e-5, verified=True, detail="[i]why"),
+                      cost=Cost(forwards=1, backwards=0, seconds=0.1))
+    return Attribution(model="m", architecture="A", kind="causal", description="log p('[b]x' | 'a')", tokens=tokens,
+                       targets=["[b]x"], methods={"[red]m": ms})
+
+
+def _printed(a: Attribution, raw_tokens: bool = False) -> str:
+    from rich.console import Console
+
+    out = Console(width=200, record=True, file=io.StringIO())
+    for r in render.text_renderables(a, raw_tokens=raw_tokens):
+        out.print(r)
+    return out.export_text()
+
+
+def test_the_text_table_shows_decoded_tokens_and_markup_literally() -> None:
+    text = _printed(_pieces())
+    assert "0:[bold]" in text and "1: capital" in text and "2:\\n" in text and "Ġ" not in text
+    assert "[red]m" in text and "[b]x" in text and "[i]why" in text  # names, targets, details: all literal
+    assert "1:Ġcapital" in _printed(_pieces(), raw_tokens=True)
+    md = render.markdown(_pieces())
+    assert "`1: capital`" in md and "`1:Ġcapital`" in render.markdown(_pieces(), raw_tokens=True)
+
+
+def test_unescaped_markup_would_be_eaten() -> None:
+    """The test above can fail: rich reads an unescaped "[bold]" as markup and prints nothing of it."""
+    from rich.console import Console
+
+    out = Console(width=80, record=True, file=io.StringIO())
+    out.print("0:[bold]")
+    assert "[bold]" not in out.export_text()

@@ -48,6 +48,14 @@ def make_settings(**settings: Any) -> Settings:
     if not isinstance(tol, int | float) or not 0 < tol < 1:
         raise AttnscopeError(f"ig_tolerance={tol!r} must be a fraction between 0 and 1 (0.01 is 1%)",
                              parameter="ig_tolerance")
+    steps = settings.get("ig_steps", Settings.ig_steps)
+    if steps < 2:
+        raise AttnscopeError(f"ig_steps={steps}: the trapezoid rule needs at least 2 points on the path; give 2 or "
+                             "more", parameter="ig_steps")
+    cap = settings.get("ig_max_steps", Settings.ig_max_steps)
+    if steps > cap:
+        raise AttnscopeError(f"ig_steps={steps} is more than the step cap, {cap}: give ig_steps at most {cap}, or "
+                             "raise the cap", parameter="ig_steps")
     return replace(Settings(), **settings)
 
 

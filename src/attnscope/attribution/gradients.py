@@ -55,6 +55,21 @@ def _captum() -> object:
     return captum.attr
 
 
+def ig_weights(steps: int) -> tuple[np.ndarray, list[float]]:
+    """The weights [steps] (float64, summing to 1) and alphas [steps] integrated_gradients sums with at this many
+    steps: Captum's IG_RULE alphas, and its step sizes times trapezoid_fix(steps). The walkthrough reads them here."""
+    _captum()
+    from captum.attr._utils.approximation_methods import approximation_parameters
+
+    sizes, alphas = approximation_parameters(IG_RULE)
+    return np.asarray(sizes(steps), dtype=np.float64) * trapezoid_fix(steps), list(alphas(steps))
+
+
+def trapezoid_fix(steps: int) -> float:
+    """n / (n - 1): what Captum's trapezoid sums are multiplied by to become the trapezoid rule's (IG_RULE)."""
+    return steps / (steps - 1)
+
+
 def _forward(obj: Objective) -> Callable[[torch.Tensor], torch.Tensor]:
     """Captum's forward function: embeds [batch, token, d_model] -> [batch, target]."""
     return lambda embeds: obj.score_embeds(embeds)
@@ -155,7 +170,7 @@ def integrated_gradients(ctx: Context) -> MethodScores:
             a = ig.attribute(embeds, baselines=base, target=t, n_steps=steps, method=IG_RULE,
                              internal_batch_size=max(1, s.grad_tokens // obj.n_tokens))
             tried += steps
-            row = a[0].detach().double().sum(dim=-1) * steps / (steps - 1)  # [token]: TRAPEZOID_FIX
+            row = a[0].detach().double().sum(dim=-1) * trapezoid_fix(steps)  # [token]
             err = completeness(row, float(delta[t]))
             if err <= s.ig_tolerance or steps * 2 > s.ig_max_steps:
                 break
@@ -165,7 +180,7 @@ def integrated_gradients(ctx: Context) -> MethodScores:
         steps_used.append(steps)
     worst = max(errors)
     ok = bool(worst <= s.ig_tolerance)
-    capped = "" if ok else f"; the cap of {s.ig_max_steps} steps was reached (raise --ig-max-steps)"
+    capped = "" if ok else f"; the cap of {s.ig_max_steps} steps was reached (raise ig_max_steps)"
     check = MethodCheck(name="completeness", value=worst, bound=s.ig_tolerance, verified=ok,
                         detail=f"|sum of scores - (f(x) - f(baseline))| / |f(x) - f(baseline)| at "
                                f"{', '.join(map(str, steps_used))} steps{capped}")

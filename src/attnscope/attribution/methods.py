@@ -105,7 +105,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            "encoder, then the decoder's self- and cross-attention, after Chefer, Gur & Wolf 2021)",
            "1 F (the verified trace)", _ALL, by_kind=_S2S),
     Method("flow", _ATTN, "flow", "attention flow (Abnar & Zuidema 2020)",
-           "1 F + n^2 max-flows (refused past --max-flow-tokens)", {SEQ2SEQ: _ONE_STACK}),
+           "1 F + n^2 max-flows (refused past max_flow_tokens)", {SEQ2SEQ: _ONE_STACK}),
     Method("attention_x_gradient", _ATTN, "attention_x_gradient",
            "attention x gradient (Serrano & Smith 2019; Chefer et al. 2021's A * dA)", "1 F + T B (+ the trace)",
            {ENCODER: _AT_MAXIMUM}, by_kind=_S2S),

@@ -236,8 +236,8 @@ def build_objective(m: Model, text: str, target: str | None = None, max_length: 
     if kind == ENCODER:
         if target is not None:
             raise AttnscopeError(f"{m.name} ({m.architecture}) is an encoder without a head: what is explained is "
-                                 "the cosine similarity of its pooled sentence embedding, not a predicted token: "
-                                 "drop --target", parameter="target")
+                                 "the cosine similarity of its pooled sentence embedding, not a predicted token, so "
+                                 "it takes no target", parameter="target")
         obj = _encoder_objective(m, ids, tokens, type_ids)
         obj.text, obj.max_length = text, max_length
         return obj

@@ -31,8 +31,14 @@ def _cost_cell(ms: MethodScores) -> str:
     return f"{ms.cost.forwards} F, {ms.cost.backwards} B, {ms.cost.seconds:.2f} s"
 
 
-def _token_labels(a: Attribution) -> list[str]:
-    return [f"{t.index}:{t.text}" for t in a.tokens]
+def _token_labels(a: Attribution, raw_tokens: bool = False) -> list[str]:
+    """"index:token" per token: as a person reads it (Token.shown: " capital" for GPT-2's "Ġcapital"), or
+    raw_tokens the tokenizer's own piece; a control character (a newline piece) spelled as an escape."""
+    labels = []
+    for t in a.tokens:
+        shown = t.text if raw_tokens else t.shown
+        labels.append(f"{t.index}:{shown if shown.isprintable() else repr(shown)[1:-1]}")
+    return labels
 
 
 def summary_line(a: Attribution) -> str:
@@ -60,9 +66,10 @@ def methods_legend(a: Attribution) -> list[str]:
     return out
 
 
-def text_renderables(a: Attribution) -> list[Any]:
+def text_renderables(a: Attribution, raw_tokens: bool = False) -> list[Any]:
     """rich renderables: a header; per target a table (a row per token, a column per method); the checks table
-    (check, measured value, bound, cost per method); the legend; the verdict."""
+    (check, measured value, bound, cost per method); the legend; the verdict. Every text from the input or the
+    model (tokens, targets, names) is escaped: a token "[bold]" prints as itself. raw_tokens: _token_labels."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -72,7 +79,7 @@ def text_renderables(a: Attribution) -> list[Any]:
         table.add_column("token")
         for name in a.methods:
             table.add_column(escape(SHORT.get(name, name)), justify="right")
-        for i, label in enumerate(_token_labels(a)):
+        for i, label in enumerate(_token_labels(a, raw_tokens)):
             table.add_row(escape(label), *(_cell(float(ms.scores[t, i])) for ms in a.methods.values()))
         out.append(table)
     checks = Table(title="checks", title_justify="left")
@@ -109,12 +116,12 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(a: Attribution) -> str:
-    """The same tables in GitHub Markdown."""
+def markdown(a: Attribution, raw_tokens: bool = False) -> str:
+    """The same tables in GitHub Markdown (raw_tokens: as text_renderables)."""
     lines = [f"**{_md(a.model)} ({_md(a.architecture)})**: {_md(a.description)}", ""]
     for t, target in enumerate(a.targets):
         lines += [f"Target {t} (0-indexed): `{_md(repr(target))}`", ""]
-        labels = [f"`{_md(x)}`" for x in _token_labels(a)]
+        labels = [f"`{_md(x)}`" for x in _token_labels(a, raw_tokens)]
         lines.append("| method | " + " | ".join(labels) + " | check | cost |")
         lines.append("|---|" + "---:|" * len(labels) + "---|---:|")
         for name, ms in a.methods.items():

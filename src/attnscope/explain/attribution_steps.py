@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnscope.attribution.gradients import IG_RULE, baseline_embeds, completeness, gradients
+from attnscope.attribution.gradients import IG_RULE, baseline_embeds, completeness, gradients, ig_weights
 from attnscope.attribution.leave_one_out import scores_of
 from attnscope.attribution.objective import ENCODER, Objective, baseline_id
 from attnscope.explain.attribution_common import ALPHAS, Built, Walk, check, dim_labels, head_dims
@@ -43,13 +43,8 @@ def path_gradients(obj: Objective, x: torch.Tensor, base: torch.Tensor, alphas: 
 
 
 def rule(steps: int) -> tuple[np.ndarray, list[float]]:
-    """The weights and alphas attribute() integrates with at this many steps: Captum's IG_RULE alphas, and its step
-    sizes rescaled to sum to 1 (attribution.gradients.integrated_gradients)."""
-    from captum.attr._utils.approximation_methods import approximation_parameters
-
-    sizes, alphas = approximation_parameters(IG_RULE)
-    # rescaled by n / (n - 1) as attribution.gradients rescales Captum's sums: the trapezoid rule's own weights
-    return np.asarray(sizes(steps), dtype=np.float64) * steps / (steps - 1), list(alphas(steps))
+    """The weights and alphas attribute() integrates with at this many steps (attribution.gradients.ig_weights)."""
+    return ig_weights(steps)
 
 
 def integrated_gradients(walk: Walk) -> Built:
