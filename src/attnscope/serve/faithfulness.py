@@ -50,7 +50,7 @@ from attnscope.serve.settings import Settings
 from attnscope.stats.sources import Document
 
 MAX_SEEDS = 10  # random orderings a request may ask for
-TIMED_ROWS = 32  # modified inputs timed in one batch: their rows cost several times less than one forward alone
+TIMED_ROWS = (16, 64)  # modified inputs timed in two batches (a batch's rows cost several times less than one alone)
 METHODS_NOTE = ("Methods, comma-separated (\"attention,rollout\"), or \"all\"; null for the defaults that apply to the "
                 "model. Leave-one-out under the removal is always run: it is the rank agreement's reference.")
 
@@ -156,20 +156,34 @@ class Cost:
 
 def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str], orderings: int,
                  ig_steps: int) -> Cost:
-    """The cost of example_rows on this objective: one forward and one batch of modified inputs timed."""
+    """The cost of example_rows on this objective: one forward and two small batches of modified inputs timed."""
     m = obj.model
     attribution = {name: forward_rows(name, obj, ig_steps) for name in names}
     if any(name in attribution for name in ("attention", "rollout", "flow", "attention_x_gradient")):
         attribution["the verified trace"] = 2.0  # the attention-based methods share one traced, recomputed forward
-    row = timed(lambda: m.model(**obj.inputs()))
     perturbed = perturbed_rows(orderings, ex, fm.EXACT_TOKENS, fm.BEAM)
-    masks = fm.deletion_masks(fm.ordering(np.arange(ex.n_tokens, dtype=np.float64), ex.removable), ex)
-    batch = masks[np.arange(min(TIMED_ROWS, perturbed)) % len(masks)]  # [variant, token]
-    started = time.perf_counter()
-    p.scores(batch)
-    p.forwards = 0  # timing only: the library's count starts from zero
+    row = timed(lambda: m.model(**obj.inputs()))
     return Cost(tokens=obj.n_tokens, attribution=attribution, perturbed=perturbed, row_seconds=row,
-                perturbed_seconds=(time.perf_counter() - started) / len(batch))
+                perturbed_seconds=perturbed_row_seconds(p, ex, perturbed))
+
+
+def perturbed_row_seconds(p: Perturber, ex: Example, perturbed: int) -> float:
+    """Seconds per modified input in the batches the run scores them in (p.edit_tokens token rows each): batches of
+    TIMED_ROWS[0] and TIMED_ROWS[1] rows timed, t(b) = overhead + b x per row, extrapolated to the run's batch (a
+    short text's rows cost several times less in a batch of hundreds than in one of 32)."""
+    masks = fm.deletion_masks(fm.ordering(np.arange(ex.n_tokens, dtype=np.float64), ex.removable), ex)
+    times = []
+    for rows in TIMED_ROWS:
+        batch = masks[np.arange(rows) % len(masks)]  # [variant, token]
+        started = time.perf_counter()
+        p.scores(batch)
+        times.append(time.perf_counter() - started)
+    p.forwards = 0  # timing only: the library's count starts from zero
+    small, large = TIMED_ROWS
+    per_row = max((times[1] - times[0]) / (large - small), times[1] / large / 4)  # a noisy slope floored
+    overhead = max(0.0, times[1] - large * per_row)
+    run_batch = max(1, min(perturbed, p.edit_tokens // ex.n_tokens))
+    return overhead / run_batch + per_row
 
 
 def admit(cost: Cost, deadline: float) -> None:
