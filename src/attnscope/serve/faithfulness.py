@@ -155,7 +155,7 @@ class Cost:
 
 
 def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str], orderings: int,
-                 ig_steps: int) -> Cost:
+                 ig_steps: int, deadline: float = math.inf) -> Cost:
     """The cost of example_rows on this objective: one forward and two small batches of modified inputs timed."""
     m = obj.model
     attribution = {name: forward_rows(name, obj, ig_steps) for name in names}
@@ -164,26 +164,35 @@ def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str]
     perturbed = perturbed_rows(orderings, ex, fm.EXACT_TOKENS, fm.BEAM)
     row = timed(lambda: m.model(**obj.inputs()))
     return Cost(tokens=obj.n_tokens, attribution=attribution, perturbed=perturbed, row_seconds=row,
-                perturbed_seconds=perturbed_row_seconds(p, ex, perturbed))
+                perturbed_seconds=perturbed_row_seconds(p, ex, perturbed, deadline))
 
 
-def perturbed_row_seconds(p: Perturber, ex: Example, perturbed: int) -> float:
+def perturbed_row_seconds(p: Perturber, ex: Example, perturbed: int, deadline: float) -> float:
     """Seconds per modified input in the batches the run scores them in (p.edit_tokens token rows each): batches of
     TIMED_ROWS[0] and TIMED_ROWS[1] rows timed, t(b) = overhead + b x per row, extrapolated to the run's batch (a
-    short text's rows cost several times less in a batch of hundreds than in one of 32)."""
+    short text's rows cost several times less in a batch of hundreds than in one of 16). When the larger batch
+    would take more than half the time left before `deadline` (time.monotonic()), the smaller one's per-row time
+    is the estimate: such a text will not fit, and timing it must not spend its deadline."""
     masks = fm.deletion_masks(fm.ordering(np.arange(ex.n_tokens, dtype=np.float64), ex.removable), ex)
-    times = []
-    for rows in TIMED_ROWS:
-        batch = masks[np.arange(rows) % len(masks)]  # [variant, token]
-        started = time.perf_counter()
-        p.scores(batch)
-        times.append(time.perf_counter() - started)
-    p.forwards = 0  # timing only: the library's count starts from zero
     small, large = TIMED_ROWS
+    times = [_timed_rows(p, masks, small)]
+    if times[0] * large / small > (deadline - time.monotonic()) / 2:
+        p.forwards = 0
+        return times[0] / small
+    times.append(_timed_rows(p, masks, large))
+    p.forwards = 0  # timing only: the library's count starts from zero
     per_row = max((times[1] - times[0]) / (large - small), times[1] / large / 4)  # a noisy slope floored
     overhead = max(0.0, times[1] - large * per_row)
     run_batch = max(1, min(perturbed, p.edit_tokens // ex.n_tokens))
     return overhead / run_batch + per_row
+
+
+def _timed_rows(p: Perturber, masks: np.ndarray, rows: int) -> float:
+    """Seconds to score `rows` of the masks [step, token] (cycled) in one batch."""
+    batch = masks[np.arange(rows) % len(masks)]  # [variant, token]
+    started = time.perf_counter()
+    p.scores(batch)
+    return time.perf_counter() - started
 
 
 def admit(cost: Cost, deadline: float) -> None:
@@ -238,7 +247,7 @@ def _example(m: Model, req: FaithfulnessRequest, limit: int) -> tuple[Objective,
     loo = library.LOO[req.removal]
     methods, _ = resolve([*names, *([] if loo in names else [loo])], obj, req.methods is not None)
     chosen = [x.name for x in methods]
-    cost = measure_cost(obj, p, ex, chosen, len(chosen) + req.seeds + 1, make_settings().ig_steps)
+    cost = measure_cost(obj, p, ex, chosen, len(chosen) + req.seeds + 1, make_settings().ig_steps, req.deadline)
     admit(cost, req.deadline)
     return obj, ex, cost
 
