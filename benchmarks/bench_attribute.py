@@ -36,17 +36,22 @@ CASES = {"smollm2": ("smollm2", 32), "minilm": ("minilm", 128)}
 ON_TRACE = {"attention", "rollout", "flow", "attention_x_gradient"}  # their first forward is the verified trace
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU time (one thread)
+clock = time.perf_counter
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = clock()
+    fn()
+    return clock() - start
+
+
 def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(timed(fn) for _ in range(repeat))
 
 
-def pass_times(obj: Objective, repeat: int) -> tuple[float, float]:
-    """(one forward, one backward) of the objective's input, unbatched, in seconds."""
+def pass_times(obj: Objective, repeat: int, backward: bool = True) -> tuple[float, float]:
+    """(one forward, one backward) of the objective's input, unbatched, in seconds (backward=False: 0.0 for it)."""
     with torch.no_grad():
         embeds = obj.embed(obj.ids[None])
 
@@ -60,7 +65,7 @@ def pass_times(obj: Objective, repeat: int) -> tuple[float, float]:
 
     forward()  # warm up
     t_f = median_seconds(forward, repeat)
-    return t_f, max(0.0, median_seconds(forward_backward, repeat) - t_f)
+    return t_f, max(0.0, median_seconds(forward_backward, repeat) - t_f) if backward else 0.0
 
 
 def trace_seconds(obj: Objective, repeat: int) -> float:
@@ -68,14 +73,16 @@ def trace_seconds(obj: Objective, repeat: int) -> float:
     return median_seconds(lambda: trace_check(trace_of(obj)), repeat)
 
 
-def method_scores(obj: Objective, name: str, settings: Settings, repeat: int, cheap: float) -> MethodScores:
-    """One method's scores, its seconds the median of `repeat` runs when one run takes under `cheap` seconds (the
-    passes it is compared with are medians too), else of the one run."""
-    runs = [attribute_objective(obj, [name], settings).methods[name]]
-    if runs[0].cost.seconds < cheap:
-        runs += [attribute_objective(obj, [name], settings).methods[name] for _ in range(repeat - 1)]
-    runs.sort(key=lambda ms: ms.cost.seconds)
-    return runs[len(runs) // 2]
+def method_seconds(obj: Objective, name: str, settings: Settings, repeat: int,
+                   cheap: float) -> tuple[MethodScores, float]:
+    """One method's scores and seconds: the median of `repeat` runs when one run takes under `cheap` seconds (the
+    passes it is compared with are medians too), else the one run."""
+    out: list[MethodScores] = []
+    seconds = [timed(lambda: out.append(attribute_objective(obj, [name], settings).methods[name]))]
+    if seconds[0] < cheap:
+        seconds += [timed(lambda: out.append(attribute_objective(obj, [name], settings).methods[name]))
+                    for _ in range(repeat - 1)]
+    return out[0], statistics.median(seconds)
 
 
 def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None:
@@ -92,11 +99,12 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None
     for method in METHODS.values():
         if method.supports(obj) is not None or (only and method.name not in only):
             continue
-        ms = method_scores(obj, method.name, settings, repeat, cheap=20 * t_f)
-        first = t_trace if method.name in ON_TRACE else t_f  # the one forward every method runs first
+        t_f = pass_times(obj, repeat, backward=False)[0]  # again just before: the load drifts during a run
+        first = trace_seconds(obj, repeat) if method.name in ON_TRACE else t_f  # the one forward every method runs
+        ms, seconds = method_seconds(obj, method.name, settings, repeat, cheap=20 * t_f)
         passes = first + (ms.cost.forwards - 1) * t_f + ms.cost.backwards * t_b
-        ratio = "n/a" if method.name == "flow" else f"{ms.cost.seconds / passes:.2f}"
-        print(f"{method.name:24} {ms.cost.seconds:8.2f} {ms.cost.seconds / t_f:9.1f} {ms.cost.forwards:5d} "
+        ratio = "n/a" if method.name == "flow" else f"{seconds / passes:.2f}"
+        print(f"{method.name:24} {seconds:8.2f} {seconds / t_f:9.1f} {ms.cost.forwards:5d} "
               f"{ms.cost.backwards:5d} {ratio:>6}  {ms.check.status} {ms.check.value:.2g}")
 
 
@@ -107,10 +115,14 @@ def main() -> None:
     parser.add_argument("--ig-steps", type=int, default=64,
                         help="integrated gradients at this many steps, no doubling (the cost per step is the point)")
     parser.add_argument("--only", choices=sorted(CASES), default=None)
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall time, or this process's CPU time (steadier on a shared machine, one thread)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated method names (default: every one that applies)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global clock
+    clock = CLOCKS[args.clock]
     import captum.attr  # noqa: F401  # imported once before timing: the first method to use it would pay ~1 s
     only = args.methods.split(",") if args.methods else None
     for case in [args.only] if args.only else list(CASES):

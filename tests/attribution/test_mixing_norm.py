@@ -74,11 +74,17 @@ def test_an_encoder_decoder_is_refused_in_one_line(seq2seq: Callable[[str], attn
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("name", ["minilm", "smollm2"])
-def test_the_float32_norms_equal_attnscope_norms_in_float64(name: str, request: pytest.FixtureRequest) -> None:
+def test_the_float32_norms_equal_attnscope_norms_in_float64_on_minilm(minilm: attnscope.Model) -> None:
+    assert_float32_norms(minilm)
+
+
+def test_the_float32_norms_equal_attnscope_norms_in_float64_on_smollm2(smollm2: attnscope.Model) -> None:
+    assert_float32_norms(smollm2)
+
+
+def assert_float32_norms(m: attnscope.Model) -> None:
     """norm_based() takes float32 blocks (the captured precision): its norms equal attnscope.norms' float64 ones
     within 1e-5 of each row's largest, and a wrong Gram (the heads' cross terms dropped) does not."""
-    m: attnscope.Model = request.getfixturevalue(name)
     wide = capture_blocks(m, inputs(m), whole_block=False)
     for layer, block in enumerate(capture_blocks(m, inputs(m), whole_block=False, dtype=torch.float32)):
         ours = layer_norms(block).double()
