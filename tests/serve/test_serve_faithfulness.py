@@ -18,7 +18,7 @@ from attnscope.errors import AttnscopeError
 from attnscope.faithfulness import metrics as fm
 from attnscope.faithfulness.perturb import Perturber
 from attnscope.faithfulness.run import Settings, example_rows
-from attnscope.serve.faithfulness import Cost, admit, perturbed_rows
+from attnscope.serve.faithfulness import Cost, admit, perturbed_rows, rows_for
 from attnscope.stats.sources import Document
 from tests.support.serve import MAX_TOKENS, Server, start_server
 
@@ -98,8 +98,11 @@ def test_the_admitted_cost_counts_the_modified_inputs_the_library_scores(minilm:
 
 def test_a_job_over_the_deadline_is_refused_saying_how_many_tokens_fit() -> None:
     cost = Cost(tokens=40, attribution={"leave_one_out": 41.0, "alti": 1.0}, perturbed=2000, row_seconds=0.02,
-                perturbed_seconds=0.005)
+                perturbed_seconds=0.005, orderings=7, removable=38, min_kept=0)
     assert cost.seconds() == pytest.approx(42 * 0.02 + 2000 * 0.005)
+    ten = rows_for(7, 8, 0, fm.EXACT_TOKENS, fm.BEAM)  # 10 tokens: 8 removable, every subset of them
+    assert ten == 7 * 2 * 9 + 2 ** 8 + 1
+    assert cost.seconds(10) == pytest.approx(42 * 0.02 * (10 / 40) ** 2 + ten * 0.005 * 10 / 40)
     admit(cost, time.monotonic() + 60)  # 10.8 s of 60: admitted
     with pytest.raises(AttnscopeError) as err:
         admit(cost, time.monotonic() + 3)

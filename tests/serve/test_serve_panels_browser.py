@@ -148,6 +148,7 @@ def test_the_faithfulness_panel_draws_every_methods_curves(browser: Visit, minil
 
 def test_nothing_ran_and_nothing_left_the_page(browser: Visit) -> None:
     page = browser.page
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 1400  # the answers drawn: no sideways scroll
     assert page.locator("img").count() == 0 and browser.dialogs == []
     assert all(url.startswith(browser.origin) for url in browser.requests), browser.requests
     # the one console line the refusal above leaves ("Failed to load resource: ... 422"), and nothing else

@@ -126,7 +126,12 @@ def perturbed_rows(orderings: int, ex: Example, exact_tokens: int, beam: int) ->
     ordering (2 (K + 1) each), the normalised-AOPC bounds (every subset of at most K removable tokens when m <=
     exact_tokens; else a best and a worst beam search, each step at most beam parents x their children), and the
     unperturbed check (1)."""
-    m, k = ex.m, ex.steps
+    return rows_for(orderings, ex.m, ex.min_kept, exact_tokens, beam)
+
+
+def rows_for(orderings: int, m: int, min_kept: int, exact_tokens: int, beam: int) -> int:
+    """perturbed_rows for m removable tokens of which min_kept always stay."""
+    k = m - min_kept
     if m <= exact_tokens:
         bounds = sum(math.comb(m, j) for j in range(k + 1))
     else:
@@ -144,14 +149,19 @@ class Cost:
     perturbed: int  # modified inputs scored by the metrics
     row_seconds: float  # one forward of the text, alone
     perturbed_seconds: float  # one modified input, in a batch
+    orderings: int = 1  # methods and controls: what `perturbed` counts, for a shorter text (`seconds(tokens)`)
+    removable: int = 0  # m
+    min_kept: int = 0
 
     def seconds(self, tokens: int | None = None) -> float:
-        """The estimate at this text's length, or at `tokens` (rows and row times scaled with the length)."""
+        """The estimate at this text's length, or at `tokens` (its first tokens: the attribution's rows ~ tokens,
+        the modified inputs counted again, every row's time ~ tokens)."""
         if tokens is None:
             return sum(self.attribution.values()) * self.row_seconds + self.perturbed * self.perturbed_seconds
         r = tokens / self.tokens
-        return (sum(self.attribution.values()) * self.row_seconds * r * r
-                + self.perturbed * self.perturbed_seconds * r ** 3)  # curves ~ m orderings' rows, bounds ~ m^2
+        m = max(self.min_kept + 1, self.removable - (self.tokens - tokens))
+        rows = rows_for(self.orderings, m, self.min_kept, fm.EXACT_TOKENS, fm.BEAM)
+        return sum(self.attribution.values()) * self.row_seconds * r * r + rows * self.perturbed_seconds * r
 
 
 def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str], orderings: int,
@@ -164,7 +174,8 @@ def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str]
     perturbed = perturbed_rows(orderings, ex, fm.EXACT_TOKENS, fm.BEAM)
     row = timed(lambda: m.model(**obj.inputs()))
     return Cost(tokens=obj.n_tokens, attribution=attribution, perturbed=perturbed, row_seconds=row,
-                perturbed_seconds=perturbed_row_seconds(p, ex, perturbed, deadline))
+                perturbed_seconds=perturbed_row_seconds(p, ex, perturbed, deadline), orderings=orderings,
+                removable=ex.m, min_kept=ex.min_kept)
 
 
 def perturbed_row_seconds(p: Perturber, ex: Example, perturbed: int, deadline: float) -> float:
