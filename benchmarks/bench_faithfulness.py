@@ -43,7 +43,7 @@ from attnscope.attribution.methods import method_names
 from attnscope.attribution.objective import CAUSAL, kind_of
 from attnscope.faithfulness import perturb
 from attnscope.faithfulness.run import Settings, example_rows, faithfulness
-from attnscope.stats.sources import Source
+from attnscope.stats.sources import Document, Source
 from corpus import ud_dev
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -142,7 +142,7 @@ def bench_model(name: str, sentences: int, methods: str | None, max_length: int)
     settings = Settings(methods=tuple(method_names(methods)) if methods else None,
                         max_length=max_length)
     docs = list(zip(range(sentences), Source(str(ud_dev())), strict=False))
-    example_rows(m, docs[0][1], 0, settings)  # warm up (first-call allocations, lazy imports)
+    example_rows(m, Document(text="The cat sat down .", where="warm-up"), 0, settings)  # lazy imports, first calls
     totals = {"total": 0.0, "model": 0.0, "in_perturber": 0.0, "perturber": 0.0, "plain": 0.0, "variants": 0.0}
     print(f"\n{name}: {sentences} sentences, max length {max_length}, methods {methods or 'the defaults'}")
     print(f"{'sentence':>8} {'tokens':>6} {'variants':>8} {'total s':>8} {'needed s':>8} {'ratio':>6} "
@@ -200,7 +200,8 @@ def bench_ray(name: str, sentences: int, methods: str | None, max_length: int) -
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sentences", type=int, default=2, help="sentences per model (default 2: a few minutes)")
+    p.add_argument("--sentences", type=int, default=2,
+                   help="sentences per model (default 2: a few CPU minutes; 500: see the printed estimate)")
     p.add_argument("--models", default="smollm2,minilm", help="comma-separated: smollm2, minilm")
     p.add_argument("--methods", default=None, help="attribution methods (default: all that apply)")
     p.add_argument("--max-length", type=int, default=16, help="tokens per sentence (default 16)")
