@@ -1,7 +1,7 @@
 """The page's attribution and faithfulness panels in headless Chromium against the real server (the bundled
 MiniLM): each panel draws the server's answer for the text the views show, equal to the library's numbers; a head
-picked in the matrix view links to what that head contributes; a hostile text shows up as literal text and runs
-nothing; the page asks nothing of any other origin."""
+picked in the matrix view links to what that head contributes; the server's refusal shows in the panel; a hostile
+text shows up as literal text and runs nothing; the page asks nothing of any other origin."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 # Hostile on purpose: it must show up as literal text and run nothing.
 TEXT = "The cat </script><img src=x onerror=alert(1)> sat."
 SHORT = "x <b>"  # four removable tokens: every subset of them measured in a few seconds
+LONG = "<b>" + " and so on" * 12 + "</b>"  # over the shared server's 32 tokens
 LAYER, HEAD, QUERY = 2, 5, 3
 
 
@@ -117,10 +118,14 @@ def test_the_faithfulness_panel_draws_every_methods_curves(browser: Visit, minil
     page = browser.page
     tick(page, "sv-faith", ["attention", "rollout"])
     page.fill("#sv-faith-seeds", "2")
-    page.click("#sv-faith-go")  # TEXT's 26 tokens: more modified inputs than the shared server's 30 s hold
+    page.fill("#sv-text", LONG)  # traced cut to the server's 32 tokens; the panel sends the text as it is
+    page.click("#sv-go")
+    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
+                           arg=LONG, timeout=60_000)
+    page.click("#sv-faith-go")
     page.wait_for_function("() => document.getElementById('sv-faith-status').dataset.kind === 'error'",
                            timeout=120_000)
-    assert "tokens (special tokens included) would fit" in str(page.text_content("#sv-faith-status"))
+    assert f"over this server's limit of {MAX_TOKENS}: shorten it" in str(page.text_content("#sv-faith-status"))
     page.fill("#sv-text", SHORT)
     page.click("#sv-go")
     page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",

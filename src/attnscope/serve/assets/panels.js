@@ -81,7 +81,6 @@
     try {
       const data = await post("/api/attribute", body);
       A.renderAttributionResponse(out, data);
-      out.dataset.request = JSON.stringify({ layer: body.layer ?? null, head: body.head ?? null });
       setStatus("attr", `${what} · ${data.status} · ${Math.round(performance.now() - started)} ms`,
                 data.status === "FAIL" ? "error" : "ok");
     } catch (err) {
