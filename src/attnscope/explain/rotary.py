@@ -83,7 +83,7 @@ def rope_steps(tr: Trace, a: dict[str, np.ndarray], p: maths.AttentionParams | N
     if p is None or p.rope is None or "x" not in a:
         return []
     kv = h // p.groups  # k_pre below is the layer's own, one per k/v head
-    st = maths.multi_head_attention(torch.from_numpy(a["x"]), p, keep=("q_pre", "k_pre", "cos", "sin", "q", "k"))
+    st = maths.project_qkv(torch.from_numpy(a["x"]), p)  # q_pre, k_pre, cos, sin, q, k: no [head, query, key] work
     q_pre, k_pre, q = st["q_pre"][h].numpy(), st["k_pre"][kv].numpy(), st["q"][h].numpy()
     diff = float(np.abs(q - a["q"][h]).max())  # the rotation recomputed here vs the q the model used
     d_rot, theta = p.rope.d_rot, p.rope.inv_freq.double().numpy()  # [d_rot / 2]
