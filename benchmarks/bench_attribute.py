@@ -108,6 +108,17 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None
               f"{ms.cost.backwards:5d} {ratio:>6}  {ms.check.status} {ms.check.value:.2g}")
 
 
+def blas_threads(n: int) -> None:
+    """numpy's BLAS on n threads too (rollout products, LayerMixing.rolled): its own pool spins on a busy machine
+    (a 128 x 128 float64 product took 14 ms wall with two threads, 0.26 ms with one, under load 13)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        print("threadpoolctl is not installed: numpy's BLAS keeps its own threads (set OPENBLAS_NUM_THREADS)")
+        return
+    threadpool_limits(n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
@@ -121,6 +132,7 @@ def main() -> None:
                         help="comma-separated method names (default: every one that applies)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    blas_threads(args.threads)
     global clock
     clock = CLOCKS[args.clock]
     import captum.attr  # noqa: F401  # imported once before timing: the first method to use it would pay ~1 s
