@@ -110,6 +110,11 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "serve/test_serve_generate_tokens.py": ("smollm2",),
     "views/test_neuron_long.py": ("browser", "slow"),
     "tracing/test_seq2seq_decoded.py": ("slow",),
+    # the web app's attribution, faithfulness and search panels (minutes each on 2 cores)
+    "serve/test_serve_faithfulness.py": ("slow",),
+    "serve/test_serve_search.py": ("slow",),
+    "serve/test_serve_search.py::test_a_click*": ("browser",),
+    "serve/test_serve_panels_browser.py": ("slow",),
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
@@ -125,6 +130,7 @@ MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "locked": ("server",),  # serve/test_serve_guard.py
     "t5_server": ("server",),  # serve/test_serve_ablate_cost.py
     "soaked": ("server",),  # serve/test_serve_soak.py
+    "indexed": ("server",),  # serve/test_serve_search.py: `serve --index`
 }
 TESTS = Path(__file__).resolve().parent
 

@@ -132,8 +132,10 @@ class Server:
 
     async def neuron(self, request: Request) -> Response:
         data = await read_json(request, self.settings.max_body_bytes)
-        req = NeuronRequest(**parse_body(data, self.neuron_fields))
-        return Response(await self._run(request, self.service.neuron_body, req), media_type=JSON)
+        wants = binary.accepts(request.headers.get("accept"))  # the block's stages as raw float32 (serve.rows)
+        req = NeuronRequest(**parse_body(data, self.neuron_fields), binary=wants)
+        body = await self._run(request, self.service.neuron_body, req)
+        return Response(body, media_type=binary.MEDIA_TYPE if wants else JSON, headers={"Vary": "Accept"})
 
     async def generate(self, request: Request) -> Response:
         """NDJSON, one line per generated token as it is written (attnscope.serve.generate)."""

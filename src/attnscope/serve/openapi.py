@@ -61,6 +61,13 @@ _TRACE_LINKS = {"Explain": {"operationId": "explain", "requestBody": _SAME_TEXT,
                            "description": "The neuron view of a layer and head of the text just traced"}}
 
 
+def _binary(op: dict[str, Any]) -> dict[str, Any]:
+    """A route that also answers raw float32 arrays when the request's Accept header asks for them."""
+    op["post"]["responses"]["200"]["content"]["application/x-attnscope-arrays"] = {
+        "schema": {"type": "string", "format": "binary"}}
+    return op
+
+
 def _search(fields: list[Field]) -> dict[str, Any]:
     """POST /api/search: also 404 when the server was started without a corpus index."""
     op = _post(_SEARCH_SUMMARY, fields, _SEARCH, "search")
@@ -188,8 +195,9 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
             "/api/trace/{id}/map": _map_route(),
             "/api/explain": _post("Walk through one layer, head and query token step by step "
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
-            "/api/neuron": _post("Exact float32 q, k, scores and weights of one head for the neuron view "
-                                 "(attnscope.views.neuron_block)", neuron_fields, _NEURON, "neuron"),
+            "/api/neuron": _binary(_post("Exact float32 q, k, scores and weights of one head for the neuron view "
+                                         "(attnscope.views.neuron_block; raw float32 instead with Accept: "
+                                         "application/x-attnscope-arrays)", neuron_fields, _NEURON, "neuron")),
             "/api/generate": _post("Generate with a decoder, one NDJSON line per token as it is chosen, then the "
                                    "verified generation (docs/serve.md)", generate_fields, _GENERATED, "generate",
                                    media="application/x-ndjson"),
