@@ -243,7 +243,7 @@ def test_smollm2_alti_is_altis_own(smollm2: attnscope.Model) -> None:
     w = attribution_walkthrough(PROMPT, "alti", FRANCE, model=smollm2, target=" Paris")
     mixing = alti(smollm2, build_objective(smollm2, PROMPT, " Paris").inputs())
     c = arrays(w, "contributions")["c_ij"]  # row 4 (' is', predicting ' Paris') of the last layer
-    assert w.layer == 29 and np.abs(c[:, 3] - mixing.matrices[29, 4]).max() <= 1e-12
+    assert w.layer == 29 and np.abs(c[:, 3] - mixing.matrices[29, 4]).max() <= 1e-5  # alti(): float32 distances
     terms = arrays(w, "score")["terms"]  # [key, (M_last[4, k], R_below[k, I], product)]
     assert terms[:, 2].sum() == pytest.approx(float(mixing.rolled()[4, FRANCE]), abs=1e-12)
     assert w.final == pytest.approx(float(mixing.rolled()[4, FRANCE]), abs=1e-12) and w.status == "PASS"
