@@ -93,6 +93,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "explain/test_attribution_walkthrough.py": ("slow",),
     "corpus/test_corpus_cli.py": ("slow",),
     "faithfulness/test_perturb.py": ("slow",),
+    "attribution/test_seq2seq_attention.py": ("slow",),
+    "attribution/test_mixing_alti.py::test_the_chunked*": ("slow",),
+    "attribution/test_cli.py::test_raw_tokens*": ("smollm2",),
     # the corpus explorer's heads pass (75-97 s each at load 19) and its pages in Chromium
     "corpus/test_heads_pass.py": ("slow",),
     "corpus/test_heads_kill.py": ("slow",),

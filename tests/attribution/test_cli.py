@@ -41,6 +41,16 @@ def test_text_and_markdown(capsys: pytest.CaptureFixture[str], gpt2_dir: str, tm
     assert code == 0 and out == "" and "| method |" in text and "| leave_one_out |" in text
 
 
+def test_raw_tokens_prints_the_pieces_as_spelled(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    shown, raw = tmp_path / "shown.md", tmp_path / "raw.md"  # SmolLM2's byte-level pieces: "Ġcapital" reads " capital"
+    for path, extra in ((shown, []), (raw, ["--raw-tokens"])):
+        code, _, _ = run(capsys, "attribute", "The capital of France is", "--model", "smollm2", "--methods",
+                         "attention", "--target", " Paris", "--format", "markdown", "-o", str(path), *extra)
+        assert code == 0
+    assert "`1:Ġcapital`" in raw.read_text() and "Ġ" not in shown.read_text()
+    assert "`1: capital`" in shown.read_text()
+
+
 def test_a_failed_check_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "attribute", "time flies like an arrow", "--methods", "integrated_gradients",
                        "--ig-steps", "2", "--ig-max-steps", "2")

@@ -108,10 +108,12 @@ def test_a_causal_lm_explains_its_target(server: Running) -> None:
     ({"text": TEXT, "target": ""}, "field 'target' is empty"),
     ({"text": TEXT, "ig_tolerance": 2}, "field 'ig_tolerance' must be above 0 and at most 0.5"),
     ({"text": TEXT, "ig_steps": 0}, "field 'ig_steps' must be from 1"),
+    ({"text": TEXT, "methods": "integrated_gradients", "ig_steps": 64, "ig_max_steps": 32},
+     "ig_steps=64 is more than the step cap, 32"),
     ({"text": TEXT, "layer": -1}, "field 'layer' must be from 0"),
     ({"text": TEXT, "max_length": 4, "methods": "attention"}, "max_length"),
     ({"text": TEXT, "methods": "attention", "colour": "red"}, "unknown field 'colour'"),
-    ({"text": "The capital of France is", "model": "smollm2", "target": " Paris", "ig_steps": 1024,
+    ({"text": "The capital of France is", "model": "smollm2", "target": " Paris", "ig_steps": 512,
       "methods": "integrated_gradients,leave_one_out"}, "forward passes of"),
 ])
 def test_refusals_are_one_line_422s(server: Running, body: dict[str, Any], message: str) -> None:

@@ -51,6 +51,8 @@ def register(sub: Any) -> None:
                    help="also write the view as a figure: FILE.svg, FILE.png or FILE.pdf")
     p.add_argument("--colours", choices=("method", "shared"), default="method",
                    help="the view's colour scale: each method's own largest |score| (method) or one for all (shared)")
+    p.add_argument("--raw-tokens", action="store_true",
+                   help="print tokens as the tokenizer spells its pieces ('Ġworld'), not as they read")
     add_format(p)
     p.set_defaults(func=run_attribute)
 
@@ -72,7 +74,7 @@ def run_attribute(args: argparse.Namespace) -> int:
     m = model_of(args)
     obj = build_objective(m, text, args.target, max_length=args.max_length, truncate=not args.no_truncate)
     result = attribute_objective(obj, names, settings, explicit=args.methods not in (None, "all"))
-    _emit(result, args.format, args.output)
+    _emit(result, args.format, args.output, raw_tokens=args.raw_tokens)
     _write_views(result, args)
     return result.exit_code
 
@@ -87,18 +89,18 @@ def _write_views(result: Any, args: argparse.Namespace) -> None:
         attribution_figure(result, args.figure, colours=args.colours)
 
 
-def _emit(result: Any, fmt: str, path: str | None) -> None:
+def _emit(result: Any, fmt: str, path: str | None, raw_tokens: bool = False) -> None:
     from attnscope.attribution import render
     from attnscope.numbers import finite_or_null
 
     if fmt == "json":
         text = json.dumps(finite_or_null(render.json_data(result)), ensure_ascii=False, allow_nan=False) + "\n"
     elif fmt == "markdown":
-        text = render.markdown(result)
+        text = render.markdown(result, raw_tokens=raw_tokens)
     else:
         out = console() if path is None else _file_console()
         out.width = max(out.width, 24 + 10 * len(result.methods))  # a column per method: wider than squeezed
-        for r in render.text_renderables(result):
+        for r in render.text_renderables(result, raw_tokens=raw_tokens):
             out.print(r)
         if path is None:
             return
