@@ -93,6 +93,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "explain/test_attribution_walkthrough.py": ("slow",),
     "corpus/test_corpus_cli.py": ("slow",),
     "faithfulness/test_perturb.py": ("slow",),
+    "faithfulness/test_report_page.py::test_the_curves_are_written_as_png_of_the_svgs_size_and_not_blank":
+        ("browser",),
+    "faithfulness/test_run.py::test_metrics_agreement_gives_the_full_runs_rank_agreement_in_few_forwards": ("slow",),
     "attribution/test_seq2seq_attention.py": ("slow",),
     "attribution/test_mixing_alti.py::test_the_chunked*": ("slow",),
     "attribution/test_cli.py::test_raw_tokens*": ("smollm2",),
