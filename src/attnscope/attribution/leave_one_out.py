@@ -4,7 +4,11 @@ each token's score is how much the objective falls when that token is taken away
 Two ways to take it away: removed (the token deleted, the others close up, positions shift) and replaced (its id
 replaced by the baseline token: [MASK] where the tokenizer has one, else its pad, else its end-of-text token).
 Every variant, and the unperturbed input as row 0, runs in batched forwards (Objective.score_edits).
-Cost: n + 1 forwards of n tokens. Supports every kind of objective.
+Not taken away: an encoder-decoder's decoder start token. The user did not give it (the model puts it there), and
+removing it leaves the first target nothing to be predicted from (a NaN row that turned that target's whole rank
+agreement into NaN). Its score is NaN (null in JSON) in both modes, recorded in MethodScores.unscored with why,
+and the rank agreement compares the methods over the other tokens (Attribution.ranked_tokens).
+Cost: n + 1 forwards of n tokens (n - 1 + 1 for an encoder-decoder). Supports every kind of objective.
 Check: row 0, computed in the batch beside the variants, equals the model's own forward from ids within
 1e-5 x max(1, |f(x)|) (float32 matmuls over batches of other shapes round differently).
 
@@ -17,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from attnscope.attribution.methods import Context
-from attnscope.attribution.objective import Objective, baseline_id
+from attnscope.attribution.objective import SEQ2SEQ, Objective, baseline_id
 from attnscope.attribution.record import Cost, MethodCheck, MethodScores
 from attnscope.errors import AttnscopeError
 from attnscope.records.check_report import TOLERANCE
@@ -59,16 +63,28 @@ def _budget(ctx: Context, name: str) -> None:
                              parameter="max_perturb_tokens")
 
 
+DECODER_START = ("the decoder start token is not taken away: the model puts it there, not the user, and without it "
+                 "the first target token has nothing to be predicted from")
+
+
+def fixed_tokens(obj: Objective) -> dict[int, str]:
+    """Token index -> why leave-one-out does not take it away: an encoder-decoder's decoder start token."""
+    return {obj.n_source: DECODER_START} if obj.kind == SEQ2SEQ else {}
+
+
 def _leave_one_out(ctx: Context, name: str, mode: str) -> MethodScores:
     _budget(ctx, name)
     obj = ctx.objective
-    every: list[list[int]] = [[], *([i] for i in range(obj.n_tokens))]  # row 0: nothing taken away
+    fixed = fixed_tokens(obj)
+    taken = [i for i in range(obj.n_tokens) if i not in fixed]
+    every: list[list[int]] = [[], *([i] for i in taken)]  # row 0: nothing taken away
     rows = (scores_of(obj, removed=every, rows_tokens=ctx.settings.edit_tokens) if mode == "removed" else
-            scores_of(obj, replaced=every, rows_tokens=ctx.settings.edit_tokens))  # [1 + token, target]
-    scores = (rows[0][None, :] - rows[1:]).T  # [target, token]: f(x) - f(x without token i)
-    return MethodScores(method=name, scores=scores.cpu().numpy(), unit=_unit(obj),
+            scores_of(obj, replaced=every, rows_tokens=ctx.settings.edit_tokens))  # [1 + taken, target]
+    scores = torch.full((obj.n_targets, obj.n_tokens), float("nan"), dtype=torch.float64)  # [target, token]
+    scores[:, taken] = (rows[0][None, :] - rows[1:]).T.cpu()  # f(x) - f(x without token i); fixed ones stay NaN
+    return MethodScores(method=name, scores=scores.numpy(), unit=_unit(obj),
                         check=unperturbed_check(obj, rows[0]),
-                        cost=Cost(forwards=obj.n_tokens + 1, backwards=0, seconds=0.0),
+                        cost=Cost(forwards=len(every), backwards=0, seconds=0.0), unscored=fixed,
                         settings={"mode": mode, **({"baseline": _baseline_token(obj)} if mode == "replaced" else {})})
 
 

@@ -61,10 +61,14 @@ class MethodScores:
     check: MethodCheck
     cost: Cost
     settings: dict[str, Any] = field(default_factory=dict)  # e.g. {"steps": 64, "baseline": "[MASK]"}
+    # token index -> why the method gives it no score (its column is NaN in every target's row, null in JSON), e.g.
+    # leave-one-out and an encoder-decoder's decoder start token, which the user did not give and cannot take away
+    unscored: dict[int, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"method": self.method, "unit": self.unit, "scores": self.scores.tolist(),
-                "check": self.check.to_dict(), "cost": self.cost.to_dict(), "settings": self.settings}
+                "check": self.check.to_dict(), "cost": self.cost.to_dict(), "settings": self.settings,
+                "unscored": {str(i): why for i, why in sorted(self.unscored.items())}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,9 +100,18 @@ class Attribution:
 
     def rank_agreement(self, target: int = 0) -> np.ndarray:
         """Spearman's rho between every two methods' scores of one target over the tokens: float64 [method, method]
-        in the order of `methods` (NaN where a row holds NaN or is constant: no ranking to compare)."""
-        rows = np.stack([m.scores[target] for m in self.methods.values()]) if self.methods else np.zeros((0, 0))
-        return spearman(rows)
+        in the order of `methods`. Tokens some method leaves unscored (`ranked_tokens`) are left out for every
+        method, so all rank the same tokens; NaN where a row still holds NaN or is constant: no ranking to
+        compare."""
+        if not self.methods:
+            return np.zeros((0, 0))
+        rows = np.stack([m.scores[target] for m in self.methods.values()])  # [method, token]
+        return spearman(rows[:, self.ranked_tokens()])
+
+    def ranked_tokens(self) -> list[int]:
+        """The token indices rank_agreement compares over: every token but those a method left unscored."""
+        left_out = {i for m in self.methods.values() for i in m.unscored}
+        return [i for i in range(len(self.tokens)) if i not in left_out]
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "architecture": self.architecture, "kind": self.kind,

@@ -19,6 +19,11 @@ def _cell(x: float) -> str:
     return "nan" if not np.isfinite(x) else f"{x:.3g}"
 
 
+def _score_cell(ms: MethodScores, t: int, i: int) -> str:
+    """One score; "n/a" where the method leaves the token unscored (the legend says why), "nan" for any other NaN."""
+    return "n/a" if i in ms.unscored else _cell(float(ms.scores[t, i]))
+
+
 def _check_cell(ms: MethodScores) -> str:
     c = ms.check
     if c.verified is None:
@@ -59,6 +64,7 @@ def methods_legend(a: Attribution) -> list[str]:
     for name, ms in a.methods.items():
         settings = ", ".join(f"{k} {v}" for k, v in ms.settings.items() if k not in ("f_x", "f_baseline"))
         out.append(f"{name}: {ms.unit}{'; ' + settings if settings else ''}. Check: {ms.check.detail}")
+        out += [f"{name}: token {i} ({a.tokens[i].text}) n/a: {why}" for i, why in sorted(ms.unscored.items())]
     why: dict[str, list[str]] = {}  # the reason after "<method> does not apply to <model>: " -> methods
     for name, reason in a.skipped.items():
         why.setdefault(reason.split("): ", 1)[-1], []).append(name)
@@ -80,7 +86,7 @@ def text_renderables(a: Attribution, raw_tokens: bool = False) -> list[Any]:
         for name in a.methods:
             table.add_column(escape(SHORT.get(name, name)), justify="right")
         for i, label in enumerate(_token_labels(a, raw_tokens)):
-            table.add_row(escape(label), *(_cell(float(ms.scores[t, i])) for ms in a.methods.values()))
+            table.add_row(escape(label), *(_score_cell(ms, t, i) for ms in a.methods.values()))
         out.append(table)
     checks = Table(title="checks", title_justify="left")
     for col in ("method", "check", "cost"):
@@ -101,7 +107,7 @@ def _agreement_table(a: Attribution, t: int, target: str) -> Any:
     from rich.table import Table
 
     rho = a.rank_agreement(t)
-    table = Table(title=escape(f"rank agreement (Spearman) over the tokens, target {t}: {target!r}"),
+    table = Table(title=escape(f"rank agreement (Spearman) over the tokens{_left_out(a)}, target {t}: {target!r}"),
                   title_justify="left")
     table.add_column("")
     labels = [SHORT.get(n, n) for n in a.methods]
@@ -110,6 +116,13 @@ def _agreement_table(a: Attribution, t: int, target: str) -> Any:
     for label, row in zip(labels, rho, strict=True):
         table.add_row(escape(label), *(_cell(float(x)) for x in row))
     return table
+
+
+def _left_out(a: Attribution) -> str:
+    """" but token 9 (n/a)" when some method leaves tokens unscored (Attribution.ranked_tokens)."""
+    kept = set(a.ranked_tokens())
+    gone = [str(i) for i in range(len(a.tokens)) if i not in kept]
+    return f" but token{'s' if len(gone) > 1 else ''} {', '.join(gone)} (n/a)" if gone else ""
 
 
 def _md(text: str) -> str:
@@ -125,7 +138,7 @@ def markdown(a: Attribution, raw_tokens: bool = False) -> str:
         lines.append("| method | " + " | ".join(labels) + " | check | cost |")
         lines.append("|---|" + "---:|" * len(labels) + "---|---:|")
         for name, ms in a.methods.items():
-            cells = " | ".join(_cell(float(x)) for x in ms.scores[t])
+            cells = " | ".join(_score_cell(ms, t, i) for i in range(len(a.tokens)))
             lines.append(f"| {name} | {cells} | {_md(_check_cell(ms))} | {_cost_cell(ms)} |")
         lines.append("")
     for t in range(len(a.targets)):
@@ -137,7 +150,7 @@ def markdown(a: Attribution, raw_tokens: bool = False) -> str:
 
 def _agreement_markdown(a: Attribution, t: int) -> list[str]:
     names = list(a.methods)
-    lines = [f"Rank agreement (Spearman) over the tokens, target {t}:", "",
+    lines = [f"Rank agreement (Spearman) over the tokens{_md(_left_out(a))}, target {t}:", "",
              "| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for name, row in zip(names, a.rank_agreement(t), strict=True):
         lines.append(f"| {name} | " + " | ".join(_cell(float(x)) for x in row) + " |")
