@@ -13,8 +13,9 @@
   says so).
   Cost: T x the steps tried (F + B), plus 1 F.
 
-Checks: saliency and input x gradient compare the gradient with a central finite difference of the objective
-along the gradient's direction (one batched forward of 2 rows per target), |fd - |g|| / |g| within FD_BOUND;
+Checks: saliency compares |g| with a central finite difference of the objective along the gradient's direction
+(one batched forward of 2 rows per target), |fd - |g|| / |g| within FD_BOUND; input x gradient compares the sum of
+its scores, x . g, with a central difference along x itself (FD_STEP says why its step is 1e-3), within FD_BOUND;
 integrated gradients' completeness is computed against f(x) from the model's own forward.
 Captum is used rather than hand-written gradients, as the issue asks; it adds no measurable time beyond the
 forward and backward passes (benchmarks/bench_attribute.py).
