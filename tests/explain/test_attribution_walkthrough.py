@@ -237,6 +237,10 @@ def test_encoder_decoder_follows_the_first_target_token(seq2seq: Callable[[str],
         assert "follows the first target token" in w.steps[0].text
     with pytest.raises(attnscope.AttnscopeError, match="alti does not apply to T5ForConditionalGeneration"):
         attribution_walkthrough("time flies", "alti", 1, model=t5, target="le temps")
+    (start,) = own.methods["leave_one_out"].unscored  # the decoder's start token: never taken away, no score
+    assert own.tokens[start].text == t5.tokenizer.pad_token  # T5's decoder starts from its pad token
+    with pytest.raises(attnscope.AttnscopeError, match=f"token {start} .* has no leave_one_out score"):
+        attribution_walkthrough("time flies", "leave_one_out", start, model=t5, target="le temps")
 
 
 def test_smollm2_alti_is_altis_own(smollm2: attnscope.Model) -> None:

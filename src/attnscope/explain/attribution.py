@@ -100,6 +100,9 @@ def attribution_walkthrough(text: str, method: str, token: int, model: ModelLike
     if layer is not None:
         validate_index("layer", layer, int(m.n_layers), m.name)
     scores = attribute_objective(obj, [method], opts).methods[method]
+    if token in scores.unscored:  # e.g. leave-one-out never takes away a decoder's start token
+        raise AttnscopeError(f"token {token} ({obj.tokens[token].text}) has no {method} score: "
+                             f"{scores.unscored[token]}; choose another token", parameter="token")
     walk = Walk(obj, token, layer, opts, scores)
     steps, final, checks, shown, bound = BUILDERS[method](walk)
     checks = [*checks, same_as_attribute(walk, final, bound), method_check(scores)]
