@@ -197,3 +197,39 @@ def rich_steps_table(title: str, columns: Sequence[str], rows: Iterable[Sequence
     for row in rows:
         t.add_row(*(escape(c) for c in row))
     return t
+
+
+class ProgressBar:
+    """tqdm over a corpus pass: documents, tokens/s when the pass counts tokens, the ETA (on stderr; silent when
+    not a terminal). update() takes any pass's progress record with `documents` (and `tokens`, `seconds`)."""
+
+    def __init__(self, total: int | None):
+        from tqdm import tqdm
+
+        self.total = total
+        self.bar = tqdm(total=total, unit="doc", file=sys.stderr, disable=None, dynamic_ncols=True)
+        self.first: Any = None
+
+    def update(self, p: Any) -> None:
+        if self.first is None:  # a resumed pass starts where its checkpoint was
+            self.first = p
+            self.bar.n = p.documents
+        self.bar.update(p.documents - self.bar.n)
+        tokens = getattr(p, "tokens", None)
+        if tokens is not None and p.seconds > 0:
+            self.bar.set_postfix_str(f"{(tokens - self.first.tokens) / p.seconds:.0f} tok/s", refresh=False)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def add_progress(p: argparse.ArgumentParser) -> None:
+    """--no-progress: the corpus passes' one flag for their bar."""
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def progress_bar(args: argparse.Namespace, source: Any, limit: int | None) -> ProgressBar | None:
+    """The pass's bar over source.count(limit) documents, or None with --no-progress (then the source is not
+    read twice: a bad row later in it is met by the pass, after the documents before it are checkpointed)."""
+    return None if args.no_progress else ProgressBar(source.count(limit))
+

@@ -11,12 +11,14 @@ from attnscope.cli.common import (
     SOURCE_HELP,
     add_engine_args,
     add_model_args,
+    add_progress,
     add_source_args,
     console,
     engine_of,
     integer,
     model_of,
     print_json,
+    progress_bar,
     source_of,
 )
 from attnscope.errors import AttnscopeError
@@ -43,6 +45,7 @@ def _register_index(sub: Any) -> None:
     add_source_args(p, SOURCE_HELP + " (CoNLL-U adds UD part of speech and dependency relations)")
     p.add_argument("-o", "--output", required=True, metavar="INDEX", help="directory for the index")
     p.add_argument("--resume", action="store_true", help="continue the build checkpointed in INDEX")
+    add_progress(p)
     p.add_argument("--layers", type=numbers, default=None, metavar="L,...",
                    help="layers to keep, 0-indexed: 0,3,5 or 2-4 (default: all)")
     p.add_argument("--heads", type=numbers, default=None, metavar="H,...",
@@ -124,8 +127,14 @@ def run_index(args: argparse.Namespace) -> int:
                         limit=args.limit, checkpoint_every=max(1, args.checkpoint_every))
     kinds = KINDS if args.ann is None else args.ann
     try:
-        result = build_index(source, args.output, model, layers=args.layers, heads=args.heads, settings=settings,
-                             resume=args.resume, ann=kinds, engine=engine)
+        bar = progress_bar(args, source, settings.limit)  # counting reads the source: its errors in flag words too
+        try:
+            result = build_index(source, args.output, model, layers=args.layers, heads=args.heads,
+                                 settings=settings, resume=args.resume, ann=kinds, engine=engine,
+                                 progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()  # before any message, so it is not printed on the bar's line
     except KeyboardInterrupt:
         print(f"attnscope: interrupted; add --resume to the same command to continue the build in {args.output}",
               file=sys.stderr)

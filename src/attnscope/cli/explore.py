@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnscope.cli.common import add_model_args, add_source_args, integer, model_of, print_json, real, source_of
+from attnscope.cli.common import (
+    add_model_args,
+    add_progress,
+    add_source_args,
+    integer,
+    model_of,
+    print_json,
+    progress_bar,
+    real,
+    source_of,
+)
 from attnscope.cli.corpus import numbers
 from attnscope.errors import AttnscopeError
 
@@ -58,6 +68,7 @@ def _register_heads(sub: Any) -> None:
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="directory for heads.npz (the sums, also the checkpoint) and heads.html")
     p.add_argument("--resume", action="store_true", help="continue the pass checkpointed in OUT")
+    add_progress(p)
     add_model_args(p)
     p.add_argument("--batch-size", type=integer, default=8, metavar="N", help="documents per batch (default 8)")
     p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
@@ -134,7 +145,13 @@ def run_heads(args: argparse.Namespace) -> int:
     settings = Settings(max_length=max_length, batch_size=args.batch_size, truncate=not args.no_truncate,
                         limit=args.limit, checkpoint_every=max(1, args.checkpoint_every))
     try:
-        run = head_pass(source, args.output, model, settings=settings, resume=args.resume)
+        bar = progress_bar(args, source, settings.limit)  # counting reads the source: its errors in flag words too
+        try:
+            run = head_pass(source, args.output, model, settings=settings, resume=args.resume,
+                            progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
     except KeyboardInterrupt:
         print(f"attnscope: interrupted; add --resume to the same command to continue the pass in {args.output}",
               file=sys.stderr)

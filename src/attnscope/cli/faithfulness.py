@@ -10,10 +10,12 @@ from typing import Any
 from attnscope.cli.common import (
     SOURCE_HELP,
     add_engine_args,
+    add_progress,
     add_source_args,
     engine_of,
     integer,
     print_json,
+    progress_bar,
     source_of,
 )
 from attnscope.errors import AttnscopeError
@@ -50,7 +52,7 @@ def register(sub: Any) -> None:
     p.add_argument("--beam", type=integer, default=2, metavar="W", help="the bounds' beam width (default 2)")
     p.add_argument("--checkpoint-every", type=integer, default=1, metavar="N",
                    help="write a checkpoint every N documents (default 1)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress(p)
     p.add_argument("--no-png", action="store_true",
                    help="write the curves as SVG only (PNG needs headless Chromium: the views extra)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
@@ -66,7 +68,7 @@ def run_faithfulness(args: argparse.Namespace) -> int:
     if args.methods is not None:
         method_names(args.methods)  # an unknown method fails before the model loads
     engine = engine_of(args)  # and a missing Ray
-    bar = None if args.no_progress else _bar(source.count(args.limit))
+    bar = progress_bar(args, source, args.limit)
     try:
         try:
             result = faithfulness(source, args.output, args.model, args.methods, removal=args.removal,
@@ -74,7 +76,7 @@ def run_faithfulness(args: argparse.Namespace) -> int:
                                   max_length=args.max_length, exact_tokens=args.exact_tokens, beam=args.beam,
                                   metrics=args.metrics, png=not args.no_png,
                                   checkpoint_every=args.checkpoint_every, engine=engine,
-                                  progress=(lambda p: bar.update(p.documents - bar.n)) if bar else None)
+                                  progress=bar.update if bar else None)
         finally:
             if bar:
                 bar.close()
@@ -93,12 +95,6 @@ def run_faithfulness(args: argparse.Namespace) -> int:
         return 0
     _print(s, args.output)
     return 0
-
-
-def _bar(total: int) -> Any:
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="doc", file=sys.stderr, disable=None, dynamic_ncols=True)
 
 
 def _print(s: dict[str, Any], out: str) -> None:

@@ -13,20 +13,21 @@ from typing import TYPE_CHECKING, Any
 from attnscope.cli.common import (
     add_engine_args,
     add_model_args,
+    add_progress,
     add_source_args,
     engine_of,
     integer,
     model_of,
     print_json,
+    progress_bar,
     source_of,
 )
 from attnscope.errors import AttnscopeError
 
 if TYPE_CHECKING:
-    from attnscope.stats.engine import Progress, RunResult
+    from attnscope.stats.engine import RunResult
     from attnscope.stats.outputs import Written
     from attnscope.stats.settings import Settings
-    from attnscope.stats.sources import Source
 
 # torch, transformers and the engine are imported when the command runs, so --help stays instant.
 
@@ -44,7 +45,7 @@ def register(sub: Any) -> None:
                    help="statistics between words (to a word: sum over its pieces; from a word: their mean)")
     p.add_argument("--checkpoint-every", type=integer, default=20, metavar="N",
                    help="write a checkpoint every N batches (default 20)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress(p)
     p.add_argument("--format", choices=("text", "json"), default="text", help="how to report the run (default text)")
     add_engine_args(p)
     p.add_argument("--norms", action="store_true",
@@ -108,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
     run = _runner(args)
     model = model_of(args)  # first: --max-length's default fits the model
     settings = settings_of(args)
-    bar = None if args.no_progress else _progress_bar(source, settings.limit)
+    bar = progress_bar(args, source, settings.limit)
     try:
         try:
             result = run(source, model, settings, args.output, resume=args.resume,
@@ -161,29 +162,3 @@ def _print_summary(out: str, result: RunResult, run_info: dict[str, Any], writte
     print(report_text(written.info, written.heads))
     tables = ", ".join(str(p) for p in written.paths if p.suffix in (".csv", ".parquet"))
     print(f"Tables: {tables}\nPlots: {Path(out) / 'plots'}/\nReport: {Path(out) / 'report.html'}")
-
-
-class _Bar:
-    """tqdm showing documents, tokens/s and the ETA (on stderr; silent when not a terminal)."""
-
-    def __init__(self, total: int | None):
-        from tqdm import tqdm
-
-        self.total = total
-        self.bar = tqdm(total=total, unit="doc", file=sys.stderr, disable=None, dynamic_ncols=True)
-        self.first: Progress | None = None
-
-    def update(self, p: Progress) -> None:
-        if self.first is None:
-            self.first = p
-            self.bar.n = p.documents
-        self.bar.update(p.documents - self.bar.n)
-        if p.seconds > 0:
-            self.bar.set_postfix_str(f"{(p.tokens - self.first.tokens) / p.seconds:.0f} tok/s", refresh=False)
-
-    def close(self) -> None:
-        self.bar.close()
-
-
-def _progress_bar(source: Source, limit: int | None) -> _Bar:
-    return _Bar(source.count(limit))
