@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.cli.common import (
+    add_engine_args,
     add_model_args,
     add_progress,
     add_source_args,
+    engine_of,
     integer,
     model_of,
     print_json,
@@ -74,6 +76,7 @@ def _register_heads(sub: Any) -> None:
     p.add_argument("--limit", type=integer, default=None, metavar="N", help="read only the first N documents")
     p.add_argument("--checkpoint-every", type=integer, default=20, metavar="N",
                    help="write a checkpoint every N batches (default 20)")
+    add_engine_args(p)
     _grouping_args(p)
     p.add_argument("--example", metavar="TEXT", default=None,
                    help="the sentence whose attention a click on a head opens in the page (default: the corpus' "
@@ -140,6 +143,7 @@ def run_heads(args: argparse.Namespace) -> int:
 
     source = source_of(args, TaggedSource)
     other = read_groups(args.compare) if args.compare else None  # a bad --compare is refused before the pass
+    engine = engine_of(args)  # before the model loads
     model = model_of(args)
     max_length = args.max_length or min(128, model.max_positions)
     settings = Settings(max_length=max_length, batch_size=args.batch_size, truncate=not args.no_truncate,
@@ -147,7 +151,7 @@ def run_heads(args: argparse.Namespace) -> int:
     try:
         bar = progress_bar(args, source, settings.limit)  # counting reads the source: its errors in flag words too
         try:
-            run = head_pass(source, args.output, model, settings=settings, resume=args.resume,
+            run = head_pass(source, args.output, model, settings=settings, resume=args.resume, engine=engine,
                             progress=bar.update if bar else None)
         finally:
             if bar:
