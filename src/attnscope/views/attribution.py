@@ -13,7 +13,6 @@ share their average rank, as scipy.stats.rankdata does. Spearman's rho between m
 
 from __future__ import annotations
 
-import html
 import math
 import os
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError
 from attnscope.numbers import finite_or_null
-from attnscope.views.page import _asset, _csp, css, js, json_for_script
+from attnscope.views.page import css, standalone, view_script
 from attnscope.views.payload import token_texts
 
 if TYPE_CHECKING:
@@ -179,16 +178,7 @@ def _validate(attr: Attribution) -> None:
 
 def page_html(data: dict[str, Any], title: str) -> str:
     """A complete page drawing one attribution payload (CSS and JS inlined, the CSP allowing only its script)."""
-    script = js() + "\n" + _asset("attribution.js") + BOOT
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(title)}</title>\n<style>\n{css()}\n{STYLE}</style>\n"
-        f"</head>\n<body>\n<div id=\"{ROOT}\"></div>\n"
-        f"<script type=\"application/json\" id=\"{DATA}\">{json_for_script(data)}</script>\n"
-        f"<script>{script}</script>\n</body>\n</html>\n"
-    )
+    return standalone(title, view_script("attribution.js", BOOT), css() + "\n" + STYLE, [ROOT], {DATA: data})
 
 
 def attribution_html(attr: Attribution, colours: str = "method", raw_tokens: bool = False) -> str:

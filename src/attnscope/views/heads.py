@@ -11,13 +11,12 @@ headless Chromium (`heads_figure`). Layers and heads are 0-indexed; a head is na
 
 from __future__ import annotations
 
-import html
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.views.page import _asset, _csp, css, js, json_for_script
+from attnscope.views.page import css, standalone, view_script
 
 if TYPE_CHECKING:
     from attnscope.corpus.head_groups import Comparison, HeadGroups
@@ -62,24 +61,15 @@ def heads_html(g: HeadGroups, trace: Trace | None = None, comparison: Comparison
     if trace is not None and trace.model.get("name") != g.model:
         raise AttnscopeError(f"the trace is of {trace.model.get('name')}, the heads of {g.model}: trace a sentence "
                              f"with {g.model}", parameter="trace")
-    script = js() + "\n" + _asset("heads.js") + BOOT
-    views = ""
+    blocks: dict[str, Any] = {DATA: data}
     if trace is not None:
         from attnscope.views.payload import payload
 
         initial = {"view": "head", "layer": 0, "head": 0, "query": None, "source": None, "theme": "light",
                    "heads": [0]}
-        views = (f"<script type=\"application/json\" id=\"attnscope-data\">"
-                 f"{json_for_script(payload(trace, None, None, 'none', initial=initial))}</script>\n")
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>\n{css()}\n{STYLE}</style>\n"
-        f"</head>\n<body>\n<div id=\"{ROOT}\"></div>\n<div id=\"attnscope-root\"></div>\n"
-        f"<script type=\"application/json\" id=\"{DATA}\">{json_for_script(data)}</script>\n"
-        f"{views}<script>{script}</script>\n</body>\n</html>\n"
-    )
+        blocks["attnscope-data"] = payload(trace, None, None, "none", initial=initial)
+    return standalone(data["title"], view_script("heads.js", BOOT), css() + "\n" + STYLE, [ROOT, "attnscope-root"],
+                      blocks)
 
 
 def heads_page(g: HeadGroups, trace: Trace | None = None, comparison: Comparison | None = None) -> HTMLPage:

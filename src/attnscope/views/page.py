@@ -10,6 +10,7 @@ import base64
 import hashlib
 import html
 import json
+from collections.abc import Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -56,15 +57,28 @@ def _csp(script: str) -> str:
             "img-src data: blob:; base-uri 'none'; form-action 'none'")
 
 
-def page(data: dict[str, Any], title: str) -> str:
-    """A complete HTML document that renders `data` (a payload) when opened, from a file or in an iframe."""
-    script = js() + BOOT
+def view_script(asset: str, boot: str) -> str:
+    """The views' script, one more view's asset (from views/assets/) after it, and the line that boots that view."""
+    return js() + "\n" + _asset(asset) + boot
+
+
+def standalone(title: str, script: str, style: str, roots: Sequence[str], data: Mapping[str, Any]) -> str:
+    """A complete HTML document that runs `script` when opened, from a file or in an iframe: the one skeleton of
+    every standalone page. roots: the ids of the empty elements it draws into, in order; data: the id of each
+    `<script type="application/json">` block -> its payload, in order. The title is escaped, the payloads cannot
+    close their blocks (json_for_script), and the CSP lets only this script run (by hash) and nothing load."""
+    blocks = "".join(f"<script type=\"application/json\" id=\"{html.escape(block_id)}\">{json_for_script(payload)}"
+                     "</script>\n" for block_id, payload in data.items())
+    divs = "".join(f"<div id=\"{html.escape(root)}\"></div>\n" for root in roots)
     return (
         "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(title)}</title>\n<style>\n{css()}</style>\n</head>\n<body>\n"
-        "<div id=\"attnscope-root\"></div>\n"
-        f"<script type=\"application/json\" id=\"attnscope-data\">{json_for_script(data)}</script>\n"
-        f"<script>{script}</script>\n</body>\n</html>\n"
+        f"<title>{html.escape(title)}</title>\n<style>\n{style}</style>\n</head>\n<body>\n"
+        f"{divs}{blocks}<script>{script}</script>\n</body>\n</html>\n"
     )
+
+
+def page(data: dict[str, Any], title: str) -> str:
+    """A complete HTML document that renders `data` (a payload) when opened, from a file or in an iframe."""
+    return standalone(title, js() + BOOT, css(), ["attnscope-root"], {"attnscope-data": data})

@@ -11,7 +11,6 @@ of a page maps the same sampled tokens. Layers, heads and positions are 0-indexe
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +22,7 @@ from attnscope.corpus.maps import qk_map, sample_rows
 from attnscope.corpus.search import check_query
 from attnscope.corpus.store import CorpusIndex
 from attnscope.errors import AttnscopeError
-from attnscope.views.page import _asset, _csp, css, js, json_for_script
+from attnscope.views.page import css, standalone, view_script
 
 if TYPE_CHECKING:
     from attnscope.views import HTMLPage
@@ -114,16 +113,7 @@ def qkmap_payload(index: CorpusIndex, layer: int, heads: Sequence[int] | None = 
 
 def page_html(data: dict[str, Any], title: str) -> str:
     """A complete page drawing one query/key map payload (CSS and JS inlined, the CSP allowing only its script)."""
-    script = js() + "\n" + _asset("qkmap.js") + BOOT
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(title)}</title>\n<style>\n{css()}\n{STYLE}</style>\n"
-        f"</head>\n<body>\n<div id=\"{ROOT}\"></div>\n"
-        f"<script type=\"application/json\" id=\"{DATA}\">{json_for_script(data)}</script>\n"
-        f"<script>{script}</script>\n</body>\n</html>\n"
-    )
+    return standalone(title, view_script("qkmap.js", BOOT), css() + "\n" + STYLE, [ROOT], {DATA: data})
 
 
 def qkmap_html(index: CorpusIndex | str | os.PathLike[str], layer: int, heads: Sequence[int] | None = None,
