@@ -110,14 +110,10 @@ def batch_rows(cost: Cost, ceiling: int) -> int:
 def admit(cost: Cost, deadline: float, what: str, split: bool, ceiling: int) -> None:
     """Refuse (AttnscopeError: 422) a job that cannot finish before `deadline` (time.monotonic()), or whose one
     batch (split=False) cannot fit under the memory ceiling, saying how big it may be."""
-    left = deadline - time.monotonic()
-    if cost.seconds > left:
-        fit = max(0, int(left / cost.row_seconds))
-        tokens = int(cost.tokens * left / cost.seconds)
-        raise AttnscopeError(f"{what} needs {cost.rows} forward rows of {cost.tokens} tokens, about "
-                             f"{cost.seconds:.0f} s at the {cost.row_seconds:.2f} s one row took here, over the "
-                             f"{max(0.0, left):.0f} s left before this request's deadline: {_fits(fit, tokens)}, "
-                             "or start the server with a longer --timeout", parameter="each")
+    admit_by_deadline(cost.seconds, deadline, f"{what} needs {cost.rows} forward rows of {cost.tokens} tokens, about "
+                      f"{cost.seconds:.0f} s at the {cost.row_seconds:.2f} s one row took here",
+                      lambda left: _fits(max(0, int(left / cost.row_seconds)), int(cost.tokens * left / cost.seconds)),
+                      parameter="each")
     room = (ceiling - memory.rss_bytes()) // _HEADROOM
     if not split and cost.rows * cost.row_bytes > room:
         rows = max(0, room // max(1, cost.row_bytes))
@@ -126,6 +122,18 @@ def admit(cost: Cost, deadline: float, what: str, split: bool, ceiling: int) -> 
                              f"{cost.rows * cost.row_bytes >> 20} MiB, over the {room >> 20} MiB this server may "
                              f"use under its memory ceiling: {_fits(rows, tokens)}, or start the server with a "
                              "larger --max-memory")
+
+
+def admit_by_deadline(seconds: float, deadline: float, need: str, fix: Callable[[float], str], parameter: str) -> None:
+    """Refuse (AttnscopeError: 422) a job estimated at `seconds` that cannot finish before `deadline`
+    (time.monotonic()): "{need}, over the N s left before this request's deadline: {fix(N)}, or start the server
+    with a longer --timeout". need: what the job needs and about how long that takes here; fix: given the seconds
+    left, what would fit in them."""
+    left = deadline - time.monotonic()
+    if seconds <= left:
+        return
+    raise AttnscopeError(f"{need}, over the {max(0.0, left):.0f} s left before this request's deadline: {fix(left)}, "
+                         "or start the server with a longer --timeout", parameter=parameter)
 
 
 def _fits(rows: int, tokens: int) -> str:

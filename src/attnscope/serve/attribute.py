@@ -14,7 +14,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from attnscope.errors import AttnscopeError
 from attnscope.numbers import finite_or_null
-from attnscope.serve.ablation import stopping, timed
+from attnscope.serve.ablation import admit_by_deadline, stopping, timed
 from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
 from attnscope.serve.pool import checkpoint
@@ -37,6 +36,7 @@ if TYPE_CHECKING:
     from attnscope.attribution.objective import Objective
     from attnscope.attribution.record import Attribution
 
+TRACED = ("attention", "rollout", "flow", "attention_x_gradient")  # methods sharing one traced, recomputed forward
 BACKWARD = 2.0  # a backward pass costs about two forwards
 MAX_IG_STEPS = 1024  # the most integrated-gradient steps a request may ask for
 SETTINGS = ("layer", "head", "ig_steps", "ig_max_steps", "ig_tolerance")  # body fields that are methods.Settings
@@ -100,9 +100,7 @@ def attribute_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("target", "string", "Causal LMs and encoder-decoders: the continuation explained, e.g. \" Paris\" "
               "(null: the model's greedy next token; encoders explain their pooled embedding and take none).",
               nullable=True, max_length=settings.max_chars),
-        Field("methods", "string", "Methods, comma-separated (\"saliency,rollout\"), or \"all\"; null for the "
-              "defaults that apply to the model. A method named that does not apply is refused (422).",
-              nullable=True, max_length=1000, empty='name methods such as "saliency,rollout", or send null'),
+        methods_field("A method named that does not apply is refused (422)."),
         Field("layer", "integer", "attention, attention_x_gradient, rollout: the layer, 0-indexed (null: the last).",
               nullable=True, minimum=0),
         Field("head", "integer", "attention, attention_x_gradient: one head, 0-indexed (null: the mean of the "
@@ -119,6 +117,13 @@ def attribute_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     ]
 
 
+def methods_field(note: str) -> Field:
+    """The methods field of an endpoint that runs attribution methods; note: what this endpoint adds."""
+    return Field("methods", "string", "Methods, comma-separated (\"attention,rollout\"), or \"all\"; null for the "
+                 f"defaults that apply to the model. {note}", nullable=True, max_length=1000,
+                 empty='name methods such as "attention,rollout", or send null')
+
+
 def forward_rows(method: str, obj: Objective, steps: int) -> float:
     """Forward-pass equivalents of one method on this input (a backward counts BACKWARD): n tokens, T targets;
     integrated gradients at its first `steps` (more when completeness asks for them: then the deadline stops it)."""
@@ -130,22 +135,31 @@ def forward_rows(method: str, obj: Objective, steps: int) -> float:
     return rows.get(method, 1.0)  # attention, rollout, flow, alti, norm: one (hooked or traced) forward
 
 
+def attribution_rows(names: Iterable[str], obj: Objective, steps: int) -> dict[str, float]:
+    """Forward-pass equivalents of each named method on this input (forward_rows), and of the one traced and
+    recomputed forward the attention-based methods share, when one of them is named."""
+    rows = {name: forward_rows(name, obj, steps) for name in names}
+    if any(name in rows for name in TRACED):
+        rows["the verified trace"] = 2.0
+    return rows
+
+
+def costliest(rows: dict[str, float], n: int = 3) -> str:
+    """The n parts that cost most, as "name ~rows, ..." (for a refusal's message)."""
+    return ", ".join(f"{name} ~{rows[name]:.0f}" for name in sorted(rows, key=rows.__getitem__, reverse=True)[:n])
+
+
 def admit(methods: Sequence[Method], obj: Objective, steps: int, row_seconds: float, deadline: float) -> None:
     """Refuse (AttnscopeError: 422) methods whose forwards cannot finish before `deadline` (time.monotonic()),
     naming the costliest and how to fit."""
-    rows = {m.name: forward_rows(m.name, obj, steps) for m in methods}
-    if any(name in rows for name in ("attention", "rollout", "flow", "attention_x_gradient")):
-        rows["the verified trace"] = 2.0  # the attention-based methods share one traced and recomputed forward
+    rows = attribution_rows((m.name for m in methods), obj, steps)
     total = sum(rows.values())
-    left = deadline - time.monotonic()
-    if total * row_seconds <= left:
-        return
-    costly = ", ".join(f"{name} ~{rows[name]:.0f}" for name in sorted(rows, key=rows.__getitem__, reverse=True)[:3])
-    raise AttnscopeError(
-        f"these methods need about {total:.0f} forward passes of {obj.n_tokens} tokens ({costly}), about "
-        f"{total * row_seconds:.0f} s at the {row_seconds:.2f} s one took here, over the {max(0.0, left):.0f} s left "
-        "before this request's deadline: name fewer or cheaper methods, lower ig_steps, shorten the text, or start "
-        "the server with a longer --timeout", parameter="methods")
+    seconds = total * row_seconds
+    need = (f"these methods need about {total:.0f} forward passes of {obj.n_tokens} tokens ({costliest(rows)}), "
+            f"about {seconds:.0f} s at the {row_seconds:.2f} s one took here")
+    admit_by_deadline(seconds, deadline, need,
+                      lambda _left: "name fewer or cheaper methods, lower ig_steps, shorten the text",
+                      parameter="methods")
 
 
 def run_attribution(service: Service, req: AttributeRequest, stop: threading.Event) -> Attribution:

@@ -10,7 +10,7 @@ Bounded like /api/attribute: the text's characters (fields) and tokens (max_leng
 max_tokens; a longer text is refused, not cut), the pool's queue and deadline, one model forward at a time, every
 layer of every forward checking the job's stop event; and by its cost, before any method runs: one forward of the
 text and one batch of modified inputs are timed, and the attribution methods' forward-pass equivalents
-(serve.attribute.forward_rows) plus the modified inputs the metrics score (`perturbed_rows`: both curves of every
+(serve.attribute.attribution_rows) plus the modified inputs the metrics score (`perturbed_rows`: both curves of every
 ordering, the normalised-AOPC bounds, the unperturbed check) are admitted against the request's deadline (422
 naming what costs most and about how many tokens would fit).
 """
@@ -40,8 +40,8 @@ from attnscope.faithfulness.metrics import Example
 from attnscope.faithfulness.perturb import DELETE, REMOVALS, Perturber
 from attnscope.models import Model
 from attnscope.numbers import finite_or_null
-from attnscope.serve.ablation import stopping, timed
-from attnscope.serve.attribute import forward_rows
+from attnscope.serve.ablation import admit_by_deadline, stopping, timed
+from attnscope.serve.attribute import attribution_rows, costliest, methods_field
 from attnscope.serve.fields import Field, parse_body, read_json
 from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
 from attnscope.serve.pool import checkpoint
@@ -51,8 +51,7 @@ from attnscope.stats.sources import Document
 
 MAX_SEEDS = 10  # random orderings a request may ask for
 TIMED_ROWS = (16, 64)  # modified inputs timed in two batches (a batch's rows cost several times less than one alone)
-METHODS_NOTE = ("Methods, comma-separated (\"attention,rollout\"), or \"all\"; null for the defaults that apply to the "
-                "model. Leave-one-out under the removal is always run: it is the rank agreement's reference.")
+METHODS_NOTE = "Leave-one-out under the removal is always run: it is the rank agreement's reference."
 
 
 @dataclass(frozen=True)
@@ -108,8 +107,7 @@ def faithfulness_fields(settings: Settings, models: Sequence[str]) -> list[Field
         Field("text", "string", "The text (causal LMs explain their greedy next token; encoders their pooled "
               "embedding).", required=True, max_length=settings.max_chars),
         _model_field(models),
-        Field("methods", "string", METHODS_NOTE, nullable=True, max_length=1000,
-              empty='name methods such as "attention,rollout", or send null'),
+        methods_field(METHODS_NOTE),
         Field("removal", "string", "How a token is taken away, the same for every method: delete (the rest close "
               "up) or replace (the baseline token in its place). Special tokens are never removed.",
               default=DELETE, enum=REMOVALS),
@@ -145,7 +143,7 @@ class Cost:
     """What one text's faithfulness needs: attribution forwards and modified inputs, each timed here."""
 
     tokens: int
-    attribution: dict[str, float]  # method -> forward-pass equivalents (serve.attribute.forward_rows)
+    attribution: dict[str, float]  # method -> forward-pass equivalents (serve.attribute.attribution_rows)
     perturbed: int  # modified inputs scored by the metrics
     row_seconds: float  # one forward of the text, alone
     perturbed_seconds: float  # one modified input, in a batch
@@ -168,9 +166,7 @@ def measure_cost(obj: Objective, p: Perturber, ex: Example, names: Sequence[str]
                  ig_steps: int, deadline: float = math.inf) -> Cost:
     """The cost of example_rows on this objective: one forward and two small batches of modified inputs timed."""
     m = obj.model
-    attribution = {name: forward_rows(name, obj, ig_steps) for name in names}
-    if any(name in attribution for name in ("attention", "rollout", "flow", "attention_x_gradient")):
-        attribution["the verified trace"] = 2.0  # the attention-based methods share one traced, recomputed forward
+    attribution = attribution_rows(names, obj, ig_steps)
     perturbed = perturbed_rows(orderings, ex, fm.EXACT_TOKENS, fm.BEAM)
     row = timed(lambda: m.model(**obj.inputs()))
     return Cost(tokens=obj.n_tokens, attribution=attribution, perturbed=perturbed, row_seconds=row,
@@ -209,20 +205,17 @@ def _timed_rows(p: Perturber, masks: np.ndarray, rows: int) -> float:
 def admit(cost: Cost, deadline: float) -> None:
     """Refuse (AttnscopeError: 422) a text whose faithfulness cannot finish before `deadline`
     (time.monotonic()), naming what costs most and about how many tokens would fit."""
-    left = deadline - time.monotonic()
-    if cost.seconds() <= left:
-        return
-    fits = max((n for n in range(2, cost.tokens) if cost.seconds(n) <= left), default=None)
-    parts = {**cost.attribution}
-    costly = ", ".join(f"{name} ~{parts[name]:.0f}" for name in sorted(parts, key=parts.__getitem__, reverse=True)[:3])
+    need = (f"measuring this text's faithfulness needs about {sum(cost.attribution.values()):.0f} forward passes of "
+            f"{cost.tokens} tokens for the attributions ({costliest(cost.attribution)}) and {cost.perturbed} modified "
+            f"inputs for the curves and the normalised-AOPC bounds, about {cost.seconds():.0f} s here")
+    admit_by_deadline(cost.seconds(), deadline, need, lambda left: _what_fits(cost, left), parameter="text")
+
+
+def _what_fits(cost: Cost, seconds: float) -> str:
+    fits = max((n for n in range(2, cost.tokens) if cost.seconds(n) <= seconds), default=None)
     size = (f"about {fits} tokens (special tokens included) would fit" if fits is not None
             else "not even a few tokens would fit")
-    raise AttnscopeError(
-        f"measuring this text's faithfulness needs about {sum(parts.values()):.0f} forward passes of {cost.tokens} "
-        f"tokens for the attributions ({costly}) and {cost.perturbed} modified inputs for the curves and the "
-        f"normalised-AOPC bounds, about {cost.seconds():.0f} s here, over the {max(0.0, left):.0f} s left before this "
-        f"request's deadline; {size}: shorten the text, name fewer or cheaper methods, ask fewer seeds, or start the "
-        "server with a longer --timeout", parameter="text")
+    return f"{size}; shorten the text, name fewer or cheaper methods, ask fewer seeds"
 
 
 # ---- the answer -------------------------------------------------------------------------------------------------
