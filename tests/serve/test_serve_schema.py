@@ -23,7 +23,10 @@ OPERATIONS = [("/api/trace", "POST"), ("/api/explain", "POST"), ("/api/neuron", 
 # generate streams, ablate and patch run the model over and over: only their refusals are fuzzed here (a valid
 # body is served in tests/serve/test_serve_generate.py and tests/serve/test_serve_interventions.py)
 REFUSED_ONLY = [("/api/generate", "POST"), ("/api/ablate", "POST"), ("/api/patch", "POST"), ("/api/attribute", "POST"),
-                ("/api/faithfulness", "POST"), ("/api/search", "POST")]  # search: 404 on a server without --index
+                ("/api/faithfulness", "POST"), ("/api/search", "POST"),  # search: 404 on a server without --index
+                ("/api/qkmap", "POST"), ("/api/heads", "POST")]  # 404 without --index, --heads
+# 404 on a server without --heads: its answer is tested in tests/serve/test_serve_corpus_views.py
+UNLOADED = [("/api/heads", "GET")]
 MAP = ("/api/trace/{id}/map", "GET")  # a made-up id is 404: its refusals are tested in test_serve_long.py
 # Valid by the schema yet impossible for this text: more tokens than max_length with truncate=false, and
 # a query token past the end of the text, a max_length that fits one text's special tokens but not a pair's.
@@ -40,7 +43,7 @@ def api_schema(server: Server) -> Any:
 
 def test_the_schema_lists_every_operation(api_schema: Any) -> None:
     found = sorted((op.ok().path, op.ok().method.upper()) for op in api_schema.get_all_operations())
-    assert found == sorted([*OPERATIONS, *REFUSED_ONLY, MAP])
+    assert found == sorted([*OPERATIONS, *REFUSED_ONLY, MAP, *UNLOADED])
 
 
 CASES = [(p, m, GenerationMode.POSITIVE) for p, m in OPERATIONS] + \
@@ -100,7 +103,8 @@ BASE_BODIES = {"/api/trace": {"text": "odd numbers"}, "/api/explain": {"text": "
                "/api/patch": {"clean": "odd numbers", "corrupt": "odd letters"},
                "/api/attribute": {"text": "odd numbers", "methods": "attention"},
                "/api/faithfulness": {"text": "odd numbers", "methods": "attention", "seeds": 1},
-               "/api/search": {"text": "odd numbers", "token": 1, "layer": 0}}
+               "/api/search": {"text": "odd numbers", "token": 1, "layer": 0},
+               "/api/qkmap": {"layer": 0}, "/api/heads": {"clusters": 2}}
 
 
 def _validated(case: Any) -> Any:

@@ -38,7 +38,11 @@ def register(sub: Any) -> None:
     p.add_argument("--cache", type=integer, default=16, metavar="N", help="recent traces kept (default 16)")
     p.add_argument("--index", metavar="INDEX", default=None,
                    help="a corpus index built by `attnscope index`: POST /api/search and the page's corpus search "
-                        "(without --model, the index's model is served)")
+                        "(without --model, the index's model is served); also POST /api/qkmap and the page's "
+                        "query/key map")
+    p.add_argument("--heads", metavar="DIR", default=None,
+                   help="a directory written by `attnscope heads`: /api/heads and the page's heads panel, a click on "
+                        "a head opening it in the views (without --model, its model is served)")
     add_guard_args(p)
     p.set_defaults(func=run_serve)
 
@@ -83,7 +87,7 @@ def run_serve(args: argparse.Namespace) -> int:
     sock = bind(args.host, args.port)  # before loading models: a taken port fails at once
     from attnscope.serve.app import create_app
 
-    app = create_app(settings, index=args.index)
+    app = create_app(settings, index=args.index, heads=args.heads)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     names = ", ".join(m["name"] for m in app.state.server.service.model_list())
@@ -106,7 +110,8 @@ def settings_of(args: argparse.Namespace) -> Any:
         raise AttnscopeError("--allow-host '*' answers any Host, so DNS rebinding reaches the server: "
                              "use it with a token (drop --no-token)")
     own_host = f"[{args.host}]" if ":" in args.host else args.host  # as a browser sends it in Host
-    return Settings(models=tuple(args.model or index_models(args.index)), max_chars=args.max_chars,
+    models = args.model or dict.fromkeys((*index_models(args.index), *heads_models(args.heads)))
+    return Settings(models=tuple(models), max_chars=args.max_chars,
                     max_tokens=args.max_tokens,
                     max_body_bytes=args.max_body, workers=args.workers, threads=args.threads or None,
                     queue=args.queue, timeout=args.timeout, cache_entries=args.cache,
@@ -128,6 +133,23 @@ def index_models(index: str | None) -> tuple[str, ...]:
         return (CorpusIndex(index, verify=False).model,)
     except AttnscopeError as exc:
         raise AttnscopeError(f"--index: {exc}") from exc  # the message names the flag
+
+
+def heads_models(heads: str | None) -> tuple[str, ...]:
+    """Without --model: the model of the heads pass in DIR (its heads.npz read), else none."""
+    if heads is None:
+        return ()
+    from pathlib import Path
+
+    from attnscope.corpus.head_sums import load
+    from attnscope.corpus.heads import FILE
+
+    path = Path(heads)
+    try:
+        _, meta = load(path / FILE if path.is_dir() else path)
+    except AttnscopeError as exc:
+        raise AttnscopeError(f"--heads: {exc}") from exc
+    return (str(meta["model"]),)
 
 
 def _mib(flag: str, value: int) -> int:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from attnscope.attribution.objective import kind_of
 from attnscope.errors import AttnscopeError
-from attnscope.serve import binary, maps, memory, page, search, wordmaps
+from attnscope.serve import binary, corpus_views, maps, memory, page, search, wordmaps
 from attnscope.serve.api import (
     ExplainRequest,
     NeuronRequest,
@@ -58,7 +58,8 @@ JSON = "application/json"
 class Server:
     """The endpoints, bound to one service (models and cache) and one inference pool."""
 
-    def __init__(self, settings: Settings, index: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, settings: Settings, index: str | os.PathLike[str] | None = None,
+                 heads_dir: str | os.PathLike[str] | None = None) -> None:
         self.settings = settings
         if settings.threads is not None:
             # the server owns its process; several busy torch threads on a shared CPU spin rather than work
@@ -80,11 +81,15 @@ class Server:
         self.faithfulness_fields = faithfulness_fields(settings, self.service.names)  # POST /api/faithfulness
         self.search_fields = search.search_fields(settings, self.service.names)  # POST /api/search
         self.corpus = search.load(index, self.service)  # attnscope serve --index: the corpus search's index
+        self.heads = corpus_views.load_heads(heads_dir, self.service)  # attnscope serve --heads: a heads pass
+        self.qkmap_fields = corpus_views.qkmap_fields()  # POST /api/qkmap
+        self.heads_fields = corpus_views.heads_fields(self.heads.units if self.heads else None)  # POST /api/heads
         self.openapi = document(self.trace_fields, self.explain_fields, self.neuron_fields, self.generate_fields,
                                 self.ablate_fields, self.patch_fields, self.attribute_fields,
-                                self.faithfulness_fields, self.search_fields)
+                                self.faithfulness_fields, self.search_fields, self.qkmap_fields, self.heads_fields)
         self.page, self.page_policy = page.render(self._page_models(), settings.max_chars,
-                                                  self.corpus.describe() if self.corpus else None)
+                                                  corpus_views.page_corpus(self.corpus),
+                                                  self.heads.describe() if self.heads else None)
 
     def _page_models(self) -> list[dict[str, Any]]:
         """The served models as the page lists them, each with what attribution explains for it (the panels ask
@@ -219,13 +224,15 @@ async def _http_error(_request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
 
 
-def create_app(settings: Settings | None = None, index: str | os.PathLike[str] | None = None) -> Starlette:
+def create_app(settings: Settings | None = None, index: str | os.PathLike[str] | None = None,
+               heads: str | os.PathLike[str] | None = None) -> Starlette:
     """The web app: the page at /, the JSON API under /api, /healthz and /openapi.json.
 
     Loads every served model now, so a bad model name fails here (AttnscopeError); index: a corpus index built by
-    `attnscope index` for POST /api/search (built with a served model, else AttnscopeError).
+    `attnscope index` for POST /api/search and /api/qkmap (built with a served model, else AttnscopeError); heads: a
+    directory written by `attnscope heads` for /api/heads (a served model's, else AttnscopeError).
     """
-    server = Server(settings or Settings(), index)
+    server = Server(settings or Settings(), index, heads)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -244,6 +251,8 @@ def create_app(settings: Settings | None = None, index: str | os.PathLike[str] |
         *attribute_routes(server.settings, server.service, server._run, server.attribute_fields),  # /api/attribute
         *faithfulness_routes(server.settings, server.service, server._run, server.faithfulness_fields),
         *search.routes(server.settings, server.service, server._run, server.search_fields, server.corpus),
+        *corpus_views.routes(server.settings, server._run, server.qkmap_fields, server.heads_fields, server.corpus,
+                             server.heads),  # /api/qkmap, /api/heads
         Route("/api/models", server.models, methods=["GET"]),
         Route("/healthz", server.health, methods=["GET"]),
         Route("/openapi.json", server.schema, methods=["GET"]),

@@ -8,6 +8,7 @@ from attnscope import __version__
 from attnscope.serve.attribute import RESPONSE_SCHEMA as _ATTRIBUTION
 from attnscope.serve.attribute import SUMMARY as _ATTRIBUTE_SUMMARY
 from attnscope.serve.binary import PRECISIONS
+from attnscope.serve.corpus_views import NO_HEADS as _NO_HEADS
 from attnscope.serve.faithfulness import RESPONSE_SCHEMA as _FAITHFULNESS
 from attnscope.serve.faithfulness import SUMMARY as _FAITHFULNESS_SUMMARY
 from attnscope.serve.fields import Field, body_schema
@@ -72,6 +73,12 @@ def _search(fields: list[Field]) -> dict[str, Any]:
     """POST /api/search: also 404 when the server was started without a corpus index."""
     op = _post(_SEARCH_SUMMARY, fields, _SEARCH, "search")
     op["post"]["responses"]["404"] = _json(_ERROR, _NO_INDEX)
+    return op
+
+
+def _with_404(op: dict[str, Any], text: str) -> dict[str, Any]:
+    for method in op.values():
+        method["responses"]["404"] = _json(_ERROR, text)
     return op
 
 
@@ -178,10 +185,49 @@ _EFFECTS = _obj(["model", "kind"], model={"type": "string", "description": "the 
                 effects={"type": "object", "nullable": True, "description": "the heatmap payload of the grids"})
 
 
+# POST /api/qkmap's answer: views.qkmap.qkmap_payload's (what views/assets/qkmap.js draws), plus "index".
+_POINTS = {"type": "array", "items": {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}}
+_QKMAP = _obj(["format", "model", "layer", "method", "colour", "colours", "tokens", "documents", "maps", "sampled",
+               "total", "index"],
+              format={"type": "string", "enum": ["attnscope.qkmap/1"]}, model={"type": "string"},
+              layer={"type": "integer"}, method={"type": "string"}, colour={"type": "string"},
+              colours={"type": "array", "items": {"type": "string"}}, title={"type": "string"},
+              corpus={"type": "string"},
+              tokens={"type": "array", "description": "the sampled tokens in index order: doc, position, start, end, "
+                      "text (the document's characters start..end), special, upos, deprel",
+                      "items": {"type": "object"}},
+              documents={"type": "object", "additionalProperties": {"type": "string"},
+                         "description": "document row -> its text"},
+              maps={"type": "array", "description": "one per head: queries and keys [token][x, y] in one 2-D space",
+                    "items": _obj(["layer", "head", "queries", "keys"], layer={"type": "integer"},
+                                  head={"type": "integer"}, queries=_POINTS, keys=_POINTS,
+                                  explained={"type": "array", "nullable": True, "items": {"type": "number"}},
+                                  scale={"type": "number"})},
+              sampled={"type": "integer"}, total={"type": "integer"},
+              index={"type": "object", "description": "what the loaded index holds (as POST /api/search's)"})
+# /api/heads' answer: views.heads.heads_payload's (what views/assets/heads.js draws), plus "source".
+_HEADS = _obj(["format", "model", "layers", "heads", "names", "labels", "clusters", "points", "dendrogram",
+               "label_counts", "source"],
+              format={"type": "string", "enum": ["attnscope.heads/1"]}, model={"type": "string"},
+              layers={"type": "integer"}, heads={"type": "integer"}, title={"type": "string"},
+              note={"type": "string"}, causal={"type": "boolean"}, tokens={"type": "integer"},
+              documents={"type": "integer"},
+              names={"type": "array", "items": {"type": "string"}, "description": "layer.head, 0-indexed, by unit"},
+              labels={"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+              clusters={"type": "array", "items": {"type": "integer"}}, points=_POINTS,
+              dendrogram={"type": "object", "description": "scipy's icoord, dcoord and leaves"},
+              behaviour={"type": "object"}, relation={"type": "array"}, label_counts={"type": "object"},
+              comparison={"type": "object", "nullable": True}, source={"type": "object"})
+_QKMAP_SUMMARY = ("Query/key maps of one head or a layer's kept heads (AttentionViz; as attnscope qkmap) from the "
+                  "index the server was started with (--index); 404 without one")
+_HEADS_SUMMARY = ("The heads grouped by what they do (as attnscope heads), from the directory the server was started "
+                  "with (--heads); 404 without one")
+
+
 def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fields: list[Field],
              generate_fields: list[Field], ablate_fields: list[Field], patch_fields: list[Field],
              attribute_fields: list[Field], faithfulness_fields: list[Field],
-             search_fields: list[Field]) -> dict[str, Any]:
+             search_fields: list[Field], qkmap_fields: list[Field], heads_fields: list[Field]) -> dict[str, Any]:
     """The whole OpenAPI document (valid OpenAPI 3.0.3)."""
     return {
         "openapi": "3.0.3",
@@ -208,6 +254,10 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
             "/api/attribute": _post(_ATTRIBUTE_SUMMARY, attribute_fields, _ATTRIBUTION, "attribute"),
             "/api/faithfulness": _post(_FAITHFULNESS_SUMMARY, faithfulness_fields, _FAITHFULNESS, "faithfulness"),
             "/api/search": _search(search_fields),
+            "/api/qkmap": _with_404(_post(_QKMAP_SUMMARY, qkmap_fields, _QKMAP, "qkmap"), _NO_INDEX),
+            "/api/heads": _with_404({**_get(_HEADS_SUMMARY, _HEADS, "heads"),
+                                     **_post(_HEADS_SUMMARY + "; POST cuts the dendrogram into `clusters` groups",
+                                             heads_fields, _HEADS, "heads_clustered")}, _NO_HEADS),
             "/api/models": _get("The models this server serves; the default first",
                                 _obj(["models"], models={"type": "array", "items": _MODEL}), "models"),
             "/healthz": _get("Liveness, the worker pool's queue and the cache", _HEALTH, "health"),

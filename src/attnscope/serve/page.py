@@ -21,6 +21,7 @@ from attnscope.views import js as views_js
 from attnscope.views.attribution import STYLE as ATTRIBUTION_STYLE
 from attnscope.views.effects import STYLE as EFFECTS_STYLE
 from attnscope.views.generation import STYLE as GENERATION_STYLE
+from attnscope.views.heads import STYLE as HEADS_STYLE
 from attnscope.views.page import json_for_script
 
 DEFAULT_TEXT = "time flies like an arrow"
@@ -223,17 +224,77 @@ def _search_panel(corpus: dict[str, Any] | None) -> str:
 </section>"""
 
 
+def _qkmap_panel(corpus: dict[str, Any] | None) -> str:
+    """Query/key maps of the index (POST /api/qkmap), drawn by views/assets/qkmap.js; only with --index."""
+    if corpus is None:
+        return ""
+    from attnscope.views.qkmap import COLOURS
+
+    layers = "".join(f'<option value="{v}">{v}</option>' for v in corpus["layers"])
+    heads = '<option value="">every head (small multiples)</option>' + "".join(
+        f'<option value="{v}">{v}</option>' for v in corpus["heads"])
+    projections = "".join(f'<option value="{v}">{v}</option>' for v in corpus["projections"])
+    colours = "".join(f'<option value="{v}">{v}</option>' for v in COLOURS)
+    return f"""<section id="sv-qkmap" class="sv-panel" aria-label="query/key map">
+<h2>Query/key map: a head's queries and keys from the corpus in one 2-D space (AttentionViz)</h2>
+<p class="sv-hint">Keys moved and both scaled so each query's ranking of keys is kept; hover a point for its token in
+  its sentence. Layers and heads 0-indexed.</p>
+<form id="sv-qkmap-form" class="sv-form sv-panel-form" autocomplete="off">
+<div class="sv-options">
+<label for="sv-qkmap-layer">Layer<select id="sv-qkmap-layer">{layers}</select></label>
+<label for="sv-qkmap-head">Head<select id="sv-qkmap-head">{heads}</select></label>
+<label for="sv-qkmap-projection" title="t-SNE needs scikit-learn, UMAP umap-learn: only those installed are
+  offered">Projection<select id="sv-qkmap-projection">{projections}</select></label>
+<label for="sv-qkmap-colour">Colour<select id="sv-qkmap-colour">{colours}</select></label>
+<label for="sv-qkmap-limit">Tokens sampled<input type="number" id="sv-qkmap-limit" min="1"
+  max="{int(corpus['max_qkmap_tokens'])}" value="300" required></label>
+<button type="submit" id="sv-qkmap-go">Map</button>
+<span id="sv-qkmap-status" class="sv-panel-status" role="status" aria-live="polite"></span>
+</div>
+</form>
+<div id="sv-qkmap-out" class="sv-panel-out"></div>
+</section>"""
+
+
+def _heads_panel(heads: dict[str, Any] | None) -> str:
+    """Heads grouped by what they do (GET/POST /api/heads), drawn by views/assets/heads.js; only with --heads. A
+    click on a head sets the views' layer and head (corpus.js)."""
+    if heads is None:
+        return ""
+    units = int(heads["layers"]) * int(heads["heads"])
+    what = (f"{html.escape(str(heads['model']))}, {units} heads over {int(heads['documents']):,} sentences "
+            f"({int(heads['tokens']):,} tokens)")
+    return f"""<section id="sv-heads" class="sv-panel" aria-label="heads grouped by behaviour">
+<h2>Heads grouped by what they do: the dendrogram and the map of the heads, with behaviour labels</h2>
+<p class="sv-hint">{what}. Click a head to open it in the attention views (a text traced with this model).</p>
+<form id="sv-heads-form" class="sv-form sv-panel-form" autocomplete="off">
+<div class="sv-options">
+<label for="sv-heads-clusters">Clusters (empty: about the square root of the heads)<input type="number"
+  id="sv-heads-clusters" min="1" max="{units}"></label>
+<button type="submit" id="sv-heads-go">Group</button>
+<span id="sv-heads-status" class="sv-panel-status" role="status" aria-live="polite"></span>
+</div>
+</form>
+<div id="sv-heads-out" class="sv-panel-out"></div>
+</section>"""
+
+
 def _methods_config() -> list[dict[str, Any]]:
     """Each method's kinds it does not apply to, with why (panels.js disables its box for such a model)."""
     return [{"name": name, "not_for": dict(m.why_not)} for name, m in METHODS.items()]
 
 
-def render(models: list[dict[str, Any]], max_chars: int, corpus: dict[str, Any] | None = None) -> tuple[str, str]:
-    """(the HTML page, its Content-Security-Policy header); corpus: the loaded index's description, if any."""
+def render(models: list[dict[str, Any]], max_chars: int, corpus: dict[str, Any] | None = None,
+           heads: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(the HTML page, its Content-Security-Policy header); corpus: the loaded index's description, if any; heads: the
+    loaded heads pass's (serve.corpus_views.Heads.describe)."""
+    from attnscope.views.qkmap import STYLE as QKMAP_STYLE
+
     scripts = [views_js(), _views_asset("generation.js"), _views_asset("effects.js"), _views_asset("attribution.js"),
-               _asset("serve.js"), _asset("panels.js")]
+               _views_asset("qkmap.js"), _views_asset("heads.js"), _asset("serve.js"), _asset("panels.js"),
+               _asset("corpus.js")]
     config = json_for_script({"models": models, "max_chars": max_chars, "methods": _methods_config(),
-                              "corpus": corpus})
+                              "corpus": corpus, "heads": heads})
     page = f"""<!doctype html>
 <html lang="en">
 <head>
@@ -250,6 +311,8 @@ def render(models: list[dict[str, Any]], max_chars: int, corpus: dict[str, Any] 
 <style>
 {ATTRIBUTION_STYLE}</style>
 <style>
+{QKMAP_STYLE}{HEADS_STYLE}</style>
+<style>
 {_asset("serve.css")}</style>
 </head>
 <body>
@@ -262,6 +325,8 @@ every step (layers, heads and tokens are 0-indexed)</p></header>
 </div>
 <nav id="sv-links" class="sv-links" aria-label="from the selection" hidden></nav>
 {_search_panel(corpus)}
+{_qkmap_panel(corpus)}
+{_heads_panel(heads)}
 {_attribution_panel()}
 {_faithfulness_panel()}
 {_interventions_panel()}
