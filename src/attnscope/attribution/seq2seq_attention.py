@@ -43,8 +43,7 @@ from attnscope.capture import AttentionCall, capturing, intervening
 from attnscope.maths import expand_kv
 from attnscope.records.check_report import FAIL, PASS, TOLERANCE
 from attnscope.records.trace import EncoderDecoderTrace
-from attnscope.tracing.seq2seq import Targets, _traced
-from attnscope.tracing.seq2seq_rows import kind_traces
+from attnscope.tracing.seq2seq import trace_seq2seq_ids
 
 KINDS = ("encoder", "decoder", "cross")
 
@@ -53,15 +52,8 @@ def trace_of(obj: Objective) -> EncoderDecoderTrace:
     """The verified trace of the objective's own source and decoder ids (no re-tokenization)."""
     n, m = obj.n_source, obj.model
     source, decoder = obj.tokens[:n], [replace(t, index=i) for i, t in enumerate(obj.tokens[n:])]
-    dec_ids = obj.ids[n:][None]  # [1, decoder token]
     target = str(m.tokenizer.decode(obj.target_ids))
-    targets = Targets(ids=dec_ids, keep=torch.ones_like(dec_ids), tokens=[decoder], texts=[target], truncated=[False],
-                      generated=False)
-    src = obj.ids[:n][None]
-    traced = _traced(m, src, torch.ones_like(src), targets, recompute=True)
-    encoder, dec, cross = kind_traces(traced, 0, source, decoder, obj.text, target, (False, False))
-    info = {k: v for k, v in traced[0].info.items() if k not in ("attention", "causal")}
-    return EncoderDecoderTrace(model=info, source=obj.text, target=target, encoder=encoder, decoder=dec, cross=cross)
+    return trace_seq2seq_ids(m, obj.ids[:n], obj.ids[n:], source, decoder, obj.text, target)
 
 
 def shared_trace(ctx: Context) -> EncoderDecoderTrace:

@@ -95,14 +95,35 @@ def trace_seq2seq(
     else:
         dec = teacher_forced(m, targets, max_length, truncate)
     traced = _traced(m, src.inputs["input_ids"], src.inputs["attention_mask"], dec, recompute)
+    out = _records(traced, sources, src.tokens, src.truncated, dec)
+    return out[0] if single else out
+
+
+def trace_seq2seq_ids(m: Model, source_ids: torch.Tensor, decoder_ids: torch.Tensor, source_tokens: list[Token],
+                      decoder_tokens: list[Token], source: str, target: str,
+                      recompute: bool = True) -> EncoderDecoderTrace:
+    """Trace one source and one decoder input given as ids, with no tokenizing and no shifting: the encoder reads
+    source_ids [token], the decoder decoder_ids [token] as they are (its start token first, every token kept).
+    The Tokens are the caller's for those ids (0-indexed on each side); source and target are the texts the record
+    names. For a caller that already holds the ids (an attribution's objective), so the trace is of exactly them."""
+    src = source_ids[None]  # [1, source token]
+    dec = Targets(ids=decoder_ids[None], keep=torch.ones_like(decoder_ids[None]), tokens=[decoder_tokens],
+                  texts=[target], truncated=[False], generated=False)
+    traced = _traced(m, src, torch.ones_like(src), dec, recompute)
+    return _records(traced, [source], [source_tokens], [False], dec)[0]
+
+
+def _records(traced: list[KindResult], sources: list[str], source_tokens: list[list[Token]],
+             source_truncated: list[bool], dec: Targets) -> list[EncoderDecoderTrace]:
+    """One EncoderDecoderTrace per row of a traced batch (a generated target is recorded as generated)."""
     info = {k: v for k, v in traced[0].info.items() if k not in ("attention", "causal")}
     out = []
     for row, (s, t) in enumerate(zip(sources, dec.texts, strict=True)):
-        encoder, decoder, cross = kind_traces(traced, row, src.tokens[row], dec.tokens[row], s, t,
-                                              (src.truncated[row], dec.truncated[row]))
+        encoder, decoder, cross = kind_traces(traced, row, source_tokens[row], dec.tokens[row], s, t,
+                                              (source_truncated[row], dec.truncated[row]))
         out.append(EncoderDecoderTrace(model=info, source=s, target=None if dec.generated else t, encoder=encoder,
                                        decoder=decoder, cross=cross))
-    return out[0] if single else out
+    return out
 
 
 def _target_list(target: str | Sequence[str] | None, n: int, single: bool) -> list[str] | None:
@@ -291,4 +312,4 @@ def _x_from_hidden(m: Model, kind: str, layer: int, hidden: torch.Tensor) -> tor
     return hidden if norm is None else norm(hidden)
 
 
-__all__ = ["DEFAULT_NEW_TOKENS", "trace_seq2seq", "validate_encoder_decoder"]
+__all__ = ["DEFAULT_NEW_TOKENS", "trace_seq2seq", "trace_seq2seq_ids", "validate_encoder_decoder"]
