@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from starlette.routing import Route
 from attnscope.corpus.maps import PROJECTIONS, available
 from attnscope.errors import AttnscopeError
 from attnscope.numbers import finite_or_null
+from attnscope.serve.ablation import admit_by_deadline
 from attnscope.serve.fields import Field, RequestError, parse_body, read_json
 from attnscope.serve.interventions import Run
 from attnscope.serve.pool import checkpoint
@@ -85,20 +87,20 @@ def heads_fields(units: int | None) -> list[Field]:
 
 
 def admit(req: QKMapRequest, heads: int, tokens: int, deadline: float) -> None:
-    """Refuse (AttnscopeError: 422) a projection estimated to take longer than the server's deadline, saying what
+    """Refuse (AttnscopeError: 422) a projection estimated to end after `deadline` (time.monotonic()), saying what
     fits: per head START_SECONDS and POINT_SECONDS per point, two points (query and key) per token."""
     per_point = POINT_SECONDS[req.projection]
     if not per_point:
         return
     seconds = heads * (START_SECONDS + per_point * 2 * tokens)
-    if seconds <= deadline:
-        return
-    fits = int((deadline / heads - START_SECONDS) / (per_point * 2) + 1e-9)  # 1e-9: 250 is 249.99999999999997
+
+    def fix(left: float) -> str:
+        fits = int((left / heads - START_SECONDS) / (per_point * 2) + 1e-9)  # 1e-9: 250 is 249.99999999999997
+        return f"ask for limit at most {max(fits, 1):,}{', one head' if heads > 1 else ''} or projection pca"
+
     what = "one head" if heads == 1 else f"{heads} heads"
-    raise AttnscopeError(f"a {req.projection} map of {what} x {tokens:,} tokens ({2 * tokens:,} points each) takes "
-                         f"about {seconds:.0f} s here, over the server's {deadline:g} s deadline: ask for limit at "
-                         f"most {max(fits, 1):,}{', one head' if heads > 1 else ''}, projection pca, or restart the "
-                         "server with a longer --timeout", parameter="limit")
+    admit_by_deadline(seconds, deadline, f"a {req.projection} map of {what} x {tokens:,} tokens ({2 * tokens:,} "
+                      f"points each) takes about {seconds:.0f} s here", fix, "limit")
 
 
 def qkmap_body(corpus: Corpus, lock: threading.Lock, req: QKMapRequest, stop: threading.Event) -> bytes:
@@ -197,7 +199,7 @@ def routes(settings: Settings, run: Run, qk_fields: list[Field], hd_fields: list
         held = [h for h in loaded.index.heads if req.head is None or h == req.head]
         if req.projection in available() and held and req.layer in loaded.index.layers:  # else the library's 422
             try:
-                admit(req, len(held), min(req.limit, loaded.index.n_tokens), settings.timeout)
+                admit(req, len(held), min(req.limit, loaded.index.n_tokens), time.monotonic() + settings.timeout)
             except AttnscopeError as exc:
                 raise RequestError(422, str(exc)) from exc
         body_of: Callable[[Any, threading.Event], bytes] = \
