@@ -6,7 +6,17 @@ import argparse
 import sys
 from typing import Any
 
-from attnscope.cli.common import add_format, add_model_args, add_text_args, integer, model_of, print_json, read_text
+from attnscope.cli.common import (
+    add_format,
+    add_model_args,
+    add_progress,
+    add_text_args,
+    integer,
+    model_of,
+    print_json,
+    progress_bar,
+    read_text,
+)
 from attnscope.errors import AttnscopeError, require_text
 
 # torch, transformers and the interventions are imported when a command runs, so --help stays instant.
@@ -88,7 +98,7 @@ def _register_importance(sub: Any) -> None:
                    help="--engine ray: the cluster to join (auto, ray://HOST:10001); default: a local Ray runtime")
     p.add_argument("--workers", type=integer, metavar="N",
                    help="--engine ray: worker processes, each holding the model once (default: one per node)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress(p)
     p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
                    help="how to report the run (default text)")
     p.set_defaults(func=run_importance)
@@ -301,21 +311,22 @@ def run_importance(args: argparse.Namespace) -> int:
         if value is not None and value < 1:  # None: not given (--limit, --workers)
             raise AttnscopeError(f"{flag} must be at least 1, got {value}")
     engine = _importance_engine(args)
-    from tqdm import tqdm
+    import time
 
     from attnscope.interventions.importance import ImportanceSettings
     from attnscope.interventions.importance_report import importance
+    from attnscope.stats.engine import Progress
     from attnscope.stats.sources import Source
 
     source = Source(args.source, field=args.field, column=args.column)
     m = model_of(args)  # first: --max-length's default fits the model
     settings = ImportanceSettings(args.batch_size, args.max_length, args.limit, args.checkpoint_every, args.sample)
-    bar = None if args.no_progress else tqdm(total=source.count(args.limit), unit="doc", file=sys.stderr,
-                                                disable=None, dynamic_ncols=True)
+    bar = progress_bar(args, source, args.limit)
+    started = time.monotonic()
 
     def progress(documents: int, tokens: int) -> None:
         if bar is not None:
-            bar.update(documents - bar.n)
+            bar.update(Progress(documents, tokens, time.monotonic() - started, bar.total))
 
     try:
         try:
