@@ -135,7 +135,8 @@ def test_models_health_and_schema(http: httpx.Client, minilm: attnscope.Model) -
     assert doc["openapi"].startswith("3.0")
     assert set(doc["paths"]) == {"/api/trace", "/api/trace/{id}/map", "/api/explain", "/api/neuron", "/api/generate",
                                  "/api/ablate", "/api/patch", "/api/attribute", "/api/faithfulness",
-                                 "/api/search", "/api/models", "/healthz"}  # every route but / and itself
+                                 "/api/search", "/api/qkmap", "/api/heads", "/api/models",
+                                 "/healthz"}  # every route but / and itself
     text = doc["paths"]["/api/trace"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert text["properties"]["text"]["maxLength"] == MAX_CHARS
     assert text["properties"]["max_length"]["maximum"] == MAX_TOKENS
