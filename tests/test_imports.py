@@ -35,7 +35,9 @@ def _imported_after(code: str) -> set[str]:
                                     "attnscope.views.attribution", "attnscope.faithfulness.metrics",
                                     "attnscope.faithfulness.aggregate", "attnscope.faithfulness.report_page",
                                     "attnscope.corpus.store", "attnscope.views.report_style",
-                                    "attnscope.views.raster"])
+                                    "attnscope.views.raster", "attnscope.records.syntax_counts",
+                                    "attnscope.corpus.head_sums", "attnscope.corpus.head_groups",
+                                    "attnscope.views.heads"])
 def test_torch_free_modules_import_neither_torch_nor_transformers(module: str) -> None:
     loaded = _imported_after(f"import {module}")
     assert not loaded & set(HEAVY), f"{module} pulled in {sorted(loaded & set(HEAVY))}"

@@ -27,7 +27,7 @@ from scipy.spatial.distance import squareform
 
 from attnscope.corpus.head_sums import HeadSums, load
 from attnscope.errors import AttnscopeError
-from attnscope.stats.syntax import ALL, SyntaxCounts
+from attnscope.records.syntax_counts import ALL, SyntaxCounts
 
 SHARE = 0.5
 BROAD = 0.8

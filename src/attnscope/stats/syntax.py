@@ -5,85 +5,22 @@ For each head and each gold relation: how often the word a dependent attends to 
 word that attends most to a dependent is its head ("head->dep", the transposed map).
 Next to each relation, the fixed-offset baseline: the best relative position (+-1..+-5)
 predicting the head for that relation. Word-level maps (pieces summed as keys, averaged
-as queries). Root words have no head word and are not scored.
+as queries). Root words have no head word and are not scored. The counts themselves
+(SyntaxCounts) are records.syntax_counts, torch-free, so a saved pass's counts read without torch.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from attnscope.errors import AttnscopeError
+from attnscope.records.syntax_counts import ALL, DIRECTIONS, OFFSETS, SyntaxCounts
 from attnscope.stats.batching import Prepared, UnitMaps, padded
 from attnscope.stats.metrics import SAME_SIZE_INT
-
-DIRECTIONS = ("dep->head", "head->dep")
-OFFSETS = (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5)
-ALL = "all"  # every scored relation together
-
-
-@dataclass
-class SyntaxCounts:
-    """Exact, mergeable counts: per relation, scored dependents and correct predictions."""
-
-    layers: int
-    heads: int
-    total: dict[str, int] = field(default_factory=dict)
-    correct: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [direction, layer, head]
-    offset_correct: dict[str, np.ndarray] = field(default_factory=dict)  # int64 [offset]
-    unscored: int = 0  # words lost to truncation (or to a tokenizer that gave them no token)
-
-    def _relation(self, name: str) -> np.ndarray:
-        if name not in self.correct:
-            self.total[name] = 0
-            self.correct[name] = np.zeros((len(DIRECTIONS), self.layers, self.heads), dtype=np.int64)
-            self.offset_correct[name] = np.zeros(len(OFFSETS), dtype=np.int64)
-        return self.correct[name]
-
-    def merge(self, other: SyntaxCounts) -> SyntaxCounts:
-        if (self.layers, self.heads) != (other.layers, other.heads):
-            raise AttnscopeError("cannot merge syntax counts of models with different layers or heads")
-        out = SyntaxCounts(self.layers, self.heads, unscored=self.unscored + other.unscored)
-        for part in (self, other):
-            for name in part.total:
-                out._relation(name)
-                out.total[name] += part.total[name]
-                out.correct[name] = out.correct[name] + part.correct[name]
-                out.offset_correct[name] = out.offset_correct[name] + part.offset_correct[name]
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        names = sorted(self.total)
-        return {
-            "layers": self.layers, "heads": self.heads, "unscored": self.unscored,
-            "total": {n: self.total[n] for n in names},
-            "correct": {n: self.correct[n].tolist() for n in names},
-            "offset_correct": {n: self.offset_correct[n].tolist() for n in names},
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SyntaxCounts:
-        out = cls(int(data["layers"]), int(data["heads"]), unscored=int(data["unscored"]))
-        for name, total in data["total"].items():
-            out.total[name] = int(total)
-            out.correct[name] = np.asarray(data["correct"][name], dtype=np.int64)
-            out.offset_correct[name] = np.asarray(data["offset_correct"][name], dtype=np.int64)
-        return out
-
-    def with_all(self) -> dict[str, tuple[int, np.ndarray, np.ndarray]]:
-        """relation -> (total, correct [direction, layer, head], offset_correct), plus "all"."""
-        rows = {n: (self.total[n], self.correct[n], self.offset_correct[n]) for n in self.total}
-        if rows:
-            rows[ALL] = (
-                sum(self.total.values()),
-                np.sum([self.correct[n] for n in self.total], axis=0),
-                np.sum([self.offset_correct[n] for n in self.total], axis=0),
-            )
-        return rows
 
 
 @dataclass(frozen=True)
@@ -136,7 +73,7 @@ def syntax_batch(docs: list[Prepared], word_maps: UnitMaps, counts: SyntaxCounts
                 continue
             gold_rows[b][unit_of[w]] = unit_of[head - 1]
             rel_rows[b][unit_of[w]] = names.setdefault(rel, len(names))
-            counts._relation(rel)
+            counts.relation(rel)
             counts.total[rel] += 1
             offset = head - 1 - w
             if offset in OFFSETS:
@@ -191,7 +128,7 @@ def fold_layers(counts: SyntaxCounts, per_layer: list[torch.Tensor], sb: SyntaxB
     """Add one batch's [direction, head, relation] counts of every layer into counts."""
     stacked = torch.stack(per_layer).round().to(torch.int64).numpy()  # [layer, direction, head, relation]
     for r, name in enumerate(sb.names):
-        counts._relation(name)
+        counts.relation(name)
         counts.correct[name] += stacked[..., r].transpose(1, 0, 2)
 
 
@@ -210,3 +147,7 @@ def best_heads(counts: SyntaxCounts) -> list[dict[str, Any]]:
             "baseline_offset": OFFSETS[k], "baseline_accuracy": float(offsets[k]) / total,
         })
     return rows
+
+
+__all__ = ["ALL", "DIRECTIONS", "OFFSETS", "SyntaxBatch", "SyntaxCounts", "best_heads", "count_hits", "fold_layers",
+           "layer_correct", "layer_hits", "syntax_batch"]
