@@ -24,8 +24,8 @@ import numpy as np
 
 from attnscope.errors import AttnscopeError, validate_index
 from attnscope.numbers import is_count
-from attnscope.serve import binary
-from attnscope.stages import ARRAY_AXES, SOURCE_LABELS
+from attnscope.serve import binary, quantize
+from attnscope.stages import ARRAY_AXES, DERIVED, SOURCE_LABELS
 from attnscope.views.payload import encode_bytes
 from attnscope.views.words import merge, word_groups
 
@@ -55,6 +55,7 @@ class Source:
     scales: np.ndarray  # [layer, head] float64, the max of each map
     per_layer: bool
     per_head: bool
+    view: np.ndarray | None = None  # overview(codes) [layer, head, s_q, s_k], formed with the codes
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,19 @@ class MapSet:
     @property
     def nbytes(self) -> int:
         answers = {id(a): a for a in self.answers.values()}.values()  # one answer, several keys
-        return sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
+        views = sum(0 if s.view is None else s.view.nbytes for s in self.sources.values())
+        return views + sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
             sum(len(a) for a in answers) + (0 if self.rows is None else self.rows.nbytes)
 
 
 def is_large(trace: Trace) -> bool:
-    """Would the raw weights as uint8 exceed LAZY_FROM codes (the point where "auto" goes lazy)?"""
-    return trace.n_layers * trace.n_heads * len(trace.tokens) ** 2 > LAZY_FROM
+    """Would the raw weights as uint8 exceed LAZY_FROM codes (the point where "auto" goes lazy)? Read from the
+    trace's description where it has one: trace.n_layers would lay the weights out of the batch (4.5 GB copied for
+    SmolLM2 at 2,048 tokens) to read their shape."""
+    layers, heads = trace.model.get("layers"), trace.model.get("heads")
+    if not (isinstance(layers, int) and isinstance(heads, int)):
+        layers, heads = trace.n_layers, trace.n_heads
+    return layers * heads * len(trace.tokens) ** 2 > LAZY_FROM
 
 
 def map_bytes(layers: int, heads: int, tokens: int, names: tuple[str, ...]) -> dict[str, int]:
@@ -150,27 +157,53 @@ def _mib(size: int) -> int:
 
 
 def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
-    """Quantize each source one layer at a time (float64 scratch of one layer, not of the whole trace)."""
+    """Quantize each source one layer at a time (attnscope.serve.quantize), reading a stage still in the forward
+    pass's batch where it is (no [layer, head, query, key] copy), and form each layer's overview meanwhile."""
+    import torch  # the server's threads (--threads) share the maps of a layer
+
+    threads = torch.get_num_threads()
     out: dict[str, Source] = {}
     for name in names:
-        a, axes = trace.arrays[name], ARRAY_AXES[name]
+        axes = ARRAY_AXES[name]
         per_layer, per_head = "layer" in axes, "head" in axes
-        maps = a if per_layer else a[None]  # [layer, (head,) query, key]
-        # one layer at a time -> [1, head, query, key] codes and [1, head] scales
-        parts = [binary.quantize_maps(_drawable(name, i, maps[i:i + 1] if per_head else maps[i:i + 1, None]))
-                 for i in range(maps.shape[0])]
-        codes = np.concatenate([c for c, _ in parts])  # [layer, head, query, key]
-        scales = np.concatenate([s for _, s in parts])  # [layer, head]
-        out[name] = Source(name, codes, scales, per_layer, per_head)
+        layers = [m if per_head else m[None] for m in (_layers(trace, name) if per_layer else [trace.arrays[name]])]
+        codes = np.empty((len(layers), *layers[0].shape), dtype=np.uint8)  # [layer, head, query, key]
+        # one layer at a time -> [head, query, key] codes and [head] scales (one map where the source has no head)
+        scales = np.stack([quantize.quantize_layer(name, i, m, threads, codes[i])[1] for i, m in enumerate(layers)])
+        view = np.stack([quantize.overview(c, OVERVIEW) for c in codes])  # [layer, head, s_q, s_k]
+        out[name] = Source(name, codes, scales, per_layer, per_head, view)
     return MapSet(trace_id(key), key, out, words=word_level(trace))
 
 
-def _drawable(name: str, layer: int, m: np.ndarray) -> np.ndarray:
-    """Views draw finite maps >= 0: say where one is not (never patch it)."""
-    if not (np.isfinite(m).all() and (m >= 0).all()):
-        raise AttnscopeError(f"cannot draw {name!r}: layer {layer} holds NaN, infinite or negative values; "
-                             "views need finite values >= 0")
-    return m
+def stand_ins(trace: Trace, names: list[str], optional: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The arrays views.payload (neuron="none") reads for a lazy payload's own fields, none laid out of the batch:
+    each of `names` (the maps, sent apart) as [layer, head, 1, 1] zeros, every other stage (derived ones only when
+    in optional) with the sizes the trace's description gives and no tokens, as the payload only asks whether it
+    is there (the layout would copy 4.5 GB of weights and form as much of scores for SmolLM2 at 2,048 tokens)."""
+    sizes = {"layer": trace.model.get("layers"), "head": trace.model.get("heads"),
+             "kv_head": trace.model.get("kv_heads") or trace.model.get("heads"),
+             "d_head": trace.model.get("d_head"), "d_model": trace.model.get("d_model")}
+    out = {}
+    for k in trace.arrays:
+        if k in DERIVED and k not in optional:
+            continue
+        found = [sizes.get(a, 0) for a in ARRAY_AXES.get(k, ())]
+        dims = [d for d in found if isinstance(d, int)]
+        if not dims or len(dims) < len(found):
+            out[k] = trace.arrays[k]  # unknown axes: as it is
+        elif k in names:
+            out[k] = np.zeros((*dims[:-2], 1, 1), np.float32)
+        else:
+            out[k] = np.zeros(dims, np.float32)  # token axes 0: empty
+    return out
+
+
+def _layers(trace: Trace, name: str) -> list[np.ndarray]:
+    """A [layer, ...] stage as one array per layer: views into the forward pass's batch while it is there."""
+    arrays = trace.arrays
+    if name in getattr(arrays, "pending", list)():
+        return list(arrays.layer_parts(name))  # type: ignore[attr-defined]
+    return list(arrays[name])
 
 
 def overview(codes: np.ndarray, side: int = OVERVIEW) -> np.ndarray:
@@ -188,7 +221,7 @@ def lazy_sources(maps: MapSet, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """The payload's sources without their maps: scales, an overview each, and where to fetch the rest."""
     out = []
     for s in maps.sources.values():
-        view = overview(s.codes)  # [layer, head, s_q, s_k]
+        view = overview(s.codes) if s.view is None else s.view  # [layer, head, s_q, s_k]
         suffix, data = encode_bytes(view.tobytes(), True)
         out.append({
             "name": s.name, "label": SOURCE_LABELS.get(s.name, s.name.replace("_", " ")),

@@ -1,0 +1,72 @@
+"""The long trace's uint8 maps (attnscope.serve.quantize, serve.maps.compact): views.payload.quantize's bytes,
+formed from the forward pass's batch where it is, never from a laid-out copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import attnscope
+from attnscope.errors import AttnscopeError
+from attnscope.serve import maps, quantize
+from attnscope.stages import DERIVED
+from attnscope.views.payload import quantize as payload_quantize
+
+
+def hard_maps(shape: tuple[int, ...], seed: int = 29) -> np.ndarray:
+    """[map, query, key] float32 >= 0: mostly near 0, an all-zero map, a subnormal, exact .5 ties after scaling."""
+    rng = np.random.default_rng(seed)
+    m = (rng.random(shape, dtype=np.float32) ** 6).astype(np.float32)
+    m[0] = 0  # scale 0: codes 0
+    if shape[0] > 2:
+        m[1].flat[0] = np.float32(1e-40)  # subnormal
+        m[2] = (np.float32(0.5) / 255 * np.arange(m[2].size, dtype=np.float32).reshape(m[2].shape)) % 1  # ties
+    return m
+
+
+@pytest.mark.parametrize("shape", [(4, 37, 41), (3, 130, 1100), (2, 1, 1), (3, 70, 70)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_codes_and_scales_are_the_payloads_byte_for_byte(shape: tuple[int, ...], threads: int) -> None:
+    m = hard_maps(shape)
+    codes, scales = quantize.quantize_layer("weights", 0, m, threads)
+    slow_codes, slow_scales = payload_quantize(m[None])
+    assert codes.tobytes() == slow_codes[0].tobytes() and np.array_equal(scales, slow_scales[0])
+
+
+def test_a_strided_view_is_read_where_it_is() -> None:
+    batch = hard_maps((3, 50, 50))[None]  # [batch, head, query, key]; the text's part: its first 40 tokens
+    view = batch[0, :, :40, :40]
+    codes, _ = quantize.quantize_layer("weights", 0, view, 2)
+    assert codes.tobytes() == payload_quantize(np.ascontiguousarray(view)[None])[0].tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -1e-30])
+def test_nan_infinity_and_negative_values_are_refused_not_patched(bad: float) -> None:
+    m = hard_maps((3, 20, 20))
+    m[2, 5, 7] = bad
+    with pytest.raises(AttnscopeError, match="cannot draw 'rollout': layer 4 holds NaN, infinite or negative"):
+        quantize.quantize_layer("rollout", 4, m, 2)
+
+
+@pytest.mark.parametrize("shape", [(2, 2048, 2048), (3, 100, 37), (1, 5, 200), (2, 64, 64)])
+def test_overview_equals_the_maps_overview(shape: tuple[int, ...]) -> None:
+    codes = np.random.default_rng(1).integers(0, 256, shape, dtype=np.uint8)
+    assert np.array_equal(quantize.overview(codes, maps.OVERVIEW), maps.overview(codes))
+
+
+def test_compact_reads_the_batch_and_lays_nothing_out(minilm: attnscope.Model) -> None:
+    text = "The old lighthouse keeper watched the storm roll in across the bay, counting waves."
+    tr = attnscope.trace(text, model=minilm)
+    pending = set(tr.arrays.pending())  # type: ignore[attr-defined]
+    assert {"weights", "scores", "q"} <= pending
+    key = (minilm.name, text, None, 256, True)
+    assert not maps.is_large(tr)
+    small = maps.stand_ins(tr, ["weights"], ())
+    kept = maps.compact(tr, ["weights"], key)
+    assert set(tr.arrays.pending()) == pending  # type: ignore[attr-defined]  # nothing copied out, nothing formed
+    assert small["weights"].shape == (tr.model["layers"], tr.model["heads"], 1, 1) and small["q"].size == 0
+    assert not set(small) & set(DERIVED)
+    codes, scales = payload_quantize(tr.arrays["weights"])
+    s = kept.sources["weights"]
+    assert s.codes.tobytes() == codes.tobytes() and np.array_equal(s.scales, scales)
+    assert s.view is not None and np.array_equal(s.view, maps.overview(codes))
