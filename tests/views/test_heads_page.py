@@ -19,6 +19,7 @@ from attnscope.stats.settings import Settings
 from attnscope.tracing.one_pass import trace
 from attnscope.views.heads import ROOT, heads_figure, heads_html, heads_page
 from tests.support.heads import hand_made_sums
+from tests.support.pages import Watched, open_file
 
 MARKUP = "<img src=x onerror=alert(1)>"
 
@@ -35,36 +36,26 @@ def minilm_heads(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytest
 
 @pytest.fixture(scope="module")
 def opened(browser: Any, minilm_heads: HeadGroups, minilm: attnscope.Model,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
     other = groups(hand_made_sums(False), None, "hand-made", False)
-    path = tmp_path_factory.mktemp("headspage") / "heads.html"
     shown = trace("The cat sat on the mat.", model=minilm)
-    path.write_text(heads_html(minilm_heads, shown, compare(minilm_heads, other)), encoding="utf-8")
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    seen: dict[str, Any] = {"page": page, "requests": [], "errors": [], "dialogs": []}
-    page.on("request", lambda r: seen["requests"].append(r.url))
-    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
-    page.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
-    page.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
-    page.goto(path.as_uri())
-    page.wait_for_selector(f"#{ROOT}[data-attnscope-ready]", state="attached", timeout=60_000)
-    page.wait_for_selector("#attnscope-root[data-attnscope-ready]", state="attached", timeout=60_000)
-    seen["url"] = path.as_uri()
+    seen = open_file(browser, heads_html(minilm_heads, shown, compare(minilm_heads, other)),
+                     tmp_path_factory.mktemp("headspage") / "heads.html", [ROOT, "attnscope-root"], width=1400)
     yield seen
-    page.close()
+    seen.page.close()
 
 
-def test_a_leaf_and_a_point_per_head(opened: dict[str, Any]) -> None:
-    page = opened["page"]
+def test_a_leaf_and_a_point_per_head(opened: Watched) -> None:
+    page = opened.page
     units = lambda sel: sorted(page.eval_on_selector_all(sel, "ns => ns.map(n => +n.dataset.unit)"))  # noqa: E731
     assert units(".as-hd-map circle[data-unit]") == list(range(72))
     assert units(".as-hd-dendrogram text[data-unit]") == list(range(72))
     assert page.locator(".as-hd-dendrogram polyline").count() == 71  # a link per merge
-    assert opened["requests"] == [opened["url"]] and opened["errors"] == []
+    assert opened.requests == [opened.url] and opened.errors == []
 
 
-def test_a_click_on_a_head_opens_it_in_the_attention_views(opened: dict[str, Any]) -> None:
-    page = opened["page"]
+def test_a_click_on_a_head_opens_it_in_the_attention_views(opened: Watched) -> None:
+    page = opened.page
     page.click('.as-hd-map circle[data-unit="20"]')  # layer 1, head 8
     page.wait_for_function("() => document.querySelector('#attnscope-root select[aria-label^=\"layer\"]')"
                            ".value === '1'", timeout=10_000)
@@ -77,17 +68,17 @@ def test_a_click_on_a_head_opens_it_in_the_attention_views(opened: dict[str, Any
                            ".value === '0'", timeout=10_000)
 
 
-def test_labels_are_text(opened: dict[str, Any]) -> None:
-    page = opened["page"]
-    assert page.locator("img").count() == 0 and opened["dialogs"] == []
+def test_labels_are_text(opened: Watched) -> None:
+    page = opened.page
+    assert page.locator("img").count() == 0 and opened.dialogs == []
     title = page.eval_on_selector('.as-hd-map circle[data-unit="7"] title', "t => t.textContent")
     assert MARKUP in title
     page.click('.as-hd-map circle[data-unit="7"]')
     assert MARKUP in page.locator(".as-hd-picked").inner_text()
 
 
-def test_the_comparison_tables(opened: dict[str, Any], minilm_heads: HeadGroups) -> None:
-    page = opened["page"]
+def test_the_comparison_tables(opened: Watched, minilm_heads: HeadGroups) -> None:
+    page = opened.page
     header = page.locator(".as-hd-counts thead").inner_text()
     assert "all-MiniLM-L6-v2" in header and "hand-made" in header
     assert page.locator(".as-hd-nearest tbody tr").count() == 72

@@ -18,6 +18,7 @@ from attnscope.corpus.tags import TaggedSource
 from attnscope.stats.settings import Settings
 from attnscope.views.qkmap import ROOT, qkmap_figure, qkmap_html, qkmap_page, qkmap_payload
 from tests.support.cli import run
+from tests.support.pages import Watched, open_file
 
 # Three sentences, the second with markup for a word (UPOS X): the page must show it as text.
 CONLLU = """# text = The cat sat .
@@ -54,24 +55,14 @@ def tiny(minilm: attnscope.Model, tmp_path_factory: pytest.TempPathFactory) -> C
 
 
 @pytest.fixture(scope="module")
-def opened(browser: Any, tiny: CorpusIndex, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    path = tmp_path_factory.mktemp("qkpage") / "qkmap.html"
-    path.write_text(qkmap_html(tiny, LAYER), encoding="utf-8")
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    seen: dict[str, Any] = {"page": page, "requests": [], "errors": [], "dialogs": []}
-    page.on("request", lambda r: seen["requests"].append(r.url))
-    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
-    page.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
-    page.on("dialog", lambda d: (seen["dialogs"].append(d.message), d.dismiss()))
-    page.goto(path.as_uri())
-    page.wait_for_selector(f"#{ROOT}[data-attnscope-ready]", state="attached", timeout=60_000)
-    seen["url"] = path.as_uri()
+def opened(browser: Any, tiny: CorpusIndex, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Watched]:
+    seen = open_file(browser, qkmap_html(tiny, LAYER), tmp_path_factory.mktemp("qkpage") / "qkmap.html", [ROOT])
     yield seen
-    page.close()
+    seen.page.close()
 
 
-def test_one_point_per_query_and_per_key_in_each_heads_panel(opened: dict[str, Any], tiny: CorpusIndex) -> None:
-    page = opened["page"]
+def test_one_point_per_query_and_per_key_in_each_heads_panel(opened: Watched, tiny: CorpusIndex) -> None:
+    page = opened.page
     n = tiny.n_tokens  # 3 sentences, every token sampled (fewer than the limit)
     assert page.locator(".as-qk-panel").count() == len(HEADS)
     for head in HEADS:
@@ -80,11 +71,11 @@ def test_one_point_per_query_and_per_key_in_each_heads_panel(opened: dict[str, A
         assert page.locator(f'{panel} circle[data-kind="key"]').count() == n
         rows = page.eval_on_selector_all(f'{panel} circle[data-kind="query"]', "cs => cs.map(c => +c.dataset.row)")
         assert sorted(rows) == list(range(n))
-    assert opened["requests"] == [opened["url"]] and opened["errors"] == []
+    assert opened.requests == [opened.url] and opened.errors == []
 
 
-def test_hover_shows_the_token_in_its_sentence_as_text(opened: dict[str, Any], tiny: CorpusIndex) -> None:
-    page = opened["page"]
+def test_hover_shows_the_token_in_its_sentence_as_text(opened: Watched, tiny: CorpusIndex) -> None:
+    page = opened.page
     data = qkmap_payload(tiny, LAYER)
     row = next(i for i, t in enumerate(data["tokens"]) if t["text"] == "<")  # the first piece of <script>
     scripts = page.locator("script").count()
@@ -95,13 +86,13 @@ def test_hover_shows_the_token_in_its_sentence_as_text(opened: dict[str, Any], t
     assert 'key · head 5 · token "<" at position 2 (X, compound)' in text
     assert "A <script>alert(1)</script> tag & more ." in text
     assert tip.locator("mark").inner_text() == "<"
-    assert page.locator("script").count() == scripts and opened["dialogs"] == []
+    assert page.locator("script").count() == scripts and opened.dialogs == []
     page.mouse.move(2, 2)
     assert not tip.is_visible()
 
 
-def test_the_colour_toggle(opened: dict[str, Any]) -> None:
-    page = opened["page"]
+def test_the_colour_toggle(opened: Watched) -> None:
+    page = opened.page
     fills = 'cs => cs.map(c => c.getAttribute("fill"))'
     kind = set(page.eval_on_selector_all('.as-qk-panel[data-head="0"] circle', fills))
     assert len(kind) == 2  # query blue, key orange
