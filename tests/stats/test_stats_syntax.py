@@ -57,11 +57,11 @@ def test_predictions_in_both_directions() -> None:
 
 def test_counts_merge_by_relation() -> None:
     a = SyntaxCounts(1, 2)
-    a._relation("det")
+    a.relation("det")
     a.total["det"] = 3
     a.correct["det"][0, 0, 1] = 2
     b = SyntaxCounts(1, 2)
-    b._relation("nsubj")
+    b.relation("nsubj")
     b.total["nsubj"] = 1
     merged = a.merge(b)
     assert merged.total == {"det": 3, "nsubj": 1}

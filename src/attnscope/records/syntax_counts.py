@@ -39,8 +39,6 @@ class SyntaxCounts:
             self.offset_correct[name] = np.zeros(len(OFFSETS), dtype=np.int64)
         return self.correct[name]
 
-    _relation = relation  # its earlier, private name
-
     def merge(self, other: SyntaxCounts) -> SyntaxCounts:
         if (self.layers, self.heads) != (other.layers, other.heads):
             raise AttnscopeError("cannot merge syntax counts of models with different layers or heads")
