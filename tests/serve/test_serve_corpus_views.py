@@ -237,18 +237,30 @@ def test_the_page_draws_both_panels_escapes_hover_text_and_a_head_click_opens_it
         assert page.locator("#sv-qkmap-out figure.as-qk-panel").count() == 2
         assert page.locator("#sv-qkmap-out circle.as-qk-point").count() == 2 * 2 * index.n_tokens
         data = qkmap_payload(index, 5, limit=300)
-        row = next(i for i, t in enumerate(data["tokens"]) if t["text"] == "script")
-        point = page.locator(f"#sv-qkmap-out circle.as-qk-point[data-kind=query][data-row='{row}'][data-head='4']")
-        point.dispatch_event("mouseover", {"clientX": 200, "clientY": 200})
+        hostile = [i for i, t in enumerate(data["tokens"]) if "<script>" in data["documents"][str(t["doc"])]]
+        # a real hover: the first of the hostile sentence's points that no other point covers at its centre
+        page.locator("#sv-qkmap-out .as-qk-grid").scroll_into_view_if_needed()
+        found = page.evaluate("""(rows) => {
+          for (const c of document.querySelectorAll('#sv-qkmap-out circle.as-qk-point')) {
+            if (!rows.includes(Number(c.dataset.row))) continue;
+            const r = c.getBoundingClientRect();
+            const [x, y] = [r.left + r.width / 2, r.top + r.height / 2];
+            if (document.elementFromPoint(x, y) === c) return [x, y, c.dataset.kind, c.dataset.head, c.dataset.row];
+          }
+          return null; }""", hostile)
+        assert found is not None
+        x, y, kind, head, row = found
+        page.mouse.move(x, y)
         tip = page.locator("#sv-qkmap-out .as-qk-tip")
-        assert tip.is_visible()
+        tip.wait_for(state="visible")
+        token = data["tokens"][int(row)]
         text = str(tip.text_content())
-        assert 'query · head 4 · token "script" at position' in text and "<script>alert(2)</script>" in text
-        assert "<img src=x onerror=alert(1)>" in text
-        assert tip.locator("mark").text_content() == "script"
+        assert f"{kind} · head {head} · token {json.dumps(token['text'])} at position {token['position']}" in text
+        assert "The <img src=x onerror=alert(1)> tag <script>alert(2)</script> ran" in text
+        assert tip.locator("mark").text_content() == token["text"]
         assert tip.locator("script, img").count() == 0 and page.locator("img").count() == 0
-        point.dispatch_event("mouseout")
-        assert not tip.is_visible()
+        page.mouse.move(5, 5)
+        tip.wait_for(state="hidden")
         page.locator("#sv-qkmap").screenshot(path=str(ARTIFACTS / "qkmap-panel.png"))
 
         page.locator("#sv-heads-out text.as-hd-leaf[data-unit='41']").click()  # unit 41: layer 3, head 5

@@ -89,7 +89,7 @@ class Server:
                                 self.faithfulness_fields, self.search_fields, self.qkmap_fields, self.heads_fields)
         self.page, self.page_policy = page.render(self._page_models(), settings.max_chars,
                                                   corpus_views.page_corpus(self.corpus),
-                                                  self.heads.describe() if self.heads else None)
+                                                  self.heads.source if self.heads else None)
 
     def _page_models(self) -> list[dict[str, Any]]:
         """The served models as the page lists them, each with what attribution explains for it (the panels ask

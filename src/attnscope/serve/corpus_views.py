@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,6 +41,9 @@ from attnscope.serve.search import NO_INDEX, Corpus
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
 from attnscope.views.qkmap import COLOURS, MAX_TOKENS
+
+if TYPE_CHECKING:
+    from attnscope.corpus.head_groups import HeadGroups
 
 # A t-SNE or UMAP map's cost per head: START_SECONDS, then POINT_SECONDS per projected point (a query or a key),
 # measured here: t-SNE (scikit-learn, one OpenMP thread) took 19 s for 1,000 points and 31 s for 2,000 on 2 cores
@@ -122,7 +125,8 @@ def qkmap_body(corpus: Corpus, lock: threading.Lock, req: QKMapRequest, stop: th
 
 
 class Heads:
-    """A finished heads pass (`attnscope heads -o DIR`) of a served model, its grouping kept by clusters asked for."""
+    """A finished heads pass (`attnscope heads -o DIR`) of a served model; its grouping's answer at the default cut,
+    and the last cuts asked for (clusters -> the answer's bytes)."""
 
     def __init__(self, path: str | os.PathLike[str], service: Service) -> None:
         from attnscope.corpus.head_groups import read_groups
@@ -136,34 +140,23 @@ class Heads:
         if first.model not in served:
             raise AttnscopeError(f"--heads {path} was written by a pass of {first.model}, which this server does not "
                                  f"serve ({', '.join(served)}): add --model {first.model}")
-        self.model, self.layers, self.heads = first.model, first.layers, first.heads
-        self.documents, self.tokens = first.documents, first.tokens
+        self.units = first.layers * first.heads
+        # what the page and every answer say of the pass (the same for every cut)
+        self.source = {"model": first.model, "layers": first.layers, "heads": first.heads,
+                       "documents": first.documents, "tokens": first.tokens}
         self.default = self._encode(first)
-        self.body = functools.lru_cache(maxsize=16)(self._body)  # clusters -> the answer's bytes
-
-    @property
-    def units(self) -> int:
-        return self.layers * self.heads
+        self.body = functools.lru_cache(maxsize=16)(self._body)
 
     def _body(self, clusters: int) -> bytes:
         from attnscope.corpus.head_groups import read_groups
 
         return self._encode(read_groups(self.path, clusters))
 
-    def _encode(self, g: Any) -> bytes:
+    def _encode(self, g: HeadGroups) -> bytes:
         from attnscope.views.heads import heads_payload
 
-        body = {**heads_payload(g), "source": self.describe_of(g)}
+        body = {**heads_payload(g), "source": self.source}
         return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
-
-    @staticmethod
-    def describe_of(g: Any) -> dict[str, Any]:
-        return {"model": g.model, "layers": g.layers, "heads": g.heads, "documents": g.documents, "tokens": g.tokens}
-
-    def describe(self) -> dict[str, Any]:
-        """What the page needs: the model, its layers and heads, the corpus' size."""
-        return {"model": self.model, "layers": self.layers, "heads": self.heads, "documents": self.documents,
-                "tokens": self.tokens}
 
 
 def page_corpus(corpus: Corpus | None) -> dict[str, Any] | None:
