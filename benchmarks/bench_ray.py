@@ -20,8 +20,14 @@ sentences, --max-length tokens each): documents/s of the local run and of engine
 seconds counted from the moment the workers have loaded the model (`WorkersReady`), the per-example rows and the
 summary checked equal to the local ones. (The index build's Ray comparison is benchmarks/bench_index.py --parts ray.)
 
+--pass heads: the same for the heads pass (attnscope.corpus.heads.head_pass: every two heads' Jensen-Shannon distance
+and each head's behaviour, MiniLM's 72 heads) on the first --documents UD sentences (128 tokens at most, batches of
+8): seconds of the local pass and of engine="ray" with 1 and 2 workers once the workers are ready, and wall; every Ray
+heads.npz checked byte for byte the local one.
+
 Usage: .venv/bin/python benchmarks/bench_ray.py [--documents 1000] [--repeats 2] [--threads 1]
        .venv/bin/python benchmarks/bench_ray.py --pass faithfulness [--documents 16] [--methods M1,M2]
+       .venv/bin/python benchmarks/bench_ray.py --pass heads [--documents 200]
 """
 
 from __future__ import annotations
@@ -86,40 +92,44 @@ def timed_pass(run: Callable[[], Any], ready: WorkersReady) -> tuple[Any, float,
     return result, end - start, end - (ready.times[-1] if len(ready.times) > before else start)
 
 
-def faithfulness_pass(args: argparse.Namespace) -> None:
-    """Local against engine="ray" with 1 and 2 workers on the same sentences (see the module's docstring)."""
+def engines(args: argparse.Namespace, one: Callable[[Path, dict[str, Any]], Any],
+            same: Callable[[Any, Any], bool]) -> tuple[Any, dict[str, float], dict[str, float], float]:
+    """A corpus pass (one(out, engine keywords) -> its result) local and on Ray with 1 and 2 workers, --repeats times
+    in turns, each Ray result checked `same` as the local one: (the local result, best seconds after the workers
+    were ready, best wall seconds, the Ray runtime's start)."""
     import ray
 
-    from attnscope.faithfulness import faithfulness
-
-    torch.set_num_threads(args.threads)
-    model = attnscope.load_model(args.model)
-    kw: dict[str, Any] = {"methods": args.methods, "max_length": args.max_length, "limit": args.documents}
     ready = WorkersReady()
     began = time.perf_counter()
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     ray_start = time.perf_counter() - began
     steady: dict[str, float] = {}
     wall: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.repeats):
-            reference, seconds, _ = timed_pass(partial(faithfulness, UD_DEV, Path(tmp) / f"local{r}", model, **kw),
-                                               ready)
-            steady["local"] = min(steady.get("local", float("inf")), seconds)
-            wall["local"] = min(wall.get("local", float("inf")), seconds)
-            for workers in (1, 2):
-                name = f"ray:{workers}"
-                result, seconds, after = timed_pass(partial(faithfulness, UD_DEV, Path(tmp) / f"{name}-{r}", model,
-                                                            engine="ray", workers=workers, threads=args.threads,
-                                                            **kw), ready)
-                if result.rows != reference.rows or result.summary != reference.summary:
-                    raise SystemExit(f"{name} differs from the local run")
-                steady[name] = min(steady.get(name, float("inf")), after)
-                wall[name] = min(wall.get(name, float("inf")), seconds)
-    ray.shutdown()
+    reference = None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.repeats):
+                reference = None
+                for name, workers in (("local", None), ("ray:1", 1), ("ray:2", 2)):
+                    kw: dict[str, Any] = {} if workers is None else {"engine": "ray", "workers": workers,
+                                                                     "threads": args.threads}
+                    out = Path(tmp) / f"{name.replace(':', '')}-{r}"
+                    result, seconds, after = timed_pass(partial(one, out, kw), ready)
+                    if reference is None:
+                        reference = result
+                    elif not same(reference, result):
+                        raise SystemExit(f"{name} differs from the local run")
+                    steady[name] = min(steady.get(name, float("inf")), after)
+                    wall[name] = min(wall.get(name, float("inf")), seconds)
+    finally:
+        ray.shutdown()
+    return reference, steady, wall, ray_start
+
+
+def engines_report(args: argparse.Namespace, what: dict[str, Any], steady: dict[str, float], wall: dict[str, float],
+                   ray_start: float) -> None:
     report = {
-        "pass": "faithfulness", "model": model.name, "documents": args.documents, "methods": args.methods,
-        "max_length": args.max_length, "threads_per_model_process": args.threads, "cpus": os.cpu_count(),
+        **what, "threads_per_model_process": args.threads, "cpus": os.cpu_count(),
         "load_average": os.getloadavg(), "ray_runtime_start_s": round(ray_start, 2),
         "seconds_after_workers_ready": {k: round(v, 2) for k, v in steady.items()},
         "wall_s_including_worker_start": {k: round(v, 2) for k, v in wall.items()},
@@ -130,13 +140,46 @@ def faithfulness_pass(args: argparse.Namespace) -> None:
     print(json.dumps(report, indent=2))
 
 
+def faithfulness_pass(args: argparse.Namespace) -> None:
+    """Local against engine="ray" with 1 and 2 workers on the same sentences (see the module's docstring)."""
+    from attnscope.faithfulness import faithfulness
+
+    torch.set_num_threads(args.threads)
+    model = attnscope.load_model(args.model)
+    kw: dict[str, Any] = {"methods": args.methods, "max_length": args.max_length, "limit": args.documents}
+    _, steady, wall, ray_start = engines(
+        args, lambda out, where: faithfulness(UD_DEV, out, model, **kw, **where),
+        lambda a, b: bool(a.rows == b.rows and a.summary == b.summary))
+    engines_report(args, {"pass": "faithfulness", "model": model.name, "documents": args.documents,
+                          "methods": args.methods, "max_length": args.max_length}, steady, wall, ray_start)
+
+
+def heads_pass(args: argparse.Namespace) -> None:
+    """The heads pass (attnscope.corpus.heads.head_pass) local against engine="ray" with 1 and 2 workers on the
+    first --documents UD sentences; every Ray heads.npz checked byte for byte the local one."""
+    from attnscope.corpus.heads import FILE, head_pass
+    from attnscope.corpus.tags import TaggedSource
+
+    torch.set_num_threads(args.threads)
+    model = attnscope.load_model(args.model)
+    settings = Settings(max_length=min(128, model.max_positions), batch_size=8, limit=args.documents)
+    local, steady, wall, ray_start = engines(
+        args, lambda out, where: head_pass(TaggedSource(str(UD_DEV)), out, model, settings=settings, **where),
+        lambda a, b: a.path.read_bytes() == b.path.read_bytes())  # heads.npz, read before the directory goes
+    engines_report(args, {"pass": "heads", "model": model.name, "documents": args.documents,
+                          "tokens": local.sums.tokens, "heads": model.n_layers * model.n_heads,
+                          "identical": f"every Ray {FILE} byte for byte the local one"}, steady, wall, ray_start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pass", dest="corpus_pass", choices=("stats", "faithfulness"), default="stats")
-    parser.add_argument("--documents", type=int, default=None, help="default 1000 (stats), 16 (faithfulness)")
+    parser.add_argument("--pass", dest="corpus_pass", choices=("stats", "faithfulness", "heads"),
+                        default="stats")
+    parser.add_argument("--documents", type=int, default=None,
+                        help="default 1000 (stats), 16 (faithfulness), 200 (heads)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--model", default=None, help="faithfulness: the model (default the bundled MiniLM)")
+    parser.add_argument("--model", default=None, help="faithfulness, heads: the model (default the bundled MiniLM)")
     parser.add_argument("--methods", default="attention,rollout,alti",
                         help="faithfulness: the methods (leave-one-out always runs)")
     parser.add_argument("--max-length", type=int, default=24, help="faithfulness: tokens per sentence")
@@ -144,6 +187,10 @@ def main() -> None:
     if args.corpus_pass == "faithfulness":
         args.documents = args.documents or 16
         faithfulness_pass(args)
+        return
+    if args.corpus_pass == "heads":
+        args.documents = args.documents or 200
+        heads_pass(args)
         return
     args.documents = args.documents or 1000
     import ray
