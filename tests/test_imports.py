@@ -143,7 +143,7 @@ def test_no_import_circles() -> None:
 
 ROOT = Path(__file__).resolve().parents[1]
 _FROM = re.compile(r"from (attnscope(?:\.\w+)*) import \(?([\w, ]+)")
-_DOTTED = re.compile(r"(?<![\w/.-])attnscope(?:\.\w+)+")
+_DOTTED = re.compile(r"(?<![\w/.-])attnscope(?:\.\w+)+(?![\w/])")  # not a format name such as attnscope.qkmap/1
 _JAVASCRIPT = {"attnscope.figureReady"}  # the pages' own JavaScript (window.attnscope), not Python
 
 
