@@ -26,7 +26,7 @@ from attnscope.serve.corpus_views import POINT_SECONDS, START_SECONDS
 from attnscope.views.heads import heads_payload
 from attnscope.views.qkmap import qkmap_payload
 from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
-from tests.support.serve_explore import HEADS, LAYERS, corpus, explore_heads, explore_index
+from tests.support.serve_explore import HEADS, HOSTILE, LAYERS, corpus, explore_heads, explore_index
 
 # Points are rounded to 5 decimals in both payloads (views.qkmap.DIGITS): the same float64 PCA in two processes may
 # land either side of a rounding boundary, one unit of the last decimal apart.
@@ -256,7 +256,7 @@ def test_the_page_draws_both_panels_escapes_hover_text_and_a_head_click_opens_it
         token = data["tokens"][int(row)]
         text = str(tip.text_content())
         assert f"{kind} · head {head} · token {json.dumps(token['text'])} at position {token['position']}" in text
-        assert "The <img src=x onerror=alert(1)> tag <script>alert(2)</script> ran" in text
+        assert HOSTILE in text
         assert tip.locator("mark").text_content() == token["text"]
         assert tip.locator("script, img").count() == 0 and page.locator("img").count() == 0
         page.mouse.move(5, 5)

@@ -14,8 +14,7 @@ from attnscope.stats.settings import Settings
 
 LAYERS, HEADS = (0, 5), (1, 4)
 SENTENCES = 10  # of the UD slice; then HOSTILE
-HOSTILE_WORDS = ("The", "<img", "src=x", "onerror=alert(1)>", "tag", "<script>alert(2)</script>", "ran", ".")
-HOSTILE = "The <img src=x onerror=alert(1)> tag <script>alert(2)</script> ran."
+HOSTILE = "The <img src=x onerror=alert(1)> tag <script>alert(2)</script> ran ."  # the source joins words by spaces
 _ROWS = [  # id, form, upos, head, deprel
     (1, "The", "DET", 5, "det"), (2, "<img", "X", 5, "compound"), (3, "src=x", "X", 5, "compound"),
     (4, "onerror=alert(1)>", "X", 5, "compound"), (5, "tag", "NOUN", 7, "nsubj"),
@@ -26,8 +25,7 @@ _ROWS = [  # id, form, upos, head, deprel
 def corpus(ud_dev: Path, out: Path) -> Path:
     """OUT: a CoNLL-U file of the UD slice's first SENTENCES sentences, then HOSTILE."""
     blocks = ud_dev.read_text(encoding="utf-8").split("\n\n")[:SENTENCES]
-    rows = [f"{i}\t{form}\t_\t{upos}\t_\t_\t{head}\t{rel}\t_\t{'SpaceAfter=No' if form == 'ran' else '_'}"
-            for i, form, upos, head, rel in _ROWS]
+    rows = [f"{i}\t{form}\t_\t{upos}\t_\t_\t{head}\t{rel}\t_\t_" for i, form, upos, head, rel in _ROWS]
     hostile = "\n".join(["# sent_id = attnscope-hostile-1", f"# text = {HOSTILE}", *rows])
     out.write_text("\n\n".join([*blocks, hostile]) + "\n\n", encoding="utf-8")
     return out
