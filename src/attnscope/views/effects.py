@@ -6,18 +6,19 @@ cell opens that head (0-indexed) in the head and neuron views below the grid. To
 
 from __future__ import annotations
 
-import html
 import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from attnscope.errors import AttnscopeError
-from attnscope.views.page import _asset, _csp, css, js, json_for_script
+from attnscope.views.page import css, standalone, view_script
 
 if TYPE_CHECKING:
     from attnscope.records.trace import Trace
 
+ROOT_EFFECTS = "attnscope-effects-root"
+DATA_EFFECTS = "attnscope-effects"
 BOOT = "\nwindow.attnscope.bootEffects();\n"
 STYLE = """
 .as-fx { font: 14px system-ui, sans-serif; margin: 12px; }
@@ -78,24 +79,16 @@ def grids_html(title: str, model: str, kind: str, grids: dict[str, Any], labels:
 
 
 def page_of(data: dict[str, Any], trace: Trace | None) -> str:
-    script = js() + "\n" + _asset("effects.js") + BOOT
-    views = ""
+    """The heatmap page of an effects payload; with the trace, its attention views below (a click opens a head)."""
+    blocks: dict[str, Any] = {DATA_EFFECTS: data}
     if trace is not None:
         from attnscope.views.payload import payload
 
         initial = {"view": "all", "layer": 0, "head": 0, "query": None, "source": None, "theme": "auto",
                    "heads": None}
-        views = (f"<script type=\"application/json\" id=\"attnscope-data\">"
-                 f"{json_for_script(payload(trace, None, None, 'budget', initial=initial))}</script>\n")
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(script)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>\n{css()}\n{STYLE}</style>\n"
-        "</head>\n<body>\n<div id=\"attnscope-effects-root\"></div>\n<div id=\"attnscope-root\"></div>\n"
-        f"<script type=\"application/json\" id=\"attnscope-effects\">{json_for_script(data)}</script>\n"
-        f"{views}<script>{script}</script>\n</body>\n</html>\n"
-    )
+        blocks["attnscope-data"] = payload(trace, None, None, "budget", initial=initial)
+    return standalone(data["title"], view_script("effects.js", BOOT), css() + "\n" + STYLE,
+                      [ROOT_EFFECTS, "attnscope-root"], blocks)
 
 
 def effects_page(result: Any, trace: Trace | None = None) -> Any:
@@ -114,4 +107,4 @@ def effects_figure(result: Any, path: str | os.PathLike[str], fmt: str | None = 
     if not 0 < scale <= MAX_SCALE:
         raise AttnscopeError(f"scale must be above 0 and at most {MAX_SCALE:g}, got {scale:g}")
     return render_figure(page_of(effects_payload(result), None), Path(path), kind, scale,
-                         root="attnscope-effects-root")
+                         root=ROOT_EFFECTS)

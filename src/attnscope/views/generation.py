@@ -9,7 +9,6 @@ Jupyter) and the web app streams the same step entries as they are generated.
 from __future__ import annotations
 
 import base64
-import html
 import os
 import re
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnscope.errors import AttnscopeError
-from attnscope.views.page import _asset, _csp, json_for_script
+from attnscope.views.page import _asset, standalone
 from attnscope.views.payload import token_texts
 
 if TYPE_CHECKING:
@@ -144,16 +143,8 @@ def generation_html(g: GenerationTrace, initial: dict[str, Any] | None = None, r
     """A self-contained page: tokens appear step by step, each step's attention, its top-k bars.
     initial: initial_state(g, ...), what it shows first; raw_tokens: as generation_payload's."""
     data = generation_payload(g, initial, raw_tokens)
-    code = script() + BOOT
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(code)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
-        "<div id=\"attnscope-generation-root\"></div>\n"
-        f"<script type=\"application/json\" id=\"attnscope-generation\">{json_for_script(data)}</script>\n"
-        f"<script>{code}</script>\n</body>\n</html>\n"
-    )
+    return standalone(data["title"], script() + BOOT, STYLE, ["attnscope-generation-root"],
+                      {"attnscope-generation": data})
 
 
 def generation_page(g: GenerationTrace, raw_tokens: bool = False) -> Any:

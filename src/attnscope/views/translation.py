@@ -9,11 +9,10 @@ play/pause and a step slider, and the alignment matrix (steps x source) of that 
 
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 from attnscope.views.generation import LEVELS, quantize, token_payload
-from attnscope.views.page import _asset, _csp, json_for_script
+from attnscope.views.page import _asset, standalone
 from attnscope.views.payload import token_texts
 
 if TYPE_CHECKING:
@@ -58,15 +57,7 @@ def translation_html(g: Seq2SeqGeneration, raw_tokens: bool = False) -> str:
     translation_payload shows them."""
     data = translation_payload(g, raw_tokens)
     code = "\n".join(_asset(n) for n in SCRIPTS) + BOOT
-    return (
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<meta http-equiv=\"Content-Security-Policy\" content=\"{_csp(code)}\">\n"
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-        f"<title>{html.escape(data['title'])}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n"
-        "<div id=\"attnscope-translation-root\"></div>\n"
-        f"<script type=\"application/json\" id=\"attnscope-translation\">{json_for_script(data)}</script>\n"
-        f"<script>{code}</script>\n</body>\n</html>\n"
-    )
+    return standalone(data["title"], code, STYLE, ["attnscope-translation-root"], {"attnscope-translation": data})
 
 
 __all__ = ["translation_html", "translation_payload"]
