@@ -16,7 +16,7 @@ from typing import Any
 
 from attnscope.errors import AttnscopeError
 from attnscope.faithfulness.metrics import BINS
-from attnscope.views.report_style import CSP, CSS
+from attnscope.views.report_style import CSS, document
 
 log = logging.getLogger(__name__)
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
@@ -122,12 +122,12 @@ def report_html(summary: dict[str, Any]) -> str:
             f"differs from the model's own forward by at most {s['unperturbed_error_max']:.1e}. "
             + (f"Normalised AOPC bounds: {_e(', '.join(s['naopc_bounds']))} (docs/faithfulness.md)."
                if s["naopc_bounds"] else ""))
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" '
-            f'content="{CSP}"><title>attnscope faithfulness</title><style>{CSS}</style></head><body>'
-            f"<h1>Faithfulness of attribution methods</h1><p>{what}</p>{_curves(s)}"
-            f'<h2>Metrics</h2><p class="note">Mean over examples [95% bootstrap interval].</p>{_metrics_table(s)}'
-            f'<h2>Rank agreement</h2><p class="note">Mean Spearman rho per example between the methods\' scores '
-            f"of the removable tokens.</p>{_agreement_table(s)}</body></html>")
+    return document("attnscope faithfulness", CSS,
+                    f"<h1>Faithfulness of attribution methods</h1><p>{what}</p>{_curves(s)}"
+                    '<h2>Metrics</h2><p class="note">Mean over examples [95% bootstrap interval].</p>'
+                    f"{_metrics_table(s)}"
+                    '<h2>Rank agreement</h2><p class="note">Mean Spearman rho per example between the methods\' '
+                    f"scores of the removable tokens.</p>{_agreement_table(s)}")
 
 
 def write_report(summary: dict[str, Any], outdir: Path, png: bool = True) -> list[Path]:

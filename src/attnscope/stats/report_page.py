@@ -7,7 +7,7 @@ import base64
 import html
 from typing import Any
 
-from attnscope.views.report_style import CSP, CSS, FIGURES_CSS
+from attnscope.views.report_style import CSS, FIGURES_CSS, document
 
 
 def _e(value: Any) -> str:
@@ -82,19 +82,14 @@ def _syntax(info: dict[str, Any]) -> str:
 def report_html(info: dict[str, Any], heads: list[dict[str, Any]], images: dict[str, bytes]) -> str:
     """The whole page; every value that came from the user or the corpus is escaped."""
     title = f"attnscope stats: {info['model']['name']} on {info['source'].get('spec')}"
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
-        f"<title>{_e(title)}</title><style>{CSS}{FIGURES_CSS}</style></head><body>"
-        f"<h1>{_e(title)}</h1>"
-        f'<p class="note">{_e(info["indexing"])}. Each document counts equally: every figure is the mean '
-        "over documents of a per-document value (see docs/stats.md).</p>"
-        + _overview(info)
-        + "<h2>Heatmaps (layer x head)</h2>" + _heatmaps(info, images)
-        + "<h2>Head classes</h2>" + _classes(info, heads)
-        + _syntax(info)
-        + "</body></html>\n"
-    )
+    return document(title, CSS + FIGURES_CSS,
+                    f"<h1>{_e(title)}</h1>"
+                    f'<p class="note">{_e(info["indexing"])}. Each document counts equally: every figure is the mean '
+                    "over documents of a per-document value (see docs/stats.md).</p>"
+                    + _overview(info)
+                    + "<h2>Heatmaps (layer x head)</h2>" + _heatmaps(info, images)
+                    + "<h2>Head classes</h2>" + _classes(info, heads)
+                    + _syntax(info))
 
 
 def report_text(info: dict[str, Any], heads: list[dict[str, Any]], most: int = 8) -> str:
