@@ -50,11 +50,35 @@ def layer_norms(v: np.ndarray, weights: np.ndarray, w_o: npt.ArrayLike) -> tuple
     return out["norm_head"][0, 0].numpy(), out["norm_layer"][0, 0].numpy()
 
 
+def head_vectors(v: torch.Tensor, w_o: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """f^h(x_j) = v^h_j W_O^h in the tensors' dtype: v [..., head, key, d_head], W_O [head * d_head, d_model] (x @ W)
+    -> [..., head, key, d_model]. out: where to write one layer's [head, key, d_model], any strides (ALTI writes
+    it key by key)."""
+    heads, d_head = v.shape[-3], v.shape[-1]
+    # contiguous: nn.Linear's W_O is a transposed view, and a batched product over its strided head blocks crawls
+    w = w_o.contiguous().view(heads, d_head, -1)  # [head, d_head, d_model]: head h owns rows h*d_head..
+    if out is not None:
+        return torch.bmm(v.contiguous(), w, out=out)
+    return torch.matmul(v.contiguous(), w)
+
+
+def summed_norms(weights: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """norm_layer: ||sum_h alpha^h_ij f^h(x_j)|| in the tensors' dtype, weights [..., head, query, key] and f
+    [..., head, key, d_model] -> [..., query, key]. By the Gram matrix of each key's head vectors,
+    ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>: [key, head, head] instead of a [query, key, d_model] sum."""
+    by_key = f.transpose(-3, -2).contiguous()  # [..., key, head, d_model]
+    gram = by_key @ by_key.transpose(-1, -2)  # [..., key, head, head]
+    a = weights.movedim(-1, -3).contiguous()  # [..., key, head, query]
+    squared = (a * (gram @ a)).sum(dim=-2).transpose(-1, -2)  # [..., key, query] -> [..., query, key]
+    # a sum of squares: rounding can leave it a few ulps below 0 where it is 0
+    return squared.clamp(min=0.0).sqrt()
+
+
 @torch.no_grad()
 def norm_attention_batch(
-    v: torch.Tensor, weights: torch.Tensor, w_o: Sequence[torch.Tensor]
+    v: torch.Tensor, weights: torch.Tensor, w_o: Sequence[torch.Tensor], dtype: torch.dtype = torch.float64
 ) -> dict[str, torch.Tensor]:
-    """Norm-based attention of a padded batch, in float64, returned in v's dtype.
+    """Norm-based attention of a padded batch, computed in dtype (float64 unless told), returned in v's dtype.
 
     v: [layer, batch, head, key, d_head]; weights: [layer, batch, head, query, key]; w_o: one
     [head * d_head, d_model] per layer. Returns "norm_head" [layer, batch, head, query, key] and
@@ -62,18 +86,10 @@ def norm_attention_batch(
     """
     heads, layers = [], []
     for i, w in enumerate(w_o):
-        alpha = weights[i].double()  # [batch, head, query, key]
-        n_heads, d_head = v.shape[2], v.shape[4]
-        w_heads = w.double().reshape(n_heads, d_head, -1)  # [head, d_head, d_model]
-        f = v[i].double() @ w_heads  # [batch, head, key, d_model]
+        alpha = weights[i].to(dtype)  # [batch, head, query, key]
+        f = head_vectors(v[i].to(dtype), w.to(dtype))  # [batch, head, key, d_model]
         heads.append(alpha * f.norm(dim=-1)[:, :, None, :])  # alpha_ij ||f(x_j)||
-        # ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>: a [key, head, head] Gram matrix per text
-        # instead of a [query, key, d_model] sum.
-        gram = f.transpose(1, 2) @ f.permute(0, 2, 3, 1)  # [batch, key, head, head]
-        a = alpha.permute(0, 3, 1, 2)  # [batch, key, head, query]
-        squared = (a * (gram @ a)).sum(2).transpose(1, 2)  # [batch, query, key]
-        # a sum of squares: rounding can leave it a few ulps below 0 where it is 0
-        layers.append(squared.clamp(min=0.0).sqrt())
+        layers.append(summed_norms(alpha, f))  # [batch, query, key]
     return {"norm_head": torch.stack(heads).to(v.dtype), "norm_layer": torch.stack(layers).to(v.dtype)}
 
 

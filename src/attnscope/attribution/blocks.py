@@ -33,6 +33,7 @@ from attnscope.families import attention_modules, base_of, family_of, is_encoder
 from attnscope.families.adapters import FAMILIES, BlockNorms
 from attnscope.maths import expand_kv
 from attnscope.models import Model
+from attnscope.norms import head_vectors
 
 BLOCK_FAMILIES = tuple(sorted(name for name, fam in FAMILIES.items() if fam.block_norms is not None))
 LAYER_ALONE = {"value_zeroing"}  # methods that call each layer module alone (not one shared module: ALBERT)
@@ -67,9 +68,8 @@ class LayerBlock:
 
     @property
     def f(self) -> torch.Tensor:
-        """f^h(x_j) = v^h_j W_O^h: [head, key, d_model]."""
-        heads, _, d_head = self.v.shape
-        return self.v @ self.w_o.reshape(heads, d_head, -1)  # [head, key, d_head] @ [head, d_head, d_model]
+        """f^h(x_j) = v^h_j W_O^h: [head, key, d_model] (attnscope.norms.head_vectors)."""
+        return head_vectors(self.v, self.w_o)  # [head, key, d_head] @ [head, d_head, d_model]
 
     def attention_sum(self) -> torch.Tensor:
         """sum_j sum_h alpha^h_ij f^h(x_j) = merged(alpha v) W_O, the heads' contexts projected: [query, d_model].
@@ -132,11 +132,13 @@ def one_text(inputs: dict[str, torch.Tensor], method: str) -> int:
 @torch.no_grad()
 def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
                    dtype: torch.dtype = torch.float64) -> list[LayerBlock]:
-    """Run the model once on one text and return each layer's block (whole_block: with residual, block output
-    and norm, for ALTI), its tensors in dtype (float64 to read and recompute; the methods take float32, the
-    captured pieces' own precision, where float64's small batched products cost several times more)."""
+    """Run the model once on one text, up to the last layer's attention block, and return each layer's block
+    (whole_block: with residual, block output and norm, for ALTI), its tensors in dtype (float64 to read and
+    recompute; the methods take float32, the captured pieces' own precision, where float64's small batched
+    products cost several times more)."""
     cap, extra = LayerCapture(), _Extra()
-    with hooked(m.model, cap, cap.x.append, cap.output.append), _extra_hooks(m, extra, whole_block):
+    with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append),
+          _extra_hooks(m, extra, whole_block), _stop_when_captured(m, cap, extra, whole_block)):
         m.base(**inputs)  # the transformer alone: the decomposition needs no logits (an LM head costs a layer or more)
     fam = family_of(m.model)
     assert fam is not None
@@ -202,6 +204,40 @@ def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+class _Enough(Exception):
+    """Raised by a hook once every layer's block is captured: the rest of the forward pass is not read."""
+
+
+@contextlib.contextmanager
+def _stop_when_captured(m: Model, cap: LayerCapture, extra: _Extra, whole_block: bool) -> Iterator[None]:
+    """End the forward pass as soon as the last layer's block is captured: the last layer's MLP and the final norm
+    compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128 tokens). A hook registered
+    after the capturing ones, on the module that captures last; it counts, for ALBERT's one shared module."""
+    n, last = len(layer_modules(m.model)), attention_modules(m.model)[-1]
+    taken: list[torch.Tensor]
+    if not whole_block:  # the output projection's result is the last piece norm-based attention reads
+        fam = family_of(m.model)
+        assert fam is not None
+        module, taken, pre = fam.out_proj(m.model, last), cap.output, False
+    elif _norms_of(m).kind == "post":
+        module, taken, pre = _post_norm(m.model, last, _norms_of(m)), extra.norm_out, False
+    else:
+        where = _norms_of(m).block_output
+        assert where is not None
+        module = base_of(m.model).get_submodule(where.format(layer=n - 1))
+        taken, pre = extra.block_output, True
+
+    def stop(*_args: Any) -> None:
+        if len(taken) >= n:
+            raise _Enough
+
+    handle = module.register_forward_pre_hook(stop) if pre else module.register_forward_hook(stop)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _post_norm(model: nn.Module, attention: nn.Module, where: BlockNorms) -> nn.LayerNorm:

@@ -6,8 +6,9 @@ A layer's attention output is a sum of one vector per source position j (attribu
     output_i - b_O = sum_j sum_h alpha^h_ij f^h(x_j)
 
 and the method weighs each source by the length of what it moves, ||sum_h alpha^h_ij f^h(x_j)|| (by the Gram matrix
-of each key's head vectors, as attnscope.norms computes it, here in float32: the captured pieces' own precision,
-equal to attnscope.norms' float64 within 1e-5 of a row's largest norm, tests/attribution). The norms are lengths,
+of each key's head vectors: attnscope.norms.summed_norms, the one implementation, here on float32 blocks, the
+captured pieces' own precision, equal to attnscope.norms' float64 within 1e-5 of a row's largest norm,
+tests/attribution). The norms are lengths,
 not shares: here each row is divided by its sum so that a layer's row is a distribution over the source positions
 and layers can be rolled out (LayerMixing.rolled). The residual connection and the norms are not part of this
 measure (Kobayashi et al. 2020 measure the attention alone; ALTI takes the whole block): rolled() is the mixing
@@ -16,8 +17,8 @@ through attention only.
 The check: per layer, the vectors whose norms are taken add up, with b_O, to the output projection's result
 captured from the real forward pass, within tolerance_for(dtype) * max(1, max |output|) (float32: 1e-5
 relative to the layer's largest value, as for ALTI), the sum taken as merged(alpha v) W_O (LayerBlock.attention_sum).
-Cost: one forward pass of the transformer without its LM head; no backward. Every family with
-an attnscope adapter, encoder-decoders excepted.
+Cost: one forward pass of the transformer up to the last layer's attention output projection; no backward.
+Every family with an attnscope adapter, encoder-decoders excepted.
 """
 
 from __future__ import annotations
@@ -28,20 +29,15 @@ import torch
 from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
+from attnscope.norms import summed_norms
 from attnscope.placement import dtype_name
 from attnscope.records.check_report import tolerance_for
 
 
 def layer_norms(block: LayerBlock) -> torch.Tensor:
-    """||sum_h alpha^h_ij f^h(x_j)|| [query, key] in the block's dtype, as attnscope.norms takes it (there in
-    float64): ||sum_h a_h f_h||^2 = sum_h,g a_h a_g <f_h, f_g>, a [head, head] Gram matrix per key instead of a
-    [query, key, d_model] sum."""
-    f = block.f.transpose(0, 1)  # [key, head, d_model]
-    gram = f @ f.transpose(1, 2)  # [key, head, head]
-    a = block.weights.permute(2, 0, 1)  # [key, head, query]
-    squared = (a * (gram @ a)).sum(dim=1).T  # [key, query] -> [query, key]
-    # a sum of squares: rounding can leave it a few ulps below 0 where it is 0
-    return squared.clamp(min=0.0).sqrt()
+    """||sum_h alpha^h_ij f^h(x_j)|| [query, key] in the block's dtype: attnscope.norms' own computation (there in
+    float64 by default), on the block's weights and vectors."""
+    return summed_norms(block.weights, block.f)
 
 
 def output_error(block: LayerBlock, summed: torch.Tensor) -> float:
