@@ -30,19 +30,24 @@ aggregated by rollout (LayerMixing.rolled) with no residual added: the residual 
 
 How it is computed. The block is first rewritten (parts()) so that every norm's per-query scale sits in the
 weights and its centring and gamma in W_O: T_i(x_j) = sum_h alpha'^h_ij f'^h(x_j) + [i == j] r_i (the same maths
-as above, reordered). y_i = sum_j T_i(x_j) + bias_i is the norm of the full sum, from the heads' contexts projected
-(LayerBlock.attention_sum: no [query, key, d_model] tensor). The distances are then taken a few keys at a time
-(one batched matmul per chunk of keys, about a megabyte): T for those keys, ||y_i - T_i(x_j)||_1, and the running
-sum of the T's, in float32, the captured pieces' own precision (float64 costs 1.5x; c_ij moves by < 1e-5, measured
-2.1e-06 on MiniLM, 6.7e-06 on SmolLM2). A decoder's chunk skips the queries before it (their weights on it are
-exactly 0, so T = 0 and the distance is ||y_i||_1). transformed_vectors() builds the whole [query, key, d_model]
-tensor in float64 from the same parts: the walkthrough and the tests read it; alti() does not.
+as above, reordered), with sigma_i (rms_i) the statistic of the full sum as the model's own norm received it
+(captured), and y_i the block output captured from the forward pass. The distances are then taken a few keys at a
+time (one batched matmul per chunk of keys, into one reused buffer): T for those keys and ||y_i - T_i(x_j)||_1, in
+float32, the captured pieces' own precision (float64 costs 1.5x; c_ij moves by < 1e-5, measured 5.5e-07 on MiniLM
+and 5.8e-07 on SmolLM2 against the whole tensor in float64). A decoder's chunk skips the queries before it (their
+weights on it are exactly 0, so T = 0 and the distance is ||y_i||_1). transformed_vectors() builds the whole
+[query, key, d_model] tensor from the same parts: the walkthrough and the tests read it; alti() does not.
+The cost is in the T's themselves: tokens^2 x heads x d_model multiplications per layer (at MiniLM's 128 tokens a
+third of a forward pass's), plus three passes over them (subtract, absolute value, sum).
 
-The check: per layer, the T's alti() used, summed over sources, plus bias_i equal the block output captured from the
-real forward pass (the LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) *
-max(1, max |y|): float32's 1e-5 relative to the layer's largest output value, since the model itself rounds each
-value to 2^-24 of its size (a pre-norm residual stream reaches values in the hundreds). Cost: one forward pass of
-the transformer without its LM head (attribution.blocks); no backward.
+The check: per layer, sum_j T_i(x_j) + bias_i equals the block output captured from the real forward pass (the
+LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) * max(1, max |y|):
+float32's 1e-5 relative to the layer's largest output value, since the model itself rounds each value to 2^-24 of
+its size (a pre-norm residual stream reaches values in the hundreds). The sum over sources is taken from the
+float32 pieces the T's are built from, summed over j before W_O (merged(alpha' v) W'_O + r_i, by linearity, as
+norm-based attention sums its vectors), not by adding up the chunks; the chunks equal the whole tensor (tests).
+A dropped residual, a wrong norm scale or a wrong W_O fails it. Cost: one forward pass of the transformer up to the
+last layer's attention block (attribution.blocks); no backward.
 """
 
 from __future__ import annotations
@@ -52,31 +57,31 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
+from attnscope.attribution.blocks import LayerBlock, capture_blocks, merged_context, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
+from attnscope.norms import head_vectors
 from attnscope.placement import dtype_name
 from attnscope.records.check_report import tolerance_for
 
-CHUNK = 2**18  # float32 values of T per batched matmul (1 MiB): a chunk stays in cache while its distances are taken
+CHUNK = 3 * 2**17  # float32 values of T per batched matmul (1.5 MiB): 8 keys of MiniLM at 128 tokens (fastest of 2-16)
 
 
 @dataclass(frozen=True)
 class Parts:
-    """One layer's block as T_i(x_j) = sum_h weights[h, i, j] (v[h, j] W[h]) + [i == j] diagonal[i] (float64)."""
+    """One layer's block as T_i(x_j) = sum_h weights[h, i, j] (v[h, j] W[h]) + [i == j] diagonal[i]."""
 
     weights: torch.Tensor  # [head, query, key]: alpha^h_ij / sigma_i (/ rms_i) where a norm follows the sum
     v: torch.Tensor  # [head, key, d_head]
     w: torch.Tensor  # [head * d_head, d_model]: W_O, centred over d_model and times gamma where a LayerNorm follows
     diagonal: torch.Tensor  # [query, d_model]: the residual's share, through the norm as the block takes it
     bias: torch.Tensor  # [query, d_model]
-    resultant: torch.Tensor  # [query, d_model]: y_i = sum_j T_i(x_j) + bias_i, the norm of the full sum
+    resultant: torch.Tensor  # [query, d_model]: y_i, the block output captured (= sum_j T_i(x_j) + bias_i: checked)
 
     @property
     def f(self) -> torch.Tensor:
         """f'^h(x_j) = v^h_j W'^h: [head, key, d_model]."""
-        heads, _, d_head = self.v.shape
-        return self.v @ self.w.reshape(heads, d_head, -1)  # [head, key, d_head] @ [head, d_head, d_model]
+        return head_vectors(self.v, self.w)
 
 
 def _centred(x: torch.Tensor) -> torch.Tensor:
@@ -85,27 +90,23 @@ def _centred(x: torch.Tensor) -> torch.Tensor:
 
 def parts(block: LayerBlock) -> Parts:
     """The block rewritten with each norm's per-query scale 1 / sigma_i folded into the weights (module doc)."""
-    assert block.residual is not None
+    assert block.residual is not None and block.block_output is not None
     n, x = block.norm, block.residual
-    attention = block.attention_sum() + block.b_o  # [query, d_model]
     if n is None:  # pre-norm: y_i = x_i + attention output, nothing after the sum
-        return Parts(block.weights, block.v, block.w_o, x, block.b_o.expand(x.shape[0], -1), attention + x)
-    full = attention + (0.0 if n.sandwich else x)  # [query, d_model]: what the norm receives
+        return Parts(block.weights, block.v, block.w_o, x, block.b_o.expand(x.shape[0], -1), block.block_output)
+    full = n.received  # [query, d_model]: the full sum, as the model's norm received it
     spread = full.var(dim=-1, unbiased=False) if n.centred else full.pow(2).mean(dim=-1)  # [query]
     inv = 1.0 / torch.sqrt(spread + n.eps)  # [query]: the FULL sum's statistic, one per position
-    w_o, b_o, full = (_centred(block.w_o), _centred(block.b_o), _centred(full)) if n.centred else (
-        block.w_o, block.b_o, full)
+    w_o, b_o = (_centred(block.w_o), _centred(block.b_o)) if n.centred else (block.w_o, block.b_o)
     bias = b_o * n.gamma * inv[:, None] + n.beta  # [query, d_model]
-    normed = full * n.gamma * inv[:, None] + n.beta  # [query, d_model]: the norm of the full sum
-    if n.sandwich:  # the residual joins after the norm, untouched
-        diagonal, y = x, normed + x
-    else:
-        diagonal, y = (_centred(x) if n.centred else x) * n.gamma * inv[:, None], normed
-    return Parts(block.weights * inv[None, :, None], block.v, w_o * n.gamma, diagonal, bias, y)
+    # sandwich: the residual joins after the norm, untouched
+    diagonal = x if n.sandwich else (_centred(x) if n.centred else x) * n.gamma * inv[:, None]
+    return Parts(block.weights * inv[None, :, None], block.v, w_o * n.gamma, diagonal, bias, block.block_output)
 
 
 def transformed_vectors(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor]:
-    """T_i(x_j) [query, key, d_model] and the bias part [query, d_model] of one layer's block output (float64)."""
+    """T_i(x_j) [query, key, d_model] and the bias part [query, d_model] of one layer's block output, in the
+    block's dtype (float64 for the walkthrough and the tests)."""
     p = parts(block)
     t = torch.einsum("hqk,hkd->qkd", p.weights, p.f).contiguous()  # [query, key, d_model]
     diagonal = torch.arange(t.shape[0], device=t.device)
@@ -136,34 +137,44 @@ def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
 
 def _normalised(y: torch.Tensor, distance: torch.Tensor) -> np.ndarray:
     # ||y_i||_1 = ||y_i - 0||_1, so a source with T_i(x_j) = 0 (a later token) gets exactly 0
-    closeness = (y.abs().sum(dim=-1, keepdim=True) - distance.double()).clamp(min=0.0)  # the method's clip
+    closeness = (y.double().abs().sum(dim=-1, keepdim=True) - distance.double()).clamp(min=0.0)  # the method's clip
     return normalise_rows(closeness.cpu().numpy())
 
 
 def layer_alti(block: LayerBlock, chunk: int = CHUNK) -> tuple[np.ndarray, float]:
     """One layer's contributions c_ij [query, key] and its check's error (summed_error of the T's used), with
-    the T's built a chunk of keys at a time (module doc)."""
+    the T's built a chunk of keys at a time in float32 (module doc)."""
     p = parts(block)
-    y = p.resultant  # [query, d_model], float64
-    heads, _, d_head = p.v.shape
-    by_key = p.weights.permute(2, 1, 0).float().contiguous()  # [key, query, head]
-    f = (p.v.float() @ p.w.float().reshape(heads, d_head, -1)).transpose(0, 1).contiguous()  # [key, head, d_model]
-    y32, diagonal = y.float(), p.diagonal.float()
+    weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
+    by_key = weights.permute(2, 1, 0).contiguous()  # [key, query, head]
+    heads, n, _ = v.shape
+    f = torch.empty(n, heads, w.shape[-1], dtype=w.dtype, device=w.device)  # [key, head, d_model]
+    head_vectors(v, w, out=f.transpose(0, 1))  # written key by key: no copy to turn it
+    absent = (weights.abs().sum(dim=0) == 0).fill_diagonal_(False)  # [query, key]: no weight, T_i(x_j) = 0
+    causal = bool(absent.triu(diagonal=1).all())  # a decoder: no query sees a later key
+    distance = _distances(by_key, f, diagonal, p.resultant.float(), causal, chunk)  # [key, query]
+    # an absent source's distance is ||y_i||_1 exactly (its share 0), not float32's rounding of it
+    norm = p.resultant.double().abs().sum(dim=-1, keepdim=True)  # [query, 1]
+    summed = merged_context(weights, v) @ w + diagonal  # sum_j T_i(x_j), summed over j before W (linearity)
+    return _normalised(p.resultant, torch.where(absent, norm, distance.T)), summed_error(block, summed + p.bias)
+
+
+def _distances(by_key: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor, causal: bool,
+               chunk: int) -> torch.Tensor:
+    """||y_i - T_i(x_j)||_1 [key, query], T a few keys at a time: by_key [key, query, head], f [key, head, d_model],
+    diagonal and y [query, d_model]. A decoder's (causal) chunk skips the queries before its first key: their
+    weights on it are 0, and the distance left there is 0 (the caller sets ||y_i||_1)."""
     n, d = y.shape
-    absent = (p.weights == 0).all(dim=0).fill_diagonal_(False)  # [query, key]: T_i(x_j) = 0 exactly (no weight)
-    causal = bool(absent.triu(diagonal=1).all())  # a decoder: nothing on a later key
-    norm = y.abs().sum(dim=-1, keepdim=True)  # [query, 1]: ||y_i||_1 = ||y_i - 0||_1, the distance where T = 0
-    distance = norm.expand(n, n).clone()  # [query, key]
-    total = torch.zeros(n, d, dtype=torch.float32, device=y.device)  # sum_j T_i(x_j), as used
+    distance = torch.zeros(n, n, dtype=y.dtype, device=y.device)  # [key, query]
     step = max(1, chunk // (n * d))
+    buffer = torch.empty(step * n * d, dtype=y.dtype, device=y.device)  # one chunk's T, reused
     for start in range(0, n, step):
         end, first = min(n, start + step), start if causal else 0
-        t = torch.bmm(by_key[start:end, first:], f[start:end])  # [chunk, query - first, d_model]
+        t = buffer[: (end - start) * (n - first) * d].view(end - start, n - first, d)  # [chunk, query, d_model]
+        torch.bmm(by_key[start:end, first:], f[start:end], out=t)  # [chunk, query, head] @ [chunk, head, d_model]
         t.diagonal(offset=start - first).add_(diagonal[start:end].T)  # + [i == j] r_i: entries (j - start, j - first)
-        total[first:] += t.sum(dim=0)
-        distance[first:, start:end] = t.sub_(y32[first:]).abs_().sum(dim=-1).T  # ||y_i - T_i(x_j)||_1
-    # an absent source's distance is ||y_i||_1 exactly (its share 0), not float32's rounding of it
-    return _normalised(y, torch.where(absent, norm, distance)), summed_error(block, total.double() + p.bias)
+        distance[start:end, first:] = t.sub_(y[first:]).abs_().sum(dim=-1)  # ||T_i(x_j) - y_i||_1
+    return distance
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
