@@ -23,6 +23,8 @@ from attnscope.views.effects import STYLE as EFFECTS_STYLE
 from attnscope.views.generation import STYLE as GENERATION_STYLE
 from attnscope.views.heads import STYLE as HEADS_STYLE
 from attnscope.views.page import json_for_script
+from attnscope.views.qkmap import COLOURS as QKMAP_COLOURS
+from attnscope.views.qkmap import STYLE as QKMAP_STYLE
 
 DEFAULT_TEXT = "time flies like an arrow"
 VIEW_CHOICES = (("all", "all views (tabs)"), ("head", "head"), ("model", "model"), ("matrix", "matrix"),
@@ -228,13 +230,11 @@ def _qkmap_panel(corpus: dict[str, Any] | None) -> str:
     """Query/key maps of the index (POST /api/qkmap), drawn by views/assets/qkmap.js; only with --index."""
     if corpus is None:
         return ""
-    from attnscope.views.qkmap import COLOURS
-
     layers = "".join(f'<option value="{v}">{v}</option>' for v in corpus["layers"])
     heads = '<option value="">every head (small multiples)</option>' + "".join(
         f'<option value="{v}">{v}</option>' for v in corpus["heads"])
     projections = "".join(f'<option value="{v}">{v}</option>' for v in corpus["projections"])
-    colours = "".join(f'<option value="{v}">{v}</option>' for v in COLOURS)
+    colours = "".join(f'<option value="{v}">{v}</option>' for v in QKMAP_COLOURS)
     return f"""<section id="sv-qkmap" class="sv-panel" aria-label="query/key map">
 <h2>Query/key map: a head's queries and keys from the corpus in one 2-D space (AttentionViz)</h2>
 <p class="sv-hint">Keys moved and both scaled so each query's ranking of keys is kept; hover a point for its token in
@@ -288,8 +288,6 @@ def render(models: list[dict[str, Any]], max_chars: int, corpus: dict[str, Any] 
            heads: dict[str, Any] | None = None) -> tuple[str, str]:
     """(the HTML page, its Content-Security-Policy header); corpus: the loaded index's description, if any; heads: the
     loaded heads pass's (serve.corpus_views.Heads.describe)."""
-    from attnscope.views.qkmap import STYLE as QKMAP_STYLE
-
     scripts = [views_js(), _views_asset("generation.js"), _views_asset("effects.js"), _views_asset("attribution.js"),
                _views_asset("qkmap.js"), _views_asset("heads.js"), _asset("serve.js"), _asset("panels.js"),
                _asset("corpus.js")]
