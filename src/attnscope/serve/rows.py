@@ -18,20 +18,22 @@ head's ~0.2-0.9 s (2 cores, loaded).
 from __future__ import annotations
 
 import dataclasses
+import threading
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
 from attnscope import maths
-from attnscope.errors import AttnscopeError, validate_index
+from attnscope.errors import validate_index
 from attnscope.models import Model
 from attnscope.records.trace import Trace
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES
 from attnscope.verify.recompute import layer_mask, layer_params
-from attnscope.views.payload import NEURON_STAGES, block_stages
+from attnscope.views.payload import neuron_arrays
 
 KEPT = ("x", "context", "output")  # captured, [layer, ...]: context and output are what explain's last steps read
 
@@ -120,6 +122,38 @@ def one_head(rows: Rows, model: Model, layer: int, head: int) -> Trace | None:
     return dataclasses.replace(rows.trace, arrays={**rows.trace.arrays, **arrays})
 
 
+class RecentHeads:
+    """The last few heads one_head recomputed, by (trace id, layer, head): the Neuron tab's head, then a matrix
+    cell of it clicked (its explanation), or another query shown, reuse it (SmolLM2 at 2,048 tokens: 0.15-0.9 s
+    each). Each keeps only its own arrays (~40 MB there) and a weak reference to the Rows they came from: a trace
+    the map store let go is not kept alive here, and a retraced one is recomputed. Shared by the pool's threads."""
+
+    def __init__(self, size: int = 2) -> None:
+        self.size = size
+        self._kept: OrderedDict[tuple[str, int, int], tuple[weakref.ref[Rows], dict[str, np.ndarray]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def one_head(self, trace_id: str, rows: Rows, model: Model, layer: int, head: int) -> Trace | None:
+        """rows' trace with (layer, head) recomputed, as one_head(rows, model, layer, head), made once. Two requests
+        for a new head both make it (rare; no lock is held while a head is recomputed)."""
+        key = (trace_id, layer, head)
+        with self._lock:
+            found = self._kept.get(key)
+            if found is not None and found[0]() is rows:
+                self._kept.move_to_end(key)
+                return dataclasses.replace(rows.trace, arrays={**rows.trace.arrays, **found[1]})
+        made = one_head(rows, model, layer, head)
+        if made is None:
+            return None
+        own = {s: a for s, a in made.arrays.items() if s not in rows.trace.arrays}
+        with self._lock:
+            self._kept[key] = (weakref.ref(rows), own)
+            self._kept.move_to_end(key)
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return made
+
+
 def _every_head(one: np.ndarray, layers: int, heads: int) -> np.ndarray:
     """[...] -> [layer, head, ...] where each layer and head is `one` (stride 0 on both axes)."""
     return np.lib.stride_tricks.as_strided(one, (layers, heads, *one.shape), (0, 0, *one.strides))
@@ -131,23 +165,12 @@ def _every_layer(one: np.ndarray, layers: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(one, (layers, *one.shape), (0, *one.strides))
 
 
-def neuron_binary(trace: Trace, layer: int, head: int) -> bytes:
+def neuron_binary(trace: Trace, layer: int, head: int, query: int | None = None) -> bytes:
     """views.neuron_block's numbers in the binary form (attnscope.serve.binary): its fields (layer, head, scaling,
-    d_head, kv_head, stages) as the header, each stage's float32 [token, d_head] or [query, key] as an array of its
-    own. At 2,048 SmolLM2 tokens 34 MB of raw float32, against 45 MB of base64 in JSON that the page then decodes."""
-    block = neuron_block_fields(trace, layer, head)
-    kv = block["kv_head"]
-    arrays = {s: (trace.arrays[s][layer, kv if s in ("k", "v") else head], ARRAY_AXES[s][2:])
-              for s in block["stages"]}
-    return binary.encode(block, arrays, "float32")
-
-
-def neuron_block_fields(trace: Trace, layer: int, head: int) -> dict[str, Any]:
-    """A neuron block's fields without its data (views.payload.neuron_block checks the same)."""
-    trace.validate(layer=layer, head=head)
-    missing = [s for s in NEURON_STAGES if s not in trace.arrays]
-    if missing:
-        raise AttnscopeError(f"this trace has no {', '.join(missing)}: the neuron view needs q and k (trace a model)")
-    stages = block_stages(trace)
-    return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]),
-            "d_head": int(trace.arrays["q"].shape[-1]), "kv_head": trace.kv_head(head), "stages": stages}
+    d_head, kv_head, stages, and query when asked) as the header, each stage's float32 [token, d_head] or
+    [query, key] as an array of its own. At 2,048 SmolLM2 tokens 34 MB of raw float32; with a query (the row the
+    neuron view shows) q, context, scores and weights are that row [1, ...] and the answer 1.6 MB."""
+    arrays = neuron_arrays(trace, layer, head, query)
+    block = {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]), "d_head": int(arrays["q"].shape[-1]),
+             "kv_head": trace.kv_head(head), "stages": list(arrays), **({} if query is None else {"query": query})}
+    return binary.encode(block, {s: (a, ARRAY_AXES[s][2:]) for s, a in arrays.items()}, "float32")

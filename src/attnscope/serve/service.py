@@ -49,6 +49,7 @@ class Service:
         self.default = next(iter(self.models.values()))
         self.cache = TraceCache(settings.cache_entries, settings.cache_bytes)
         self.maps = maps.MapStore(settings.cache_entries, settings.cache_bytes)  # long traces' maps, uint8
+        self.heads = rows.RecentHeads()  # heads recomputed from a long trace's kept x, for the next request
         self.budget = Budget(settings.max_response_bytes, settings.max_list_values)
         # capture hooks live on the model, so one model runs one forward pass at a time
         self._locks = {id(m): threading.Lock() for m in self.models.values()}
@@ -190,7 +191,7 @@ class Service:
             kept = self.maps.get(maps.trace_id(key))
             if kept is not None and kept.rows is not None:
                 checkpoint(stop)
-                tr = rows.one_head(kept.rows, m, layer, head) if head is not None else None
+                tr = None if head is None else self.heads.one_head(kept.id, kept.rows, m, layer, head)
                 tr = rows.one_layer(kept.rows, m, layer) if tr is None else tr
                 if tr is not None:
                     return m, tr
@@ -213,9 +214,9 @@ class Service:
     def neuron_body(self, req: NeuronRequest, stop: threading.Event) -> bytes:
         _m, tr = self.layer_trace(req, req.layer, stop, head=req.head)
         if req.binary:  # Accept: application/x-attnscope-arrays: raw float32, nothing to encode or decode
-            return rows.neuron_binary(tr, req.layer, req.head)
+            return rows.neuron_binary(tr, req.layer, req.head, req.query)
         compress = tr.n_tokens * tr.n_keys <= _NEURON_ZLIB_UP_TO
-        return to_json(neuron_block(tr, req.layer, req.head, compress=compress))
+        return to_json(neuron_block(tr, req.layer, req.head, compress=compress, query=req.query))
 
 
 def captured(tr: Trace) -> Trace:

@@ -149,22 +149,38 @@ def block_stages(trace: Trace) -> list[str]:
     return [*NEURON_STAGES, *(s for s in NEURON_EXTRA if s in trace.arrays)]
 
 
-def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True) -> dict[str, Any]:
-    """Exact float32 q, k [token, d_head], scores, weights [query, key] (then v, context [token, d_head] and
-    T5's position_bias [query, key] when traced) of one head, concatenated in the order of its "stages".
-    Cross-attention: k and v run over the source tokens, scores, weights and the bias are [target, source]."""
+KEY_SIDE = ("k", "v")  # a neuron block's stages over the keys ([key, d_head]); the rest have a row per query
+
+
+def neuron_arrays(trace: Trace, layer: int, head: int, query: int | None = None) -> dict[str, np.ndarray]:
+    """A neuron block's stages of one head, in block_stages' order: q [token, d_head], k [key, d_head] (of the k/v
+    head this head reads), scores, weights [query, key], then v [key, d_head], context [token, d_head] and
+    position_bias [query, key] when traced. query: the query-side stages' row `query` alone ([1, ...]: the trace's
+    own numbers, sliced), k and v still every key's."""
     trace.validate(layer=layer, head=head)
+    if query is not None:
+        validate_index("query token", query, trace.n_tokens, owner="this text")
     missing = [s for s in NEURON_STAGES if s not in trace.arrays]
     if missing:
         raise AttnscopeError(f"this trace has no {', '.join(missing)}: the neuron view needs q and k (trace a model)")
     kv = trace.kv_head(head)  # grouped-query attention: k comes from the k/v head this query head reads
-    stages = block_stages(trace)
-    parts = [np.ascontiguousarray(trace.arrays[s][layer, kv if s in ("k", "v") else head], dtype="<f4")
-             for s in stages]
+    rows = slice(None) if query is None else slice(query, query + 1)
+    return {s: trace.arrays[s][layer, kv] if s in KEY_SIDE else trace.arrays[s][layer, head, rows]
+            for s in block_stages(trace)}
+
+
+def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True,
+                 query: int | None = None) -> dict[str, Any]:
+    """Exact float32 q, k [token, d_head], scores, weights [query, key] (then v, context [token, d_head] and
+    T5's position_bias [query, key] when traced) of one head, concatenated in the order of its "stages".
+    Cross-attention: k and v run over the source tokens, scores, weights and the bias are [target, source].
+    query: q, context, scores, weights and the bias hold that query's row only, and the block says "query"."""
+    arrays = neuron_arrays(trace, layer, head, query)
+    parts = [np.ascontiguousarray(a, dtype="<f4") for a in arrays.values()]
     suffix, data = encode_bytes(b"".join(p.tobytes() for p in parts), compress)
     return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]),
-            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data, "kv_head": kv,
-            "stages": stages}
+            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data,
+            "kv_head": trace.kv_head(head), "stages": list(arrays), **({} if query is None else {"query": query})}
 
 
 def _json_number(x: float) -> float | str:
