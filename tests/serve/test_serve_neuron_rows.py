@@ -1,6 +1,6 @@
 """POST /api/neuron with a query (issue 29, the long-context Neuron tab): the neuron view shows one query at a time,
 so the page asks for that query's row of q, context, scores and weights (and every key's k and v) instead of the
-whole [query, key] block (1.6 MB instead of 36 MB at 2,048 SmolLM2 tokens). The row is the whole block's row bit
+whole [query, key] block (1.1 MB instead of 36 MB at 2,048 SmolLM2 tokens). The row is the whole block's row bit
 for bit, in the binary and the JSON form, from the cached trace and from a long trace's kept x (serve.rows); a query
 past the text is refused with 422 in one line. MiniLM, service level and over HTTP."""
 

@@ -131,7 +131,7 @@ def head_fields(settings: Settings, models: Sequence[str], layers: int, heads: i
         *text_fields(settings, models, shortest),
         *_layer_head(layers, heads),
         Field("query", "integer", "One query token (0-indexed): q, context, scores and weights hold that "
-              "query's row only (what the neuron view shows: 0.5 MB instead of 36 MB at 2,048 SmolLM2 tokens), "
+              "query's row only (what the neuron view shows: 1.1 MB instead of 36 MB at 2,048 SmolLM2 tokens), "
               "k and v every key's; the block then has `query`. null: every row.",
               nullable=True, minimum=0, maximum=settings.max_tokens - 1),
     ]

@@ -169,7 +169,7 @@ def neuron_binary(trace: Trace, layer: int, head: int, query: int | None = None)
     """views.neuron_block's numbers in the binary form (attnscope.serve.binary): its fields (layer, head, scaling,
     d_head, kv_head, stages, and query when asked) as the header, each stage's float32 [token, d_head] or
     [query, key] as an array of its own. At 2,048 SmolLM2 tokens 34 MB of raw float32; with a query (the row the
-    neuron view shows) q, context, scores and weights are that row [1, ...] and the answer 1.6 MB."""
+    neuron view shows) q, context, scores and weights are that row [1, ...] and the answer 1.1 MB."""
     arrays = neuron_arrays(trace, layer, head, query)
     block = {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]), "d_head": int(arrays["q"].shape[-1]),
              "kv_head": trace.kv_head(head), "stages": list(arrays), **({} if query is None else {"query": query})}

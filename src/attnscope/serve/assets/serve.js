@@ -170,18 +170,21 @@
     if (!current) return;
     if (current.controller) current.controller.destroy();
     const request = current.request;
-    const options = { view: $("sv-view").value, loadNeuron: (layer, head) => loadNeuron(request, layer, head) };
+    const options = { view: $("sv-view").value,
+                      loadNeuron: (layer, head, query) => loadNeuron(request, layer, head, query) };
     if (keep) for (const k of ["layer", "head", "query", "source"]) if (keep[k] !== undefined) options[k] = keep[k];
     current.controller = await A.render($("sv-views"), current.payload, options);
     document.body.dataset.view = options.view;
   }
 
-  // The Neuron tab's exact numbers of a head the payload lacks, asked for in the binary form (raw float32:
-  // 34 MB at 2,048 SmolLM2 tokens, where base64 JSON is 45 MB to decode here); a server that answers JSON gets
-  // the JSON block (views.neuron_block) read as before.
-  async function loadNeuron(request, layer, head) {
+  // The Neuron tab's exact numbers of a head the payload lacks, for the query it shows (that query's row of q,
+  // context, scores and weights, every key's k and v: 1.1 MB at 2,048 SmolLM2 tokens, where the whole block is
+  // 36 MB), asked for in the binary form (raw float32, nothing to decode); a server that answers JSON gets the JSON
+  // block (views.neuron_block) read as before.
+  async function loadNeuron(request, layer, head, query) {
+    const row = query === null || query === undefined ? {} : { query: query };
     const response = await fetch("/api/neuron", {
-      method: "POST", body: JSON.stringify(Object.assign({ layer: layer, head: head }, request)),
+      method: "POST", body: JSON.stringify(Object.assign({ layer: layer, head: head }, row, request)),
       headers: { "Content-Type": "application/json", Accept: `${BINARY}, application/json;q=0.5` },
     });
     if (response.ok && (response.headers.get("content-type") || "").startsWith(BINARY)) {

@@ -161,14 +161,16 @@
 
   // A neuron block sent in the binary form (POST /api/neuron with Accept: application/x-attnscope-arrays; its
   // header has the JSON block's fields, each stage an array of its own) -> the decoded block the neuron view
-  // reads, as data.js decodes a JSON block: float32 views of the answer's bytes per stage, d, scaling.
+  // reads, as data.js decodes a JSON block: float32 views of the answer's bytes per stage, d, scaling; and query
+  // when the block holds one query's row (q, context, scores, weights [1, ...]; k and v every key's).
   A.neuronFromArrays = function ({ header, arrays }) {
     const parts = {};
     for (const s of header.stages) {
       if (!arrays[s] || arrays[s].spec.dtype !== "float32") throw new Error(`neuron data without float32 ${s}`);
       parts[s] = arrays[s].values;
     }
-    return Object.assign(parts, { layer: header.layer, head: header.head, d: header.d_head, scaling: header.scaling });
+    const row = header.query === undefined ? {} : { query: header.query };
+    return Object.assign(parts, row, { layer: header.layer, head: header.head, d: header.d_head, scaling: header.scaling });
   };
 
   A.lazyMaps = {

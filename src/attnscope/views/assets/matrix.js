@@ -153,14 +153,23 @@
     if (cursor) box(cursor.q, cursor.k, 1, f);
   }
 
+  // Query q's exact float32 weights of a head when the page has them: its whole neuron block, or the row block the
+  // web app fetched for that query (neuron.js); else null (the 8-bit map answers).
+  function exactRow(model, layer, head, q, nk) {
+    const whole = model.readyBlock(layer, head);
+    if (whole) return whole.weights.subarray(q * nk, (q + 1) * nk);
+    const row = A.neuronRowBlock ? A.neuronRowBlock(model, layer, head, q) : null;
+    return row ? A.neuronRow(row, "weights", q, nk) : null;
+  }
+
   function describeCell(ctx, where, geo, q, k) {
     const { model } = ctx;
     const lines = [`query ${geo.ax.q(q)} → key ${geo.ax.k(k)}`];
     if (model.causal && geo.nq === geo.nk && k > q) {
       return lines.concat(["masked: a causal model's query never sees later keys"]);
     }
-    const exact = where.src.name === "weights" ? model.readyBlock(where.layer, where.head) : null;
-    if (exact) return lines.concat([`${where.src.label}: ${A.fmt(exact.weights[q * geo.nk + k])}`]);
+    const exact = where.src.name === "weights" ? exactRow(model, where.layer, where.head, q, geo.nk) : null;
+    if (exact) return lines.concat([`${where.src.label}: ${A.fmt(exact[k])}`]);
     const v = where.src.value(where.layer, where.head, q, k);
     const step = A.fmt(where.src.step(where.layer, where.head));
     return lines.concat([`${where.src.label}: ≈ ${A.fmt(v)} (8-bit approximation, within ±${step})`]);

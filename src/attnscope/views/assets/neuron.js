@@ -3,7 +3,9 @@
    weight x v and their sum, which is the context row. q, k, v, q.k (the trace's "scores"), the
    weights and the context are the trace's own float32 numbers; q*k, scores*scaling and weight*v are
    rounded to float32 (Math.fround), which reproduces numpy's float32 arithmetic exactly. The two
-   parts sit side by side when the pane is wide enough and wrap below each other when it is not. */
+   parts sit side by side when the pane is wide enough and wrap below each other when it is not. On a long trace
+   the web app sends the shown query's row of each [query, ...] stage only (a row block, b.query; rowOf reads
+   either kind), and the vector columns are one pixel per cell, scaled up (vectorCanvas). */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -22,25 +24,40 @@
   // long vector column is a stack of canvases of at most this many rows, coloured on one scale.
   const CANVAS_ROWS = 1024;
 
+  // A.diverging's colour of v as numbers (data.js: base to the end colour by |v| / max), written at out[at..at+3]
+  // with alpha 255: the canvases are filled from these bytes, and A.diverging's strings say the same colours.
+  function divergingInto(out, at, v, max, dark) {
+    const t = max > 0 ? Math.min(1, Math.abs(v) / max) : 0;
+    const end = v < 0 ? NEGATIVE : POSITIVE;
+    const base = dark ? DARK : LIGHT;
+    for (let i = 0; i < 3; i++) out[at + i] = Math.round(base[i] + (end[i] - base[i]) * t);
+    out[at + 3] = 255;
+  }
+  const [LIGHT, DARK, NEGATIVE, POSITIVE] = [[255, 255, 255], [24, 27, 34], [33, 102, 172], [230, 97, 1]];
+  A.neuronColour = (v, max, theme) => { // for tests: the bytes divergingInto writes, as a string
+    const c = new Uint8ClampedArray(4);
+    divergingInto(c, 0, v, max, theme === "dark");
+    return `rgb(${c[0]},${c[1]},${c[2]})`;
+  };
+
   // rows x d coloured cells: cell(r, t) gives the number for display row r, dimension t. One canvas (class
   // as-vec), or for more than CANVAS_ROWS rows a stack of them in one box; hover describe(r, t) on either.
+  // A cell is cw - 1 px by ROW - 6 px at (t cw, r ROW + 3) on the page: the canvas holds one pixel per cell and is
+  // shown cw x ROW times larger, without smoothing, through a mask that leaves the 1 px and 6 px gaps out (the
+  // same pixels; a canvas of 2,048 keys x 64 dims held 45,056 x 448 px, 80 MB for the four columns, and took
+  // seconds to allocate and draw).
   function vectorCanvas(rows, d, cw, cell, theme, label, tip, describe) {
     const values = new Float64Array(rows * d);
     for (let r = 0; r < rows; r++) for (let t = 0; t < d; t++) values[r * d + t] = cell(r, t);
     const max = maxAbs(values);
     const part = (from, to) => {
-      const canvas = A.canvas(d * cw, (to - from) * ROW, "as-vec");
+      const canvas = el("canvas", { class: "as-vec" });
+      [canvas.width, canvas.height] = [d, to - from];
+      Object.assign(canvas.style, { width: `${d * cw}px`, height: `${(to - from) * ROW}px` }, cellMask(cw));
       const g = canvas.getContext("2d");
-      const byColour = new Map(); // one fillStyle per colour (a few hundred), not per cell: the same pixels
-      for (let i = from * d; i < to * d; i++) {
-        const colour = A.diverging(values[i], max, theme);
-        if (!byColour.has(colour)) byColour.set(colour, []);
-        byColour.get(colour).push(i);
-      }
-      for (const [colour, cells] of byColour) {
-        g.fillStyle = colour;
-        for (const i of cells) g.fillRect((i % d) * cw, (Math.floor(i / d) - from) * ROW + 3, cw - 1, ROW - 6);
-      }
+      const image = g.createImageData(d, to - from);
+      for (let i = from * d; i < to * d; i++) divergingInto(image.data, (i - from * d) * 4, values[i], max, theme === "dark");
+      g.putImageData(image, 0, 0);
       hoverValues(canvas, tip, d, cw, (r, t) => describe(r + from, t));
       return canvas;
     };
@@ -53,6 +70,16 @@
     const box = el("div", { class: "as-vec-stack", role: "img", "aria-label": label });
     for (let from = 0; from < rows; from += CANVAS_ROWS) box.append(part(from, Math.min(rows, from + CANVAS_ROWS)));
     return box;
+  }
+
+  // The style that shows a one-pixel-per-cell canvas as cells of cw - 1 x ROW - 6 px: scaled up without smoothing,
+  // masked to each cell's box (3 px above and below, 1 px right of it left out).
+  function cellMask(cw) {
+    const rows = `repeating-linear-gradient(to bottom, transparent 0 3px, #000 3px ${ROW - 3}px, transparent ${ROW - 3}px ${ROW}px)`;
+    const cols = `repeating-linear-gradient(to right, #000 0 ${cw - 1}px, transparent ${cw - 1}px ${cw}px)`;
+    const mask = `${rows}, ${cols}`;
+    return { imageRendering: "pixelated", maskImage: mask, webkitMaskImage: mask, maskComposite: "intersect",
+             webkitMaskComposite: "source-in" };
   }
 
   function number(stage, v, extra) {
@@ -71,11 +98,20 @@
     canvas.addEventListener("mouseleave", () => tip.hide());
   }
 
-  // The keys in the chosen order (cross-attention: the source tokens, nk of them).
-  function orderKeys(model, b, query, order) {
-    const nk = A.keys(model).n;
-    const keys = [...Array(nk).keys()];
-    if (order === "weight") keys.sort((x, y) => b.weights[query * nk + y] - b.weights[query * nk + x]);
+  // Query `query`'s row of a query-side stage (q, context [token, d_head]; scores, weights, position_bias
+  // [query, key]), `width` numbers: a whole block holds every row, a row block (the web app's, b.query: fetched
+  // for the query shown) its query's alone, so any other query's row is null.
+  function rowOf(b, name, query, width) {
+    if (!b[name]) return null;
+    if (b.query === undefined) return b[name].subarray(query * width, (query + 1) * width);
+    return b.query === query ? b[name].subarray(0, width) : null;
+  }
+  A.neuronRow = rowOf;
+
+  // The keys in the chosen order (cross-attention: the source tokens, nk of them); row: the query's weights.
+  function orderKeys(model, row, order) {
+    const keys = [...Array(A.keys(model).n).keys()];
+    if (order === "weight") keys.sort((x, y) => row[y] - row[x]);
     return keys;
   }
 
@@ -85,28 +121,32 @@
     node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(${numbers}, max-content)`;
     node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n + (extraRows || 0)}, ${ROW}px)`;
     const put = (cell, row, col, span) => {
-      cell.style.gridRow = span ? `${row} / span ${span}` : String(row);
-      cell.style.gridColumn = String(col);
+      cell.style.gridArea = span ? `${row} / ${col} / span ${span}` : `${row} / ${col}`;
       node.append(cell);
     };
     return { node: node, put: put };
   }
 
+  // A key's cell: its number (or text) with the key it belongs to; a masked key's in the muted colour (a colour,
+  // not opacity: 2,000 masked keys' cells each with an opacity cost a layout and paint of their own).
+  function keyCell(node, key, masked) {
+    node.dataset.key = String(key);
+    if (masked) Object.assign(node.dataset, { masked: "" }) && (node.style.color = "var(--muted)");
+    return node;
+  }
+
   // One key's numbers: q . k (the trace's scores), scaled (float32 product), T5's position bias when the block has
   // it (added to scaled before the softmax), the softmax weight and its bar.
   function keyRow(put, v, row) {
-    const off = v.masked ? "as-off" : "";
-    const key = String(v.key);
-    put(el("span", { class: `as-tok-cell ${off}`, "data-key": key, text: v.label }), row, 1);
-    put(el("span", { "data-key": key, class: off }, [number("scores", v.score)]), row, 4);
-    put(el("span", { "data-key": key, class: off }, [v.masked
-      ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity", text: "masked (−∞)" })
-      : number("scaled", v.scaled)]), row, 5);
-    if (v.bias !== undefined) put(el("span", { "data-key": key, class: off }, [number("position_bias", v.bias)]), row, 6);
+    const cell = (node) => keyCell(node, v.key, v.masked);
+    put(cell(el("span", { class: "as-tok-cell", text: v.label })), row, 1);
+    put(cell(number("scores", v.score)), row, 4);
+    put(cell(v.masked ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity",
+                                     text: "masked (−∞)" }) : number("scaled", v.scaled)), row, 5);
+    if (v.bias !== undefined) put(cell(number("position_bias", v.bias)), row, 6);
     const bar = el("span", { class: "as-bar" });
     bar.style.width = `${v.bar * 6}em`;
-    put(el("span", { "data-key": key, class: `as-weight ${off}` }, [bar, number("weights", v.weight)]), row,
-        v.bias === undefined ? 6 : 7);
+    put(cell(el("span", { class: "as-weight" }, [bar, number("weights", v.weight)])), row, v.bias === undefined ? 6 : 7);
   }
 
   // Cell width of the vector canvases: two canvases and ~26em of numbers fit the pane (2..10 px a dimension).
@@ -118,12 +158,13 @@
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const cw = cellWidth(d, width);
-    const keys = orderKeys(model, b, query, order);
-    const q = b.q.subarray(query * d, (query + 1) * d);
+    const row = rowOf(b, "weights", query, n);
+    const keys = orderKeys(model, row, order);
+    const q = rowOf(b, "q", query, d);
     const k = (j, t) => b.k[j * d + t];
-    const row = b.weights.subarray(query * n, (query + 1) * n);
+    const scores = rowOf(b, "scores", query, n);
     const widest = Math.max(...row); // bars are relative to this query's largest weight
-    const bias = b.position_bias ? b.position_bias.subarray(query * n, (query + 1) * n) : null; // T5
+    const bias = rowOf(b, "position_bias", query, n); // T5
     const { node, put } = grid(n, d, cw, bias ? 4 : 3);
     const titles = ["key", "k", "q × k (elementwise)", "q · k", "scaled", bias ? "+ position bias" : null,
                     bias ? "softmax(scaled + bias) (bar: / row max)" : "softmax weight (bar: / row max)"]
@@ -144,8 +185,8 @@
     });
     const scaling = f32(b.scaling);
     keys.forEach((j, r) => keyRow(put, {
-      key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: b.scores[query * n + j],
-      scaled: f32(b.scores[query * n + j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
+      key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: scores[j],
+      scaled: f32(scores[j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
       bias: bias ? bias[j] : undefined,
     }, 4 + r));
     const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` +
@@ -159,10 +200,11 @@
   function valuesPart(ctx, b, query, keys, cw, tip) {
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
-    const w = (j) => b.weights[query * n + j];
+    const weights = rowOf(b, "weights", query, n);
+    const w = (j) => weights[j];
     const v = (j, t) => b.v[j * d + t];
     const wv = (j, t) => f32(w(j) * v(j, t));
-    const context = b.context.subarray(query * d, (query + 1) * d);
+    const context = rowOf(b, "context", query, d);
     const { node, put } = grid(n, d, cw, 1, 1, "as-neuron-v");
     put(el("span", { class: "as-th", text: "query" }), 1, 1);
     put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
@@ -177,9 +219,9 @@
       put(canvas, 4, i + 2, n);
     });
     keys.forEach((j, r) => {
-      const off = model.causal && j > query ? "as-off" : "";
-      put(el("span", { class: `as-tok-cell ${off}`, "data-key": String(j), text: A.keyLabel(model, j) }), 4 + r, 1);
-      put(el("span", { "data-key": String(j), class: off }, [number("weights", w(j))]), 4 + r, 4);
+      const masked = model.causal && j > query;
+      put(keyCell(el("span", { class: "as-tok-cell", text: A.keyLabel(model, j) }), j, masked), 4 + r, 1);
+      put(keyCell(number("weights", w(j)), j, masked), 4 + r, 4);
     });
     const sum = [...Array(d).keys()].map((t) => keys.reduce((s, j) => s + wv(j, t), 0));
     const diff = Math.max(...sum.map((s, t) => Math.abs(s - context[t])));
@@ -244,7 +286,7 @@
         const mine = ++generation;
         const { layer, head } = ctx.state;
         const query = shownQuery();
-        const block = await blockFor(ctx, layer, head, content);
+        const block = await blockFor(ctx, layer, head, query, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
         const width = content.clientWidth || 1280;
@@ -266,17 +308,39 @@
     },
   };
 
-  async function blockFor(ctx, layer, head, content) {
+  // The exact numbers of (layer, head) for `query`: the page's whole block, else (the web app) one fetched with
+  // loadNeuron(layer, head, query): on a long trace (maps fetched as shown) the query's row of each query-side stage
+  // and every key's k and v (1.1 MB at 2,048 SmolLM2 tokens, where the whole block is 36 MB), kept for the next
+  // visit (A.neuronRowBlock); on a short one the whole block (query undefined), as the payload's.
+  async function blockFor(ctx, layer, head, query, content) {
     const { model } = ctx;
-    const have = model.neuronBlock(layer, head);
+    const have = model.neuronBlock(layer, head) || A.neuronRowBlock(model, layer, head, query);
     if (have) return have;
     if (!model.payload.neuron.available || !ctx.options.loadNeuron) return null;
     content.replaceChildren(el("p", { class: "as-hint", text: `loading layer ${layer}, head ${head}…` }));
-    const got = await ctx.options.loadNeuron(layer, head);
+    const got = await ctx.options.loadNeuron(layer, head, model.lazy ? query : undefined);
+    if (got && got.d !== undefined && got.query !== undefined) return keepRow(model, got); // decoded row block
     return got && got.d !== undefined ? adopt(model, got) : model.addBlock(got); // decoded (binary form) or JSON
   }
 
-  // A block loadNeuron gave decoded (the web app's binary form, A.neuronFromArrays) joins the payload's: in
+  const ROW_BLOCKS = 16; // fetched row blocks a page keeps (~1.1 MB each at 2,048 tokens), the oldest dropped
+
+  // A fetched row block of (layer, head, query), or null.
+  A.neuronRowBlock = (model, layer, head, query) =>
+    (model.rowBlocks && model.rowBlocks.get(`${layer}:${head}:${query}`)) || null;
+
+  // Row blocks stay apart from the whole ones (model.readyBlock): a reader of any query's row there would find
+  // none; the matrix reads a hovered cell's exact weight through A.neuronRow on either.
+  function keepRow(model, block) {
+    model.rowBlocks = model.rowBlocks || new Map();
+    const key = `${block.layer}:${block.head}:${block.query}`;
+    model.rowBlocks.delete(key);
+    model.rowBlocks.set(key, block);
+    for (const old of model.rowBlocks.keys()) if (model.rowBlocks.size > ROW_BLOCKS) model.rowBlocks.delete(old);
+    return block;
+  }
+
+  // A whole block loadNeuron gave decoded (the web app's binary form, A.neuronFromArrays) joins the payload's: in
   // model.blocks for this view, and through model.readyBlock for the matrix's exact values and the neuron figure.
   function adopt(model, block) {
     const key = `${block.layer}:${block.head}`;
