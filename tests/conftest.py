@@ -121,6 +121,9 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "serve/test_serve_search.py": ("slow",),
     "serve/test_serve_search.py::test_a_click*": ("browser",),
     "serve/test_serve_panels_browser.py": ("slow",),
+    # the web app's query/key map and heads panels (issue 33): serve --index --heads
+    "serve/test_serve_corpus_views.py": ("slow",),
+    "serve/test_serve_corpus_views.py::test_the_page*": ("browser",),
 }
 MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "smollm2": ("smollm2",),
@@ -137,6 +140,7 @@ MARKED_FIXTURES: dict[str, tuple[str, ...]] = {
     "t5_server": ("server",),  # serve/test_serve_ablate_cost.py
     "soaked": ("server",),  # serve/test_serve_soak.py
     "indexed": ("server",),  # serve/test_serve_search.py: `serve --index`
+    "explored": ("server",),  # serve/test_serve_corpus_views.py: `serve --index --heads`
 }
 TESTS = Path(__file__).resolve().parent
 
