@@ -10,22 +10,26 @@ assets/attribution.js draws (`attnscope.renderAttributionResponse(element, answe
 
 from __future__ import annotations
 
-import json
 import math
 import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
-from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
-from attnscope.serve.fields import Field, parse_body, read_json
-from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
+from attnscope.serve.fields import Field
+from attnscope.serve.interventions import (
+    Run,
+    _max_length,
+    _max_length_field,
+    _model_field,
+    _validate_tokens,
+    json_answer,
+    pool_route,
+)
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -186,18 +190,11 @@ def attribute_body(service: Service, req: AttributeRequest, stop: threading.Even
     """The answer: the attribution as JSON (NaN as null) and "view", the payload the page draws."""
     a = run_attribution(service, req, stop)
     body: dict[str, Any] = {**a.to_json(), "view": attribution_payload(a, raw_tokens=req.raw_tokens)}
-    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json_answer(body)
 
 
 def routes(settings: Settings, service: Service, run: Run, fields: list[Field]) -> list[Route]:
     """The endpoint; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
     its 422); fields: attribute_fields (the app's OpenAPI document shows the same)."""
 
-    async def attribute(request: Request) -> Response:
-        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
-        req = AttributeRequest(**parsed, deadline=time.monotonic() + settings.timeout)
-        body_of: Callable[[Any, threading.Event], bytes] = lambda r, stop: attribute_body(service, r, stop)  # noqa: E731
-        body = await run(request, body_of, req)
-        return Response(body, media_type="application/json")
-
-    return [Route("/api/attribute", attribute, methods=["POST"])]
+    return [pool_route("/api/attribute", settings, run, fields, AttributeRequest, partial(attribute_body, service))]

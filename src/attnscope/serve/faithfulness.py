@@ -17,17 +17,15 @@ naming what costs most and about how many tokens would fit).
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from attnscope.attribution.api import make_settings
@@ -39,11 +37,18 @@ from attnscope.faithfulness import run as library
 from attnscope.faithfulness.metrics import Example
 from attnscope.faithfulness.perturb import DELETE, REMOVALS, Perturber
 from attnscope.models import Model
-from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
 from attnscope.serve.attribute import attribution_rows, costliest, methods_field
-from attnscope.serve.fields import Field, parse_body, read_json
-from attnscope.serve.interventions import Run, _max_length, _max_length_field, _model_field, _validate_tokens
+from attnscope.serve.fields import Field
+from attnscope.serve.interventions import (
+    Run,
+    _max_length,
+    _max_length_field,
+    _model_field,
+    _validate_tokens,
+    json_answer,
+    pool_route,
+)
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -272,17 +277,12 @@ def _answer(req: FaithfulnessRequest, obj: Objective, ex: Example, rows: list[di
 def faithfulness_body(service: Service, req: FaithfulnessRequest, stop: threading.Event) -> bytes:
     """The answer as strict JSON (NaN as null)."""
     body = faithfulness_rows(service, req, stop)
-    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json_answer(body)
 
 
 def routes(settings: Settings, service: Service, run: Run, fields: list[Field]) -> list[Route]:
     """The endpoint; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
     its 422); fields: faithfulness_fields (the app's OpenAPI document shows the same)."""
 
-    async def faithfulness(request: Request) -> Response:
-        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
-        req = FaithfulnessRequest(**parsed, deadline=time.monotonic() + settings.timeout)
-        body_of: Callable[[Any, threading.Event], bytes] = lambda r, stop: faithfulness_body(service, r, stop)  # noqa: E731
-        return Response(await run(request, body_of, req), media_type="application/json")
-
-    return [Route("/api/faithfulness", faithfulness, methods=["POST"])]
+    return [pool_route("/api/faithfulness", settings, run, fields, FaithfulnessRequest,
+                       partial(faithfulness_body, service))]

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -133,7 +134,7 @@ def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> 
         r = _ablate(service, m, req, heads)
     body: dict[str, Any] = r.to_dict()
     body["effects"] = effects_payload(r) if r.grid is not None else None
-    return _json(body)
+    return json_answer(body)
 
 
 def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]) -> Ablation:
@@ -192,30 +193,33 @@ def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> by
         admit(cost, req.deadline, "patching every head both ways", split=False,
               ceiling=service.settings.max_memory_bytes)
         r = patch(req.clean, req.corrupt, model=m, target=req.target, contrast=req.contrast, max_length=n)
-    return _json({**r.to_dict(), "effects": effects_payload(r)})
+    return json_answer({**r.to_dict(), "effects": effects_payload(r)})
 
 
-def _json(body: dict[str, Any]) -> bytes:
+def json_answer(body: dict[str, Any]) -> bytes:
+    """An endpoint's answer as strict JSON bytes: NaN and infinities as null, never as invalid JSON."""
     return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 Run = Callable[[Request, Callable[[Any, threading.Event], bytes], Any], Awaitable[bytes]]
 
 
+def pool_route(path: str, settings: Settings, run: Run, fields: list[Field], request_of: Callable[..., Any],
+               answer: Callable[[Any, threading.Event], bytes]) -> Route:
+    """`POST path` answered in the pool: the body validated by `fields`, the request built as
+    request_of(**fields, deadline=now + the server's timeout), answer(req, stop) run by the app's pool runner `run`
+    (limits, deadline, errors: an AttnscopeError is its 422), its bytes returned as JSON."""
+
+    async def endpoint(request: Request) -> Response:
+        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
+        req = request_of(**parsed, deadline=time.monotonic() + settings.timeout)
+        return Response(await run(request, answer, req), media_type="application/json")
+
+    return Route(path, endpoint, methods=["POST"], name=path.rsplit("/", 1)[-1])
+
+
 def routes(settings: Settings, service: Service, run: Run, a_fields: list[Field], p_fields: list[Field]) -> list[Route]:
     """The two endpoints; run(request, fn, req) is the app's pool runner (limits, deadline, errors); a_fields and
     p_fields validate their bodies (ablate_fields, patch_fields: the app's OpenAPI document shows the same)."""
-
-    async def ablate(request: Request) -> Response:
-        fields = parse_body(await read_json(request, settings.max_body_bytes), a_fields)
-        req = AblateRequest(**fields, deadline=time.monotonic() + settings.timeout)
-        body = await run(request, lambda r, stop: ablate_body(service, r, stop), req)
-        return Response(body, media_type="application/json")
-
-    async def patch(request: Request) -> Response:
-        fields = parse_body(await read_json(request, settings.max_body_bytes), p_fields)
-        req = PatchRequest(**fields, deadline=time.monotonic() + settings.timeout)
-        body = await run(request, lambda r, stop: patch_body(service, r, stop), req)
-        return Response(body, media_type="application/json")
-
-    return [Route("/api/ablate", ablate, methods=["POST"]), Route("/api/patch", patch, methods=["POST"])]
+    return [pool_route("/api/ablate", settings, run, a_fields, AblateRequest, partial(ablate_body, service)),
+            pool_route("/api/patch", settings, run, p_fields, PatchRequest, partial(patch_body, service))]
