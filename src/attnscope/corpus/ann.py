@@ -26,7 +26,8 @@ INSTALL = "pip install 'attnscope[corpus]'"
 KINDS = ("embedding", "context")  # the whole-layer vectors that get an approximate index
 CONNECTIONS = 16  # HNSW's M: links per node
 EF_CONSTRUCTION = 100
-EF_SEARCH = 128  # candidates kept while searching (at least 2 k): 0.965 -> 0.970 recall@10 at 300k tokens
+EF_SEARCH = 128  # candidates kept while searching (at least 2 k): recall@10 0.970 at 300k tokens, 0.968 at 1M
+# (p95 4.5 ms; efSearch 64: 0.957, 256 and 512: 0.968): benchmarks/bench_index.py, docs/corpus.md
 ADD_ROWS = 65536
 
 _LOADED: dict[str, Any] = {}  # path -> faiss index, read once per process
