@@ -137,20 +137,23 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
     recompute; the methods take float32, the captured pieces' own precision, where float64's small batched
     products cost several times more)."""
     cap, extra = LayerCapture(), _Extra()
+    mods = layer_modules(m.model)  # found once: each search walks every module of the model
+    lns = _post_norms(m.model, mods, _norms_of(m)) if whole_block and _norms_of(m).kind == "post" else None
     with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append),
-          _extra_hooks(m, extra, whole_block), _stop_when_captured(m, cap, extra, whole_block)):
+          _extra_hooks(m, extra, whole_block, lns), _stop_when_captured(m, mods, lns, cap, extra, whole_block)):
         m.base(**inputs)  # the transformer alone: the decomposition needs no logits (an LM head costs a layer or more)
     fam = family_of(m.model)
     assert fam is not None
     blocks = []
-    for layer, (call, mod) in enumerate(zip(cap.calls, layer_modules(m.model), strict=True)):
+    for layer, (call, mod) in enumerate(zip(cap.calls, mods, strict=True)):
         p = fam.params(m.model, mod, layer)
         heads = call.weights.shape[1]
         v = expand_kv(call.v[0].to(dtype), heads // call.v.shape[1])  # [head, key, d_head]
         w_o = p.w_o.to(dtype)  # [head * d_head, d_model]
         b_o = p.b_o.to(dtype) if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=dtype)
         block = LayerBlock(call.weights[0].to(dtype), v, w_o, b_o, cap.output[layer][0].to(dtype))
-        blocks.append(_whole(m, block, layer, cap, extra, dtype) if whole_block else block)
+        ln = lns[layer] if lns is not None else None
+        blocks.append(_whole(m, block, layer, ln, cap, extra, dtype) if whole_block else block)
     return blocks
 
 
@@ -160,12 +163,11 @@ def _norms_of(m: Model) -> BlockNorms:
     return fam.block_norms
 
 
-def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _Extra,
+def _whole(m: Model, block: LayerBlock, layer: int, ln: nn.LayerNorm | None, cap: LayerCapture, extra: _Extra,
            dtype: torch.dtype) -> LayerBlock:
-    """The block with its residual stream, its captured output and (post-norm, sandwich) its norm."""
+    """The block with its residual stream, its captured output and (post-norm: ln, sandwich) its norm."""
     where = _norms_of(m)
-    if where.kind == "post":  # the residual is the attention input itself
-        ln = _post_norm(m.model, attention_modules(m.model)[layer], where)
+    if ln is not None:  # post-norm: the residual is the attention input itself
         norm = Norm(ln.weight.detach().to(dtype), ln.bias.detach().to(dtype), float(ln.eps),
                     extra.norm_in[layer][0].to(dtype), extra.norm_out[layer][0].to(dtype))
         return replace(block, residual=cap.x[layer][0].to(dtype), block_output=norm.returned, norm=norm)
@@ -181,13 +183,13 @@ def _whole(m: Model, block: LayerBlock, layer: int, cap: LayerCapture, extra: _E
 
 
 @contextlib.contextmanager
-def _extra_hooks(m: Model, extra: _Extra, whole_block: bool) -> Iterator[None]:
+def _extra_hooks(m: Model, extra: _Extra, whole_block: bool, lns: list[nn.LayerNorm] | None) -> Iterator[None]:
     handles: list[Any] = []
     if whole_block:
         where = _norms_of(m)
-        if where.kind == "post":
-            for mod in attention_modules(m.model):
-                handles.append(_post_norm(m.model, mod, where).register_forward_hook(_take_both(extra)))
+        if lns is not None:
+            for ln in dict.fromkeys(lns):  # each module once
+                handles.append(ln.register_forward_hook(_take_both(extra)))
         else:
             base = base_of(m.model)
             for layer in range(len(attention_modules(m.model))):
@@ -211,18 +213,19 @@ class _Enough(Exception):
 
 
 @contextlib.contextmanager
-def _stop_when_captured(m: Model, cap: LayerCapture, extra: _Extra, whole_block: bool) -> Iterator[None]:
+def _stop_when_captured(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, cap: LayerCapture,
+                        extra: _Extra, whole_block: bool) -> Iterator[None]:
     """End the forward pass as soon as the last layer's block is captured: the last layer's MLP and the final norm
     compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128 tokens). A hook registered
     after the capturing ones, on the module that captures last; it counts, for ALBERT's one shared module."""
-    n, last = len(layer_modules(m.model)), attention_modules(m.model)[-1]
+    n = len(mods)
     taken: list[torch.Tensor]
     if not whole_block:  # the output projection's result is the last piece norm-based attention reads
         fam = family_of(m.model)
         assert fam is not None
-        module, taken, pre = fam.out_proj(m.model, last), cap.output, False
-    elif _norms_of(m).kind == "post":
-        module, taken, pre = _post_norm(m.model, last, _norms_of(m)), extra.norm_out, False
+        module, taken, pre = fam.out_proj(m.model, mods[-1]), cap.output, False
+    elif lns is not None:
+        module, taken, pre = lns[-1], extra.norm_out, False
     else:
         where = _norms_of(m).block_output
         assert where is not None
@@ -240,15 +243,19 @@ def _stop_when_captured(m: Model, cap: LayerCapture, extra: _Extra, whole_block:
         handle.remove()
 
 
-def _post_norm(model: nn.Module, attention: nn.Module, where: BlockNorms) -> nn.LayerNorm:
-    """The post-norm block's LayerNorm, found from the attention module (BERT's <layer>.attention.self ->
-    <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm)."""
+def _post_norms(model: nn.Module, mods: list[nn.Module], where: BlockNorms) -> list[nn.LayerNorm]:
+    """Each layer's post-norm LayerNorm, found from its attention module (BERT's <layer>.attention.self ->
+    <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm), in one walk."""
     assert where.post_norm is not None
-    name = next(n for n, mod in model.named_modules() if mod is attention)
-    parent = name.rsplit(".", 1)[0] if "." in name else ""
-    ln = model.get_submodule(f"{parent}.{where.post_norm}" if parent else where.post_norm)
-    assert isinstance(ln, nn.LayerNorm)
-    return ln
+    names = {id(mod): name for name, mod in model.named_modules()}
+    lns = []
+    for attention in mods:
+        name = names[id(attention)]
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        ln = model.get_submodule(f"{parent}.{where.post_norm}" if parent else where.post_norm)
+        assert isinstance(ln, nn.LayerNorm)
+        lns.append(ln)
+    return lns
 
 
 def _take_input(into: list[torch.Tensor]) -> Any:
