@@ -7,10 +7,12 @@ past the text is refused with 422 in one line. MiniLM, service level and over HT
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import threading
 import zlib
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -110,3 +112,32 @@ def test_the_route_takes_a_query_and_refuses_a_bad_one_in_json(http: httpx.Clien
         r = http.post("/api/neuron", json=body | {"query": bad}, headers={"accept": binary.MEDIA_TYPE})
         assert r.status_code == 422 and r.headers["content-type"].startswith("application/json"), (bad, r.text)
         assert "query" in r.json()["error"], r.json()
+
+
+def test_a_recomputed_head_is_reused_and_lets_its_trace_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Neuron tab's head, then another query of it (or a cell's explanation): one recompute (serve.rows'
+    RecentHeads); once the map store lets the trace go, the reused arrays do not keep its kept x alive."""
+    from attnscope.serve import rows
+
+    service = Service(Settings(max_tokens=128))
+    service.trace_body(TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy"), STOP)
+    whole = binary_block(service, 1, 2, None)[1]  # from the cached exact trace
+    service.cache.clear()
+    made: list[tuple[int, int]] = []
+    real = rows.one_head
+
+    def counted(r: rows.Rows, m: Any, layer: int, head: int) -> Any:  # the real recompute, counted
+        made.append((layer, head))
+        return real(r, m, layer, head)
+
+    monkeypatch.setattr(rows, "one_head", counted)
+    for query in (10, 40, 10):
+        assert_rows_of(whole, binary_block(service, 1, 2, query)[1], query)
+    assert made == [(1, 2)]  # recomputed once, then reused
+    binary_block(service, 3, 0, 5)
+    assert made == [(1, 2), (3, 0)]
+    refs = [ref for ref, _ in service.heads._kept.values()]
+    assert refs and all(ref() is not None for ref in refs)
+    service.maps.clear()  # evicted: nothing else holds its kept x
+    gc.collect()
+    assert all(ref() is None for ref in refs)

@@ -131,7 +131,10 @@
   // not opacity: 2,000 masked keys' cells each with an opacity cost a layout and paint of their own).
   function keyCell(node, key, masked) {
     node.dataset.key = String(key);
-    if (masked) Object.assign(node.dataset, { masked: "" }) && (node.style.color = "var(--muted)");
+    if (masked) {
+      node.dataset.masked = "";
+      node.style.color = "var(--muted)";
+    }
     return node;
   }
 
