@@ -29,7 +29,7 @@ import torch
 from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
-from attnscope.norms import summed_norms
+from attnscope.norms import head_vectors, summed_norms
 from attnscope.placement import dtype_name
 from attnscope.records.check_report import tolerance_for
 
@@ -37,7 +37,10 @@ from attnscope.records.check_report import tolerance_for
 def layer_norms(block: LayerBlock) -> torch.Tensor:
     """||sum_h alpha^h_ij f^h(x_j)|| [query, key] in the block's dtype: attnscope.norms' own computation (there in
     float64 by default), on the block's weights and vectors."""
-    return summed_norms(block.weights, block.f)
+    heads, n, _ = block.v.shape
+    f = torch.empty(n, heads, block.w_o.shape[-1], dtype=block.w_o.dtype, device=block.w_o.device)
+    head_vectors(block.v, block.w_o, out=f.transpose(0, 1))  # written key by key, as the Gram matrix reads it
+    return summed_norms(block.weights, f.transpose(0, 1))  # [head, key, d_model] view
 
 
 def output_error(block: LayerBlock, summed: torch.Tensor) -> float:
