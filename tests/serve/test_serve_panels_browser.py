@@ -6,7 +6,6 @@ text shows up as literal text and runs nothing; the page asks nothing of any oth
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 import attnscope
 from attnscope.faithfulness.run import Settings, example_rows
 from attnscope.stats.sources import Document
+from tests.support.pages import Watched, open_url
 from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 
 # Hostile on purpose: it must show up as literal text and run nothing.
@@ -24,28 +24,14 @@ LONG = "<b>" + " and so on" * 12 + "</b>"  # over the shared server's 32 tokens
 LAYER, HEAD, QUERY = 2, 5, 3
 
 
-@dataclass
-class Visit:
-    page: Any
-    origin: str
-    requests: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    dialogs: list[str] = field(default_factory=list)
-
-
 @pytest.fixture(scope="module")
-def browser(server: Server) -> Iterator[Visit]:
+def browser(server: Server) -> Iterator[Watched]:
     """The page, its default sentence traced, then TEXT traced in the matrix view."""
     from attnscope.views.browser import chromium
 
     with chromium() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 1000})
-        v = Visit(page, server.url)
-        page.on("request", lambda r: v.requests.append(r.url))
-        page.on("console", lambda m: m.type in ("error", "warning") and v.errors.append(m.text))
-        page.on("pageerror", lambda e: v.errors.append(str(e)))
-        page.on("dialog", lambda d: (v.dialogs.append(d.message), d.dismiss()))
-        page.goto(server.url)
+        v = open_url(b, server.url, 1400, 1000)
+        page = v.page
         page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
         page.fill("#sv-text", TEXT)
         page.select_option("#sv-view", "matrix")
@@ -76,7 +62,7 @@ def heat_row(page: Any, method: str) -> np.ndarray:
     return np.array([float(v) for v in values])
 
 
-def test_the_attribution_panel_draws_the_librarys_scores(browser: Visit, minilm: attnscope.Model) -> None:
+def test_the_attribution_panel_draws_the_librarys_scores(browser: Watched, minilm: attnscope.Model) -> None:
     page = browser.page
     saliency = page.locator("input[name='sv-attr-method'][value='saliency']")
     assert saliency.is_disabled()  # an encoder's pooled embedding is at its maximum: no gradient to read
@@ -96,7 +82,7 @@ def test_the_attribution_panel_draws_the_librarys_scores(browser: Visit, minilm:
     assert "</script><" in "".join(cells) and page.locator("#sv-attr-out img").count() == 0
 
 
-def test_a_head_picked_in_the_views_links_to_what_it_contributes(browser: Visit, minilm: attnscope.Model) -> None:
+def test_a_head_picked_in_the_views_links_to_what_it_contributes(browser: Watched, minilm: attnscope.Model) -> None:
     page = browser.page
     page.locator("#sv-views .as-panel select").first.select_option(str(LAYER))
     page.locator("#sv-views .as-chips button", has_text=str(HEAD)).first.click()
@@ -114,7 +100,7 @@ def test_a_head_picked_in_the_views_links_to_what_it_contributes(browser: Visit,
     assert page.locator("#sv-attr-out .as-attr-heat tr[data-method]").count() == 1  # an encoder: attention alone
 
 
-def test_the_faithfulness_panel_draws_every_methods_curves(browser: Visit, minilm: attnscope.Model) -> None:
+def test_the_faithfulness_panel_draws_every_methods_curves(browser: Watched, minilm: attnscope.Model) -> None:
     page = browser.page
     tick(page, "sv-faith", ["attention", "rollout"])
     page.fill("#sv-faith-seeds", "2")
@@ -151,11 +137,11 @@ def test_the_faithfulness_panel_draws_every_methods_curves(browser: Visit, minil
     assert page.locator("#sv-faith-out b").count() == 0
 
 
-def test_nothing_ran_and_nothing_left_the_page(browser: Visit) -> None:
+def test_nothing_ran_and_nothing_left_the_page(browser: Watched) -> None:
     page = browser.page
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 1400  # the answers drawn: no sideways scroll
     assert page.locator("img").count() == 0 and browser.dialogs == []
-    assert all(url.startswith(browser.origin) for url in browser.requests), browser.requests
+    assert all(url.startswith(browser.url) for url in browser.requests), browser.requests
     # the one console line the refusal above leaves ("Failed to load resource: ... 422"), and nothing else
     assert [e for e in browser.errors if "status of 422" not in e] == []
     assert len(browser.errors) == 1

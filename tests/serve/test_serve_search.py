@@ -17,6 +17,7 @@ import transformers as T
 import attnscope
 from attnscope.corpus.query import search
 from attnscope.corpus.store import CorpusIndex
+from tests.support.pages import open_url
 from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
 from tests.support.serve_index import HEADS, LAYERS, SENTENCES, tiny_index
 
@@ -145,11 +146,8 @@ def test_a_click_on_a_token_finds_similar_tokens_in_the_corpus(indexed: Server, 
 
     layer, query = 5, 2  # "judge"
     with chromium() as b:
-        page = b.new_page(viewport={"width": 1400, "height": 1000})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("dialog", lambda d: (errors.append(d.message), d.dismiss()))
-        page.goto(indexed.url)
+        seen = open_url(b, indexed.url, 1400, 1000)
+        page = seen.page
         page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
         assert page.locator("#sv-search").is_visible()
         page.fill("#sv-text", HOSTILE)
@@ -172,7 +170,7 @@ def test_a_click_on_a_token_finds_similar_tokens_in_the_corpus(indexed: Server, 
         line = str(page.text_content("#sv-search-out .sv-fx-line"))
         assert page.input_value("#sv-search-text") == HOSTILE and page.input_value("#sv-search-layer") == str(layer)
         page.locator("#sv-search").screenshot(path=str(ARTIFACTS / "search-panel.png"))
-        assert page.locator("img").count() == 0 and errors == []
+        assert page.locator("img").count() == 0 and seen.errors == [] and seen.dialogs == []
     want = search(CorpusIndex(index_dir), HOSTILE, token=query, layer=layer, k=20, model=minilm)
     assert [token for _, token in drawn] == [m.token or "(special token)" for m in want.matches]
     assert max(abs(d - m.distance) for (d, _), m in zip(drawn, want.matches, strict=True)) <= TOLERANCE

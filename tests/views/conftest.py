@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import attnscope
 from attnscope.tracing.one_pass import Trace, trace
-from tests.support.views import ARTIFACTS
+from tests.support.pages import Watched, open_file
+
+ROOT = "attnscope-root"  # what every views page draws into (views.browser.READY)
 
 PAIR = ("The cat sat on the mat.", "It was tired.")
 
@@ -32,44 +32,16 @@ def browser() -> Iterator[Any]:
         yield b
 
 
-@dataclass
-class Opened:
-    """A page opened from a file, with everything it asked the network for and every error it logged."""
-
-    page: Any
-    url: str
-    requests: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    dialogs: list[str] = field(default_factory=list)  # alert(), confirm(): a script that should never run
-
-    def foreign_requests(self) -> list[str]:
-        return [r for r in self.requests if r != self.url]
-
-    def shot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
-        return path
+Opened = Watched  # the name tests/views/test_attribution_views.py imports
 
 
 @pytest.fixture(scope="module")
-def open_page(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Opened]:
-    """open_page(html, name, width=1200) -> Opened, loaded from file:// and drawn."""
-    from attnscope.views.browser import READY
-
+def open_page(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Watched]:
+    """open_page(html, name, width=1200, color_scheme="light") -> Watched (tests.support.pages.open_file), loaded
+    from file:// and drawn."""
     folder = tmp_path_factory.mktemp("pages")
 
-    def open_(html: str, name: str, width: int = 1200, color_scheme: str = "light") -> Opened:
-        path = folder / f"{name}.html"
-        path.write_text(html, encoding="utf-8")
-        page = browser.new_page(viewport={"width": width, "height": 900}, color_scheme=color_scheme)
-        opened = Opened(page, path.as_uri())
-        page.on("request", lambda r: opened.requests.append(r.url))
-        page.on("console", lambda m: m.type in ("error", "warning") and opened.errors.append(m.text))
-        page.on("pageerror", lambda e: opened.errors.append(str(e)))
-        page.on("dialog", lambda d: (opened.dialogs.append(d.message), d.dismiss()))
-        page.goto(opened.url)
-        page.wait_for_selector(READY, state="attached", timeout=60_000)
-        return opened
+    def open_(html: str, name: str, width: int = 1200, color_scheme: str = "light") -> Watched:
+        return open_file(browser, html, folder / f"{name}.html", [ROOT], width, color_scheme)
 
     return open_
