@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import resource
 import shutil
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +41,7 @@ import torch
 
 import attnscope
 from attnscope.corpus import ann as ann_lib
-from attnscope.corpus.index import build_index
+from attnscope.corpus.index import BuildResult, build_index
 from attnscope.corpus.search import exact_search, find, vectors
 from attnscope.corpus.store import CorpusIndex
 from attnscope.corpus.tags import TaggedSource
@@ -208,35 +206,18 @@ def same_files(a: Path, b: Path) -> bool:
     return all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
-def ray_speed(model: attnscope.Model, documents: int, repeats: int, threads: int, work: Path) -> None:
+def ray_speed(model: attnscope.Model, documents: int, repeats: int, threads: int) -> None:
     """(4): the build of (1), local against engine="ray" with 1 and 2 workers (see the module's docstring)."""
-    import ray
-
-    from bench_ray import WorkersReady, timed_pass
+    from bench_ray import engines
 
     settings = Settings(limit=documents, batch_size=32, checkpoint_every=10**6)
-    ready = WorkersReady()
-    began = time.perf_counter()
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    ray_start = time.perf_counter() - began
-    steady: dict[str, float] = {}
-    wall: dict[str, float] = {}
-    tokens = 0
-    try:
-        for r in range(repeats):
-            for name, workers in (("local", None), ("ray:1", 1), ("ray:2", 2)):
-                out = work / f"ray-{name.replace(':', '')}-{r}"
-                kw: dict[str, Any] = {} if workers is None else {"engine": "ray", "workers": workers,
-                                                                 "threads": threads}
-                result, seconds, after = timed_pass(partial(build_index, TaggedSource(str(ud_dev())), out, model,
-                                                            settings=settings, ann=(), **kw), ready)
-                tokens = result.tokens
-                if workers is not None and not same_files(work / f"ray-local-{r}", out):
-                    raise SystemExit(f"{name}'s index differs from the local build")
-                steady[name] = min(steady.get(name, float("inf")), after)
-                wall[name] = min(wall.get(name, float("inf")), seconds)
-    finally:
-        ray.shutdown()
+
+    def one(out: Path, where: dict[str, Any]) -> tuple[BuildResult, Path]:
+        return build_index(TaggedSource(str(ud_dev())), out, model, settings=settings, ann=(), **where), out
+
+    local, steady, wall, ray_start = engines(argparse.Namespace(repeats=repeats, threads=threads), one,
+                                             lambda a, b: same_files(a[1], b[1]))
+    tokens = local[0].tokens
     print(f"(4) --engine ray: {documents} sentences, {tokens:,} tokens, all layers and heads, {threads} torch "
           f"thread(s) per model process, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; Ray runtime "
           f"start {ray_start:.1f} s; every Ray index byte for byte the local one")
@@ -268,7 +249,7 @@ def main() -> None:
         if "build" in parts:
             build_speed(model, args.documents, args.repeats, work)
         if "ray" in parts:
-            ray_speed(model, args.documents, args.repeats, args.threads, work)
+            ray_speed(model, args.documents, args.repeats, args.threads)
         if "search" in parts:
             search_at_scale(model, args.tokens, args.cache_dir, [int(e) for e in args.ef.split(",")])
     finally:
