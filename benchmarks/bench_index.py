@@ -114,18 +114,22 @@ def rss_mb() -> float:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def cached_build(model: attnscope.Model, tokens: int, cache: Path) -> tuple[Path, int, dict[str, float]]:
+def cached_build(model: attnscope.Model, tokens: int, cache: Path) -> tuple[Path, int, dict[str, Any]]:
     """The 1M-token index in cache/pairs-TOKENS (built, resumed, or found there) and its build's figures: seconds
-    (summed over resumed runs) and the building process's peak RSS."""
+    (summed over resumed runs), the building process's peak RSS and the sentences it pairs (another set of
+    sentences, ATTNSCOPE_UD_DEV, needs another cache)."""
     root = cache / f"pairs-{tokens}"
     root.mkdir(parents=True, exist_ok=True)
-    n = pairs_corpus(root / "pairs.txt", tokens, model)
+    sentences = str(ud_dev())
     stats = root / "build-stats.json"
     figures = json.loads(stats.read_text()) if stats.is_file() else {"seconds": 0.0, "peak_rss_mb": 0.0}
+    if figures.setdefault("sentences", sentences) != sentences:
+        raise SystemExit(f"{root} was built from {figures['sentences']}: choose another --cache-dir for {sentences}")
+    n = pairs_corpus(root / "pairs.txt", tokens, model)
     result = build_index(Source(str(root / "pairs.txt")), root / "index", model, layers=[3], heads=[0],
                          settings=Settings(batch_size=32, checkpoint_every=50), ann=("embedding",), resume=True)
     if result.seconds > 0:  # this run built (part of) it
-        figures = {"seconds": figures["seconds"] + result.seconds,
+        figures = {"seconds": figures["seconds"] + result.seconds, "sentences": sentences,
                    "peak_rss_mb": max(figures["peak_rss_mb"], peak_rss_mb()), "tokens": result.tokens}
         stats.write_text(json.dumps(figures))
     return root / "index", n, figures
