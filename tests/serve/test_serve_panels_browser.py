@@ -14,7 +14,7 @@ import pytest
 import attnscope
 from attnscope.faithfulness.run import Settings, example_rows
 from attnscope.stats.sources import Document
-from tests.support.pages import Watched, open_url
+from tests.support.pages import Watched, click_matrix_cell, open_app, trace_in_app
 from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 
 # Hostile on purpose: it must show up as literal text and run nothing.
@@ -30,14 +30,8 @@ def browser(server: Server) -> Iterator[Watched]:
     from attnscope.views.browser import chromium
 
     with chromium() as b:
-        v = open_url(b, server.url, 1400, 1000)
-        page = v.page
-        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
-        page.fill("#sv-text", TEXT)
-        page.select_option("#sv-view", "matrix")
-        page.click("#sv-go")
-        page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                               arg=TEXT, timeout=60_000)
+        v = open_app(b, server.url)
+        trace_in_app(v.page, TEXT, "matrix")
         yield v
 
 
@@ -86,9 +80,7 @@ def test_a_head_picked_in_the_views_links_to_what_it_contributes(browser: Watche
     page = browser.page
     page.locator("#sv-views .as-panel select").first.select_option(str(LAYER))
     page.locator("#sv-views .as-chips button", has_text=str(HEAD)).first.click()
-    canvas = page.locator("#sv-views canvas.as-matrix")
-    cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
-    canvas.click(position={"x": label + 1.5 * cell, "y": label + (QUERY + 0.5) * cell})
+    click_matrix_cell(page, QUERY, 1)
     page.wait_for_selector("#sv-links:not([hidden]) #sv-link-head")
     assert page.text_content("#sv-links").startswith(f"layer {LAYER}, head {HEAD}:")
     assert page.locator("#sv-link-search").count() == 0  # no corpus index on this server
@@ -104,18 +96,12 @@ def test_the_faithfulness_panel_draws_every_methods_curves(browser: Watched, min
     page = browser.page
     tick(page, "sv-faith", ["attention", "rollout"])
     page.fill("#sv-faith-seeds", "2")
-    page.fill("#sv-text", LONG)  # traced cut to the server's 32 tokens; the panel sends the text as it is
-    page.click("#sv-go")
-    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                           arg=LONG, timeout=60_000)
+    trace_in_app(page, LONG)  # traced cut to the server's 32 tokens; the panel sends the text as it is
     page.click("#sv-faith-go")
     page.wait_for_function("() => document.getElementById('sv-faith-status').dataset.kind === 'error'",
                            timeout=120_000)
     assert f"over this server's limit of {MAX_TOKENS}: shorten it" in str(page.text_content("#sv-faith-status"))
-    page.fill("#sv-text", SHORT)
-    page.click("#sv-go")
-    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                           arg=SHORT, timeout=60_000)
+    trace_in_app(page, SHORT)
     page.click("#sv-faith-go")
     wait_done(page, "faith")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)

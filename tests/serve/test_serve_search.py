@@ -17,7 +17,7 @@ import transformers as T
 import attnscope
 from attnscope.corpus.query import search
 from attnscope.corpus.store import CorpusIndex
-from tests.support.pages import open_url
+from tests.support.pages import click_matrix_cell, open_app, trace_in_app
 from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
 from tests.support.serve_index import HEADS, LAYERS, SENTENCES, tiny_index
 
@@ -146,19 +146,12 @@ def test_a_click_on_a_token_finds_similar_tokens_in_the_corpus(indexed: Server, 
 
     layer, query = 5, 2  # "judge"
     with chromium() as b:
-        seen = open_url(b, indexed.url, 1400, 1000)
+        seen = open_app(b, indexed.url)
         page = seen.page
-        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
         assert page.locator("#sv-search").is_visible()
-        page.fill("#sv-text", HOSTILE)
-        page.select_option("#sv-view", "matrix")
-        page.click("#sv-go")
-        page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                               arg=HOSTILE, timeout=60_000)
+        trace_in_app(page, HOSTILE, "matrix")
         page.locator("#sv-views .as-panel select").first.select_option(str(layer))
-        canvas = page.locator("#sv-views canvas.as-matrix")
-        cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
-        canvas.click(position={"x": label + 0.5 * cell, "y": label + (query + 0.5) * cell})
+        click_matrix_cell(page, query, 0)
         page.wait_for_selector("#sv-links:not([hidden]) #sv-link-search")
         assert f'token {query} "judge":' in str(page.text_content("#sv-links"))
         page.click("#sv-link-search")

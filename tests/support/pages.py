@@ -55,3 +55,28 @@ def open_file(browser: Any, html: str, path: Path, roots: Sequence[str], width: 
     for root in roots:
         seen.page.wait_for_selector(f"#{root}[data-attnscope-ready]", state="attached", timeout=60_000)
     return seen
+
+
+def open_app(browser: Any, url: str, width: int = 1400, height: int = 1000) -> Watched:
+    """The web app's page at url (open_url), once it has loaded its models (#sv-status ok)."""
+    seen = open_url(browser, url, width, height)
+    seen.page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)
+    return seen
+
+
+def trace_in_app(page: Any, text: str, view: str | None = None) -> None:
+    """Trace text in the web app's page and wait until the views show it; view: head, matrix, ... first (None: the
+    one shown)."""
+    page.fill("#sv-text", text)
+    if view is not None:
+        page.select_option("#sv-view", view)
+    page.click("#sv-go")
+    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
+                           arg=text, timeout=60_000)
+
+
+def click_matrix_cell(page: Any, query: int, key: int) -> None:
+    """Click the web app's matrix view at (query, key), 0-indexed: the canvas names its cell size and label margin."""
+    canvas = page.locator("#sv-views canvas.as-matrix")
+    cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
+    canvas.click(position={"x": label + (key + 0.5) * cell, "y": label + (query + 0.5) * cell})
