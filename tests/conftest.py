@@ -103,6 +103,7 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "corpus/test_heads_pass.py": ("slow",),
     "corpus/test_heads_kill.py": ("slow",),
     "corpus/test_heads_smollm2.py": ("slow",),
+    "corpus/test_heads_ray.py": ("slow",),
     "corpus/test_qkmap_ranks.py::test_the_projections_offered_are_those_installed": ("slow",),
     "views/test_qkmap_page.py": ("browser",),
     "views/test_heads_page.py": ("browser",),
