@@ -49,14 +49,17 @@ def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) ->
     drawable: NaN fails both comparisons, an infinity or a value below 0 one."""
     if not m.size:
         return True
-    high, low = m.max(), m.min()
+    step = max(1, BLOCK // m.shape[-1])  # query rows per block
+    starts = range(0, m.shape[0], step)
+    # each block's max, then its min from the cache: one pass over the map in memory (NaN propagates in both)
+    ends = np.array([(m[s:s + step].max(), m[s:s + step].min()) for s in starts])  # [block, 2] float32
+    high, low = ends[:, 0].max(), ends[:, 1].min()
     if not (low >= 0 and high < np.inf):
         return False
     scales[i] = high
     divisor = scales[i] if scales[i] > 0 else 1.0
-    step = max(1, BLOCK // m.shape[-1])  # query rows per block
     scratch = np.empty((min(step, m.shape[0]), m.shape[-1]))  # [query, key] float64
-    for start in range(0, m.shape[0], step):
+    for start in starts:
         block = scratch[:min(step, m.shape[0] - start)]
         np.divide(m[start:start + step], divisor, out=block)  # float32 -> float64, then divided
         np.multiply(block, 255.0, out=block)
