@@ -234,7 +234,14 @@
     put(canvas, 4 + n, 3);
     const note = el("p", { class: "as-hint as-context-note", text: `The sum over keys of weight × v is the trace's ` +
       `context row (the head's output for this query), within float32 rounding: max difference ${A.fmtError(diff)}.` });
-    return el("div", { class: "as-neuron-values" }, [node, note]);
+    const part = el("div", { class: "as-neuron-values" }, [node, note]);
+    // past CANVAS_ROWS keys this part wraps below the scores' tens of thousands of px unless the pane is very wide:
+    // the browser lays it out when it comes near the screen (about its size meanwhile), not before the first frame
+    if (n > CANVAS_ROWS) {
+      Object.assign(part.style, { contentVisibility: "auto",
+                                  containIntrinsicSize: `auto ${2 * d * cw + 240}px auto ${(n + 6) * ROW}px` });
+    }
+    return part;
   }
 
   // RoPE and grouped-query attention in words: q and k shown are the rotated ones; which k/v head this head reads.
