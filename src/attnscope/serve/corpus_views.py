@@ -17,11 +17,9 @@ it), a t-SNE or UMAP the server's deadline cannot fit (`admit`: the estimate and
 from __future__ import annotations
 
 import functools
-import json
+import math
 import os
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,12 +30,11 @@ from starlette.routing import Route
 
 from attnscope.corpus.maps import PROJECTIONS, available
 from attnscope.errors import AttnscopeError
-from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import admit_by_deadline
-from attnscope.serve.fields import Field, RequestError, parse_body, read_json
-from attnscope.serve.interventions import Run
+from attnscope.serve.fields import Field, RequestError
+from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
-from attnscope.serve.search import NO_INDEX, Corpus
+from attnscope.serve.search import Corpus, no_index
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
 from attnscope.views.qkmap import COLOURS, MAX_TOKENS
@@ -65,6 +62,7 @@ class QKMapRequest:
     colour: str
     limit: int
     seed: int
+    deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
 
 
 def qkmap_fields() -> list[Field]:
@@ -120,8 +118,7 @@ def qkmap_body(corpus: Corpus, lock: threading.Lock, req: QKMapRequest, stop: th
             text = str(exc).replace(str(corpus.index.root), "the index").replace("use pca", "use projection pca")
             raise AttnscopeError(text, parameter=exc.parameter) from exc
     # the corpus by its file's name: the server's directories are not the client's business
-    body = {**data, "corpus": Path(str(data["corpus"])).name, "index": corpus.describe()}
-    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json_answer({**data, "corpus": Path(str(data["corpus"])).name, "index": corpus.describe()})
 
 
 class Heads:
@@ -155,8 +152,7 @@ class Heads:
     def _encode(self, g: HeadGroups) -> bytes:
         from attnscope.views.heads import heads_payload
 
-        body = {**heads_payload(g), "source": self.source}
-        return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+        return json_answer({**heads_payload(g), "source": self.source})
 
 
 def page_corpus(corpus: Corpus | None) -> dict[str, Any] | None:
@@ -178,41 +174,51 @@ def _sized(body: bytes, settings: Settings) -> bytes:
     return body
 
 
+def admitted(corpus: Corpus | None, **fields: Any) -> QKMapRequest:
+    """A POST /api/qkmap request, refused before the pool: 404 without an index; 422 for a t-SNE or UMAP map the
+    request's deadline cannot fit (a layer, head or projection the index or server lacks: the library's 422)."""
+    if corpus is None:
+        no_index()
+    req = QKMapRequest(**fields)
+    held = [h for h in corpus.index.heads if req.head is None or h == req.head]
+    if req.projection in available() and held and req.layer in corpus.index.layers:
+        try:
+            admit(req, len(held), min(req.limit, corpus.index.n_tokens), req.deadline)
+        except AttnscopeError as exc:
+            raise RequestError(422, str(exc)) from exc
+    return req
+
+
+def loaded_heads(heads: Heads | None) -> Heads:
+    """The server's heads pass; 404 without --heads."""
+    if heads is None:
+        raise RequestError(404, NO_HEADS)
+    return heads
+
+
+def cut(heads: Heads | None, *, clusters: int, deadline: float) -> int:
+    """A POST /api/heads request's clusters, checked against the loaded pass (404 without one)."""
+    units = loaded_heads(heads).units
+    if clusters > units:  # the field's maximum says so too; a server without --heads has none
+        raise RequestError(422, f"field 'clusters' must be from 1 to {units} (the model's heads)")
+    return clusters
+
+
 def routes(settings: Settings, run: Run, qk_fields: list[Field], hd_fields: list[Field], corpus: Corpus | None,
            heads: Heads | None) -> list[Route]:
     """The endpoints; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
     its 422); the fields are the app's OpenAPI document's."""
     lock = threading.Lock()
 
-    async def qkmap_route(request: Request) -> Response:
-        req = QKMapRequest(**parse_body(await read_json(request, settings.max_body_bytes), qk_fields))
-        if corpus is None:
-            raise RequestError(404, NO_INDEX)
-        loaded = corpus
-        held = [h for h in loaded.index.heads if req.head is None or h == req.head]
-        if req.projection in available() and held and req.layer in loaded.index.layers:  # else the library's 422
-            try:
-                admit(req, len(held), min(req.limit, loaded.index.n_tokens), time.monotonic() + settings.timeout)
-            except AttnscopeError as exc:
-                raise RequestError(422, str(exc)) from exc
-        body_of: Callable[[Any, threading.Event], bytes] = \
-            lambda r, stop: _sized(qkmap_body(loaded, lock, r, stop), settings)  # noqa: E731
-        return Response(await run(request, body_of, req), media_type=JSON)
-
-    def loaded_heads() -> Heads:
-        if heads is None:
-            raise RequestError(404, NO_HEADS)
-        return heads
+    def qkmap_answer(req: QKMapRequest, stop: threading.Event) -> bytes:
+        if corpus is None:  # refused before: admitted
+            no_index()
+        return _sized(qkmap_body(corpus, lock, req, stop), settings)
 
     async def heads_get(_request: Request) -> Response:
-        return Response(loaded_heads().default, media_type=JSON)
+        return Response(loaded_heads(heads).default, media_type=JSON)
 
-    async def heads_post(request: Request) -> Response:
-        clusters = int(parse_body(await read_json(request, settings.max_body_bytes), hd_fields)["clusters"])
-        h = loaded_heads()
-        if clusters > h.units:  # the field's maximum says so too; a server without --heads has none
-            raise RequestError(422, f"field 'clusters' must be from 1 to {h.units} (the model's heads)")
-        return Response(await run(request, lambda k, _stop: h.body(k), clusters), media_type=JSON)
-
-    return [Route("/api/qkmap", qkmap_route, methods=["POST"]), Route("/api/heads", heads_get, methods=["GET"]),
-            Route("/api/heads", heads_post, methods=["POST"])]
+    return [pool_route("/api/qkmap", settings, run, qk_fields, functools.partial(admitted, corpus), qkmap_answer),
+            Route("/api/heads", heads_get, methods=["GET"]),
+            pool_route("/api/heads", settings, run, hd_fields, functools.partial(cut, heads),
+                       lambda k, _stop: loaded_heads(heads).body(k))]

@@ -15,25 +15,23 @@ the index's lazily verified files and the FAISS index's search width are shared 
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, NoReturn
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from attnscope.corpus.query import search
 from attnscope.corpus.store import BY, CorpusIndex
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
-from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import stopping
-from attnscope.serve.fields import Field, RequestError, parse_body, read_json
-from attnscope.serve.interventions import Run, _model_field, _validate_tokens
+from attnscope.serve.fields import Field, RequestError
+from attnscope.serve.interventions import Run, _model_field, _validate_tokens, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -53,6 +51,7 @@ class SearchRequest:
     k: int
     exact: bool
     model: str | None
+    deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
 
 
 class Corpus:
@@ -137,24 +136,21 @@ def search_body(service: Service, corpus: Corpus, req: SearchRequest, stop: thre
         except AttnscopeError as exc:  # the library names the index by its path: a client reads "the index"
             raise AttnscopeError(str(exc).replace(str(corpus.index.root), "the index"),
                                  parameter=exc.parameter) from exc
-    body = {**result.to_dict(), "index": corpus.describe()}
-    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return json_answer({**result.to_dict(), "index": corpus.describe()})
 
 
 def load(path: str | os.PathLike[str] | None, service: Service) -> Corpus | None:
     return None if path is None else Corpus(path, service)
 
 
+def no_index(*_args: Any, **_fields: Any) -> NoReturn:
+    """A request to a route of the index on a server without --index: 404 (after the body's own 422s)."""
+    raise RequestError(404, NO_INDEX)
+
+
 def routes(settings: Settings, service: Service, run: Run, fields: list[Field], corpus: Corpus | None) -> list[Route]:
     """The endpoint; run(request, fn, req) is the app's pool runner (limits, deadline, errors: an AttnscopeError is
     its 422); fields: search_fields (the app's OpenAPI document shows the same)."""
-
-    async def search_route(request: Request) -> Response:
-        req = SearchRequest(**parse_body(await read_json(request, settings.max_body_bytes), fields))
-        if corpus is None:
-            raise RequestError(404, NO_INDEX)
-        loaded = corpus
-        body_of: Callable[[Any, threading.Event], bytes] = lambda r, stop: search_body(service, loaded, r, stop)  # noqa: E731
-        return Response(await run(request, body_of, req), media_type="application/json")
-
-    return [Route("/api/search", search_route, methods=["POST"])]
+    if corpus is None:
+        return [pool_route("/api/search", settings, run, fields, no_index, no_index)]
+    return [pool_route("/api/search", settings, run, fields, SearchRequest, partial(search_body, service, corpus))]
