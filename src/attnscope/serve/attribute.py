@@ -20,16 +20,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.routing import Route
 
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
-from attnscope.serve.fields import Field
-from attnscope.serve.interventions import (
-    Run,
-    _max_length,
-    _max_length_field,
-    _model_field,
-    _validate_tokens,
-    json_answer,
-    pool_route,
-)
+from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
+from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -62,30 +54,40 @@ class AttributeRequest:
     deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
 
 
-_NUMBER = {"type": "number", "nullable": True}
-_ROWS = {"type": "array", "items": {"type": "array", "items": _NUMBER}, "description": "[target][token]; null: NaN"}
+NULLABLE_NUMBER = {"type": "number", "nullable": True}  # an answer's number; null: NaN
+_ROWS = {"type": "array", "items": {"type": "array", "items": NULLABLE_NUMBER},
+         "description": "[target][token]; null: NaN"}
 _CHECK = {"type": "object", "required": ["name", "status", "value", "bound", "verified", "detail"], "properties": {
     "name": {"type": "string"}, "status": {"type": "string", "enum": ["PASS", "FAIL", "NOT VERIFIED"]},
-    "value": _NUMBER, "bound": _NUMBER, "verified": {"type": "boolean", "nullable": True},
+    "value": NULLABLE_NUMBER, "bound": NULLABLE_NUMBER, "verified": {"type": "boolean", "nullable": True},
     "detail": {"type": "string"}}}
 _METHOD = {"type": "object", "required": ["method", "unit", "scores", "check", "cost", "settings"], "properties": {
     "method": {"type": "string"}, "unit": {"type": "string"}, "scores": _ROWS, "check": _CHECK,
     "cost": {"type": "object", "description": "forwards, backwards (one sequence each) and seconds"},
     "settings": {"type": "object"}}}
+
+
+def objective_properties(what: str) -> dict[str, Any]:
+    """The 200 answer's properties that say what is explained (the objective: model, kind, description, targets),
+    shared by /api/attribute and /api/faithfulness; what: the kind's description."""
+    return {"model": {"type": "string"},
+            "kind": {"type": "string", "enum": ["causal", "seq2seq", "encoder"], "description": what},
+            "description": {"type": "string"}, "targets": {"type": "array", "items": {"type": "string"}}}
+
+
 # The 200 answer's schema, for the OpenAPI document (serve/openapi.py).
 RESPONSE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["model", "architecture", "kind", "description", "tokens", "targets", "status", "methods", "view"],
     "properties": {
-        "model": {"type": "string"}, "architecture": {"type": "string"},
-        "kind": {"type": "string", "enum": ["causal", "seq2seq", "encoder"], "description": "what is explained"},
-        "description": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "object"}},
-        "targets": {"type": "array", "items": {"type": "string"}},
+        **objective_properties("what is explained"), "architecture": {"type": "string"},
+        "tokens": {"type": "array", "items": {"type": "object"}},
         "status": {"type": "string", "enum": ["PASS", "FAIL", "NOT VERIFIED"]},
         "methods": {"type": "object", "additionalProperties": _METHOD, "description": "by method name"},
         "skipped": {"type": "object", "additionalProperties": {"type": "string"},
                     "description": "methods left out (not named, not applying to the model) -> why"},
-        "rank_agreement": {"type": "array", "items": {"type": "array", "items": {"type": "array", "items": _NUMBER}},
+        "rank_agreement": {"type": "array",
+                           "items": {"type": "array", "items": {"type": "array", "items": NULLABLE_NUMBER}},
                            "description": "per target, Spearman's rho [method, method] (null: not defined)"},
         "view": {"type": "object", "description": "the attribution view's payload (views/attribution.py), drawn "
                  "by attnscope.renderAttributionResponse"},
@@ -100,7 +102,7 @@ def attribute_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     return [
         Field("text", "string", "The input (encoder-decoders: the source).", required=True,
               max_length=settings.max_chars),
-        _model_field(models),
+        model_field(models),
         Field("target", "string", "Causal LMs and encoder-decoders: the continuation explained, e.g. \" Paris\" "
               "(null: the model's greedy next token; encoders explain their pooled embedding and take none).",
               nullable=True, max_length=settings.max_chars),
@@ -117,7 +119,7 @@ def attribute_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
               "f(x) - f(baseline) (null: 0.01).", nullable=True, minimum=0, maximum=0.5, exclusive_minimum=True),
         Field("raw_tokens", "boolean", "The view's tokens as the tokenizer spells its pieces (\"Ġworld\") rather "
               "than as they read.", default=False),
-        _max_length_field(settings),
+        max_length_field(settings),
     ]
 
 
@@ -173,13 +175,13 @@ def run_attribution(service: Service, req: AttributeRequest, stop: threading.Eve
     from attnscope.attribution.objective import build_objective
 
     m = service.model(req.model)
-    _validate_tokens(service, m, req.text)
+    validate_tokens(service, m, req.text)
     names = method_names(req.methods)  # an unknown method: 422 before any forward
     settings = make_settings(**{k: getattr(req, k) for k in SETTINGS if getattr(req, k) is not None})
     explicit = req.methods not in (None, "all")
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        obj = build_objective(m, req.text, req.target, max_length=_max_length(service, m, req.max_length),
+        obj = build_objective(m, req.text, req.target, max_length=resolve_max_length(service, m, req.max_length),
                               truncate=False)
         methods, _left_out = resolve(names, obj, explicit)  # those left out are in the record, with why
         admit(methods, obj, settings.ig_steps, timed(lambda: m.model(**obj.inputs())), req.deadline)

@@ -38,17 +38,15 @@ from attnscope.faithfulness.metrics import Example
 from attnscope.faithfulness.perturb import DELETE, REMOVALS, Perturber
 from attnscope.models import Model
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
-from attnscope.serve.attribute import attribution_rows, costliest, methods_field
-from attnscope.serve.fields import Field
-from attnscope.serve.interventions import (
-    Run,
-    _max_length,
-    _max_length_field,
-    _model_field,
-    _validate_tokens,
-    json_answer,
-    pool_route,
+from attnscope.serve.attribute import (
+    NULLABLE_NUMBER,
+    attribution_rows,
+    costliest,
+    methods_field,
+    objective_properties,
 )
+from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
+from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -70,8 +68,7 @@ class FaithfulnessRequest:
     deadline: float = math.inf  # time.monotonic() by which the answer is due (the pool's deadline)
 
 
-_NUMBER = {"type": "number", "nullable": True}
-_CURVE = {"type": "array", "items": _NUMBER}
+_CURVE = {"type": "array", "items": NULLABLE_NUMBER}
 _ROW = {"type": "object", "required": ["method", "check", "deletion", "insertion", "aopc", "naopc"],
         "description": "one ordering's per-example numbers, as `attnscope faithfulness` writes them to rows.jsonl "
                        "(comprehensiveness_B and sufficiency_B at B = 1, 5, 10, 20, 50%, their ERASER aggregates, "
@@ -80,16 +77,14 @@ _ROW = {"type": "object", "required": ["method", "check", "deletion", "insertion
         "properties": {"method": {"type": "string"},
                        "check": {"type": "string", "description": "the method's check (PASS, FAIL, NOT VERIFIED) "
                                  "or 'control' (random_SEED, position)"},
-                       "deletion": _CURVE, "insertion": _CURVE, "aopc": _NUMBER, "naopc": _NUMBER}}
+                       "deletion": _CURVE, "insertion": _CURVE, "aopc": NULLABLE_NUMBER, "naopc": NULLABLE_NUMBER}}
 # The 200 answer's schema, for the OpenAPI document (serve/openapi.py).
 RESPONSE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["model", "text", "kind", "description", "targets", "removal", "tokens", "deletion_x",
                  "insertion_x", "rows"],
     "properties": {
-        "model": {"type": "string"}, "text": {"type": "string"},
-        "kind": {"type": "string", "enum": ["causal", "seq2seq", "encoder"], "description": "what is measured"},
-        "description": {"type": "string"}, "targets": {"type": "array", "items": {"type": "string"}},
+        **objective_properties("what is measured"), "text": {"type": "string"},
         "removal": {"type": "string", "enum": list(REMOVALS)},
         "special_tokens_removed": {"type": "boolean"},
         "tokens": {"type": "array", "items": {"type": "object", "required": ["index", "text", "removable"],
@@ -111,14 +106,14 @@ def faithfulness_fields(settings: Settings, models: Sequence[str]) -> list[Field
     return [
         Field("text", "string", "The text (causal LMs explain their greedy next token; encoders their pooled "
               "embedding).", required=True, max_length=settings.max_chars),
-        _model_field(models),
+        model_field(models),
         methods_field(METHODS_NOTE),
         Field("removal", "string", "How a token is taken away, the same for every method: delete (the rest close "
               "up) or replace (the baseline token in its place). Special tokens are never removed.",
               default=DELETE, enum=REMOVALS),
         Field("seeds", "integer", "Random orderings (controls), one per seed.", default=3, minimum=1,
               maximum=MAX_SEEDS),
-        _max_length_field(settings),
+        max_length_field(settings),
     ]
 
 
@@ -228,8 +223,8 @@ def _what_fits(cost: Cost, seconds: float) -> str:
 def faithfulness_rows(service: Service, req: FaithfulnessRequest, stop: threading.Event) -> dict[str, Any]:
     """The library's example_rows for this text on the served model, admitted by its cost, stoppable."""
     m = service.model(req.model)
-    _validate_tokens(service, m, req.text)
-    limit = _max_length(service, m, req.max_length)
+    validate_tokens(service, m, req.text)
+    limit = resolve_max_length(service, m, req.max_length)
     names = None if req.methods is None else tuple(method_names(req.methods))  # unknown: 422 first
     settings = library.Settings(methods=names, removal=req.removal, seeds=req.seeds, max_length=limit)
     with service.model_lock(m), stopping(m, stop):

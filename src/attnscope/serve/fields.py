@@ -1,5 +1,8 @@
 """Request bodies: one declaration per field gives both the validation and the OpenAPI schema.
 
+The fields that several endpoints running a model share (`model_field`, `max_length_field`) are declared here, with
+the token limits they stand for (`resolve_max_length`, `validate_tokens`).
+
 A body that breaks a rule gets 422 with one line naming the field, the rule and what was sent.
 """
 
@@ -12,10 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from attnscope.errors import AttnscopeError
 from attnscope.numbers import is_count
 
 if TYPE_CHECKING:
     from starlette.requests import Request
+
+    from attnscope.models import Model
+    from attnscope.serve.service import Service
+    from attnscope.serve.settings import Settings
 
 ENCODINGS = ("base64", "list")
 # A non-space character, the same set in Python and in ECMA-262 (whose \s differs on \x1c-\x1f, \x85, \ufeff).
@@ -153,6 +161,33 @@ class Field:
 def _preview(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=True)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def model_field(models: Sequence[str]) -> Field:
+    """The `model` field of an endpoint that runs a model: one of `models` (the served names), null for the default."""
+    return Field("model", "string", "A model this server serves (GET /api/models); null for the default.",
+                 nullable=True, enum=tuple(models))
+
+
+def max_length_field(settings: Settings) -> Field:
+    """The `max_length` field: the most tokens of each text (refused over it, not cut), at most the server's."""
+    return Field("max_length", "integer", "Maximum tokens of each text, special tokens included (a longer text is "
+                 f"refused, not cut); null for the server's limit ({settings.max_tokens}) or the model's, whichever "
+                 "is smaller.", nullable=True, minimum=2, maximum=settings.max_tokens)
+
+
+def resolve_max_length(service: Service, m: Model, asked: int | None) -> int:
+    """A request's max_length: as asked, or when null the server's max_tokens or the model's positions, the smaller."""
+    return asked if asked is not None else min(service.settings.max_tokens, m.max_positions)
+
+
+def validate_tokens(service: Service, m: Model, *texts: str) -> None:
+    """Refuse (AttnscopeError: 422) a text whose tokens (special tokens included) are over the server's max_tokens."""
+    for text in texts:
+        n = len(m.tokenizer(text)["input_ids"])
+        if n > service.settings.max_tokens:
+            raise AttnscopeError(f"the text is {n} tokens long, over this server's limit of "
+                                 f"{service.settings.max_tokens}: shorten it")
 
 
 def parse_body(data: Any, fields: Sequence[Field]) -> dict[str, Any]:

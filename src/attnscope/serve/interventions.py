@@ -33,7 +33,15 @@ from attnscope.interventions.seq2seq import KINDS, AnyHead, layout, parse_kind_h
 from attnscope.models import Model
 from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import admit, batch_rows, grid_in_batches, measure, row_bytes, stopping
-from attnscope.serve.fields import Field, parse_body, read_json
+from attnscope.serve.fields import (
+    Field,
+    max_length_field,
+    model_field,
+    parse_body,
+    read_json,
+    resolve_max_length,
+    validate_tokens,
+)
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.seq2seq import is_seq2seq
 from attnscope.serve.service import Service
@@ -65,26 +73,15 @@ class PatchRequest:
     deadline: float = math.inf
 
 
-def _model_field(models: Sequence[str]) -> Field:
-    return Field("model", "string", "A model this server serves (GET /api/models); null for the default.",
-                 nullable=True, enum=tuple(models))
-
-
 def _target_field(settings: Settings, name: str, what: str) -> Field:
     return Field(name, "string", what, nullable=True, max_length=settings.max_chars)
-
-
-def _max_length_field(settings: Settings) -> Field:
-    return Field("max_length", "integer", "Maximum tokens of each text, special tokens included (a longer text is "
-                 f"refused, not cut); null for the server's limit ({settings.max_tokens}) or the model's, whichever "
-                 "is smaller.", nullable=True, minimum=2, maximum=settings.max_tokens)
 
 
 def ablate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
     return [
         Field("text", "string", "The sentence (encoder-decoders: the source).", required=True,
               max_length=settings.max_chars),
-        _model_field(models),
+        model_field(models),
         Field("heads", "string", "Heads to remove together, layer.head, 0-indexed: \"3.1,0.7\"; encoder-decoders: "
               f"kind:layer.head with kind {', '.join(KINDS)}: \"cross:1.2,encoder:0.3\".", nullable=True,
               max_length=2000, empty='name heads as layer.head, such as "3.1,0.7", or send null'),
@@ -97,7 +94,7 @@ def ablate_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
               "finish before the server's deadline, saying how many heads or tokens would.", default=False),
         Field("attention", "string", "Encoder-decoders with each: the kind of attention whose heads the grid "
               "removes.", nullable=True, enum=KINDS),
-        _max_length_field(settings),
+        max_length_field(settings),
     ]
 
 
@@ -106,28 +103,16 @@ def patch_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("clean", "string", "The clean sentence.", required=True, max_length=settings.max_chars),
         Field("corrupt", "string", "The corrupted sentence, of the same token length.", required=True,
               max_length=settings.max_chars),
-        _model_field(models),
+        model_field(models),
         _target_field(settings, "target", "The clean answer token (default: the clean run's top token)."),
         _target_field(settings, "contrast", "The corrupt answer token (default: the corrupt run's top token)."),
-        _max_length_field(settings),
+        max_length_field(settings),
     ]
-
-
-def _validate_tokens(service: Service, m: Model, *texts: str) -> None:
-    for text in texts:
-        n = len(m.tokenizer(text)["input_ids"])
-        if n > service.settings.max_tokens:
-            raise AttnscopeError(f"the text is {n} tokens long, over this server's limit of "
-                                 f"{service.settings.max_tokens}: shorten it")
-
-
-def _max_length(service: Service, m: Model, asked: int | None) -> int:
-    return asked if asked is not None else min(service.settings.max_tokens, m.max_positions)
 
 
 def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> bytes:
     m = service.model(req.model)
-    _validate_tokens(service, m, req.text)
+    validate_tokens(service, m, req.text)
     heads = parse_kind_heads(req.heads) if req.heads else []
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
@@ -139,7 +124,7 @@ def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> 
 
 def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]) -> Ablation:
     """The library's ablate; an each grid admitted by its cost first, and on a one-kind model run in batches."""
-    n = _max_length(service, m, req.max_length)
+    n = resolve_max_length(service, m, req.max_length)
     if not req.each:
         return ablate(req.text, heads, model=m, mode=req.mode, target=req.target,  # type: ignore[arg-type]
                       max_length=n, attention=req.attention)
@@ -183,8 +168,8 @@ def _grid(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead], 
 
 def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> bytes:
     m = service.model(req.model)
-    _validate_tokens(service, m, req.clean, req.corrupt)
-    n = _max_length(service, m, req.max_length)
+    validate_tokens(service, m, req.clean, req.corrupt)
+    n = resolve_max_length(service, m, req.max_length)
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
         probe = prepare(m, req.clean, None, n)

@@ -30,8 +30,8 @@ from attnscope.corpus.store import BY, CorpusIndex
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
 from attnscope.serve.ablation import stopping
-from attnscope.serve.fields import Field, RequestError
-from attnscope.serve.interventions import Run, _model_field, _validate_tokens, json_answer, pool_route
+from attnscope.serve.fields import Field, RequestError, model_field, validate_tokens
+from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -120,14 +120,14 @@ def search_fields(settings: Settings, models: Sequence[str]) -> list[Field]:
         Field("k", "integer", "Matches, nearest first.", default=50, minimum=1, maximum=MAX_K),
         Field("exact", "boolean", "Compare every corpus token (the reference) rather than ask the approximate index.",
               default=False),
-        _model_field(models),
+        model_field(models),
     ]
 
 
 def search_body(service: Service, corpus: Corpus, req: SearchRequest, stop: threading.Event) -> bytes:
     """The library's search on the served model (the index's unless the request names another: 422)."""
     m = corpus.model if req.model is None else service.model(req.model)
-    _validate_tokens(service, m, req.text)
+    validate_tokens(service, m, req.text)
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
         try:
