@@ -54,6 +54,21 @@ def test_rendering_a_saved_trace_needs_no_torch(tmp_path: Path) -> None:
     assert not loaded & set(HEAVY)
 
 
+def test_reading_a_heads_pass_needs_no_torch(tmp_path: Path) -> None:
+    """Group a saved heads pass (its directory, as `attnscope serve --heads DIR` reads it): torch never loads."""
+    import numpy as np
+
+    from attnscope.corpus.head_sums import FILE, HeadSums, save
+
+    points = np.random.default_rng(0).normal(size=(4, 2))  # [unit, 2]: 2 layers x 2 heads
+    js = np.linalg.norm(points[:, None] - points[None], axis=-1)  # [unit, unit], 0 on the diagonal
+    sums = HeadSums(layers=2, heads=2, tokens=1, documents=1, js=js)
+    save(tmp_path / FILE, sums, {"model": "hand-made", "causal": False, "complete": True})
+    loaded = _imported_after(f"from attnscope.corpus.head_groups import read_groups\n"
+                             f"g = read_groups({str(tmp_path)!r})\nassert g.model == 'hand-made' and g.heads == 2")
+    assert not loaded & set(HEAVY), f"reading a heads pass pulled in {sorted(loaded & set(HEAVY))}"
+
+
 def _runs(tree: ast.AST) -> list[ast.AST]:
     """Every node of the tree but those under `if TYPE_CHECKING:` (imports for annotations never run)."""
     nodes: list[ast.AST] = []

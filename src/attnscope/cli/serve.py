@@ -141,8 +141,7 @@ def heads_models(heads: str | None) -> tuple[str, ...]:
         return ()
     from pathlib import Path
 
-    from attnscope.corpus.head_sums import load
-    from attnscope.corpus.heads import FILE
+    from attnscope.corpus.head_sums import FILE, load
 
     path = Path(heads)
     try:

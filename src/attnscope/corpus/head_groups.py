@@ -25,7 +25,7 @@ import numpy as np
 from scipy.cluster.hierarchy import dendrogram, fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from attnscope.corpus.head_sums import HeadSums, load
+from attnscope.corpus.head_sums import FILE, HeadSums, load
 from attnscope.errors import AttnscopeError
 from attnscope.records.syntax_counts import ALL, SyntaxCounts
 
@@ -164,8 +164,6 @@ def groups(sums: HeadSums, syntax: SyntaxCounts | None, model: str, causal: bool
 def read_groups(path: str | os.PathLike[str], clusters: int | None = None) -> HeadGroups:
     """The grouping of a finished heads pass (OUT/heads.npz, or the directory OUT)."""
     from pathlib import Path
-
-    from attnscope.corpus.heads import FILE
 
     p = Path(path)
     p = p / FILE if p.is_dir() else p

@@ -37,6 +37,7 @@ from scipy.special import entr
 
 from attnscope.errors import AttnscopeError
 
+FILE = "heads.npz"  # a heads pass's sums and metadata, in its output directory
 ROUNDING = 1e-12  # how far below 0 a Jensen-Shannon divergence may come out by float64 rounding
 FEATURES = ("previous", "next", "first_special", "self", "entropy", "broadness")
 CHUNK_CELLS = 1 << 22  # float64 cells per block of the pairwise computation (32 MiB)
@@ -171,4 +172,4 @@ def load(path: str | os.PathLike[str]) -> tuple[HeadSums, dict[str, Any]]:
     return sums, meta
 
 
-__all__ = ["FEATURES", "ROUNDING", "HeadSums", "add_sentence", "js_pairs", "load", "save"]
+__all__ = ["FEATURES", "FILE", "ROUNDING", "HeadSums", "add_sentence", "js_pairs", "load", "save"]

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from attnscope.capture import AttentionCall, recording
-from attnscope.corpus.head_sums import FEATURES, HeadSums, add_sentence, load, save
+from attnscope.corpus.head_sums import FEATURES, FILE, HeadSums, add_sentence, load, save
 from attnscope.errors import AttnscopeError
 from attnscope.families import is_causal
 from attnscope.models import Model, ModelLike, load_model
@@ -39,7 +39,6 @@ from attnscope.stats.engine import Progress
 from attnscope.stats.settings import Settings, validate_settings
 from attnscope.stats.sources import Source
 
-FILE = "heads.npz"
 METRICS = ("heads-js",)  # the identity's "metrics": what this pass computes
 
 
