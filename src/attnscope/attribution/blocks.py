@@ -30,7 +30,7 @@ from torch import nn
 from attnscope.capture import LayerCapture, hooked
 from attnscope.errors import AttnscopeError
 from attnscope.families import attention_modules, base_of, family_of, is_encoder_decoder, layer_modules, pre_attention
-from attnscope.families.adapters import FAMILIES, BlockNorms
+from attnscope.families.adapters import FAMILIES, BlockNorms, module_name
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 from attnscope.norms import head_vectors
@@ -245,12 +245,12 @@ def _stop_when_captured(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm]
 
 def _post_norms(model: nn.Module, mods: list[nn.Module], where: BlockNorms) -> list[nn.LayerNorm]:
     """Each layer's post-norm LayerNorm, found from its attention module (BERT's <layer>.attention.self ->
-    <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm), in one walk."""
+    <layer>.attention.output.LayerNorm; DistilBERT's <layer>.attention -> <layer>.sa_layer_norm), named by the
+    adapters' per-model cache (module_name)."""
     assert where.post_norm is not None
-    names = {id(mod): name for name, mod in model.named_modules()}
     lns = []
     for attention in mods:
-        name = names[id(attention)]
+        name = module_name(model, attention)
         parent = name.rsplit(".", 1)[0] if "." in name else ""
         ln = model.get_submodule(f"{parent}.{where.post_norm}" if parent else where.post_norm)
         assert isinstance(ln, nn.LayerNorm)

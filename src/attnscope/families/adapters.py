@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -82,13 +83,29 @@ def _linear_params(q: Any, k: Any, v: Any, o: Any, n_heads: int) -> AttentionPar
     return AttentionParams(w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, n_heads, d_head**-0.5)
 
 
+_NAMES: weakref.WeakKeyDictionary[nn.Module, dict[int, str]] = weakref.WeakKeyDictionary()
+
+
+def module_name(model: nn.Module, module: nn.Module) -> str:
+    """The module's name inside model ("" for model itself), from one walk of model's modules cached per model
+    (a walk visits every module; the hooks and params ask once per layer and per call). The cached name is used
+    only while it still names that very module (a replaced submodule rebuilds the cache)."""
+    names = _NAMES.get(model)
+    name = None if names is None else names.get(id(module))
+    if name is None or model.get_submodule(name) is not module:
+        names = {id(mod): n for n, mod in model.named_modules()}
+        _NAMES[model] = names
+        name = names.get(id(module))
+        if name is None:
+            raise LookupError(f"{type(module).__name__} is not part of {type(model).__name__}")
+    return name
+
+
 def _sibling(model: nn.Module, module: nn.Module, rel: str) -> nn.Module:
     """The module at `<parent of module>.<rel>`, e.g. BERT's `attention.self` -> `attention.output.dense`."""
-    for name, mod in model.named_modules():
-        if mod is module:
-            parent = name.rsplit(".", 1)[0] if "." in name else ""
-            return model.get_submodule(f"{parent}.{rel}" if parent else rel)
-    raise LookupError(f"{type(module).__name__} is not part of {type(model).__name__}")
+    name = module_name(model, module)
+    parent = name.rsplit(".", 1)[0] if "." in name else ""
+    return model.get_submodule(f"{parent}.{rel}" if parent else rel)
 
 
 def _bert_params(model: nn.Module, m: Any, layer: int) -> AttentionParams:
