@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
 
 import attnscope
+from tests.support.pages import Watched, click_matrix_cell, open_app, trace_in_app
 from tests.support.serve import ARTIFACTS, MAX_TOKENS, Server
 
 # Hostile on purpose: both must show up as literal text and run nothing.
@@ -18,34 +18,14 @@ PAIR = '"><svg onload=alert(2)> It slept.'
 LAYER, HEAD, QUERY, KEY = 2, 5, 3, 1
 
 
-@dataclass
-class Visit:
-    page: Any
-    origin: str
-    requests: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    dialogs: list[str] = field(default_factory=list)
-
-    def shot(self, name: str) -> None:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
 @pytest.fixture(scope="module")
-def visit(server: Server) -> Iterator[Visit]:
+def visit(server: Server) -> Iterator[Watched]:
     from attnscope.views.browser import chromium
 
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        v = Visit(page, server.url)
-        page.on("request", lambda r: v.requests.append(r.url))
-        page.on("console", lambda m: m.type in ("error", "warning") and v.errors.append(m.text))
-        page.on("pageerror", lambda e: v.errors.append(str(e)))
-        page.on("dialog", lambda d: (v.dialogs.append(d.message), d.dismiss()))
-        page.goto(server.url)
-        page.wait_for_selector("#sv-status[data-kind=ok]", timeout=60_000)  # the default sentence, traced
+        v = open_app(browser, server.url)  # the default sentence, traced
         yield v
-        page.close()
+        v.page.close()
 
 
 @pytest.fixture(scope="module")
@@ -79,24 +59,18 @@ def shown_weights_match(shown: dict[str, Any], row: np.ndarray) -> None:
         assert abs(float(cell) - float(row[key])) <= 5e-5 + 1e-7, (title, cell, row[key])
 
 
-def test_type_trace_switch_views_click_and_read(visit: Visit, local: attnscope.Trace) -> None:
+def test_type_trace_switch_views_click_and_read(visit: Watched, local: attnscope.Trace) -> None:
     page = visit.page
-    page.fill("#sv-text", TEXT)
-    page.fill("#sv-pair", PAIR)
-    page.click("#sv-go")
-    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                           arg=f"{TEXT}  ‖  {PAIR}", timeout=60_000)
+    trace_in_app(page, TEXT, pair=PAIR)
     assert page.text_content("#sv-status").startswith(f"{local.n_tokens} tokens")
 
     page.select_option("#sv-view", "matrix")
     page.wait_for_selector("#sv-views canvas.as-matrix")
     page.locator("#sv-views .as-panel select").first.select_option(str(LAYER))
     page.locator("#sv-views .as-chips button", has_text=str(HEAD)).first.click()
-    canvas = page.locator("#sv-views canvas.as-matrix")
-    cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
-    canvas.click(position={"x": label + (KEY + 0.5) * cell, "y": label + (QUERY + 0.5) * cell})
+    click_matrix_cell(page, QUERY, KEY)
     shown = explanation(page)
-    visit.shot("matrix-explained")
+    visit.shot("matrix-explained", ARTIFACTS)
     assert shown["title"] == f"Layer {LAYER}, head {HEAD}, query token {QUERY} “{local.tokens[QUERY].text}”"
     assert shown["ok"] == "true" and shown["badge"].startswith("✓ verified")
     assert shown["stages"] == ["tokens", "x", "projections", "q", "k", "v", "scores", "scaled", "masked", "weights",
@@ -109,23 +83,23 @@ def test_type_trace_switch_views_click_and_read(visit: Visit, local: attnscope.T
     page.locator("#sv-views .as-neuron .as-tok-cell[data-key='0']").click()
     page.wait_for_function("() => document.querySelector('#sv-explain h2')?.textContent.includes('query token')")
     shown = explanation(page)
-    visit.shot("neuron-explained")
+    visit.shot("neuron-explained", ARTIFACTS)
     assert shown["title"].startswith(f"Layer {LAYER}, head {HEAD}, query token {QUERY} ")
     shown_weights_match(shown, local.weights[LAYER, HEAD, QUERY])
 
 
-def test_user_text_stays_text_and_nothing_leaves_the_server(visit: Visit) -> None:
+def test_user_text_stays_text_and_nothing_leaves_the_server(visit: Watched) -> None:
     page = visit.page
     assert page.evaluate("() => document.querySelectorAll('[onerror], [onload], #sv-views img, svg').length") == 0
     tokens = page.evaluate("() => [...document.querySelectorAll('#sv-explain tbody th')].map((t) => t.textContent)")
     assert any("<" in t for t in tokens)  # the WordPiece tokens of the markup, shown as text
     assert visit.dialogs == []
     assert visit.errors == []
-    assert visit.requests and all(r.startswith(visit.origin) for r in visit.requests), visit.requests
-    assert {r.removeprefix(visit.origin) for r in visit.requests} <= {"", "api/trace", "api/explain", "api/neuron"}
+    assert visit.requests and all(r.startswith(visit.url) for r in visit.requests), visit.requests
+    assert {r.removeprefix(visit.url) for r in visit.requests} <= {"", "api/trace", "api/explain", "api/neuron"}
 
 
-def test_the_words_button_on_a_traced_text(visit: Visit, minilm: attnscope.Model) -> None:
+def test_the_words_button_on_a_traced_text(visit: Watched, minilm: attnscope.Model) -> None:
     """A short trace travels inline with its word level (views.words): the header's words button merges the
     pieces in the head view and back, as `attnscope view --word-level` does."""
     from attnscope.views.words import word_trace
@@ -135,12 +109,7 @@ def test_the_words_button_on_a_traced_text(visit: Visit, minilm: attnscope.Model
     words = word_trace(local)
     assert words.n_tokens < local.n_tokens  # pieces to merge
     page = visit.page
-    page.fill("#sv-text", text)
-    page.fill("#sv-pair", "")
-    page.select_option("#sv-view", "head")
-    page.click("#sv-go")
-    page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                           arg=text, timeout=60_000)
+    trace_in_app(page, text, "head", pair="")
     column = "#sv-views .as-tokens.as-q .as-tok"
     page.wait_for_selector(column)
     assert page.locator(column).all_inner_texts() == local.token_strings

@@ -25,10 +25,10 @@ class Watched:
         """Every request but the page's own: a self-contained page makes none."""
         return [r for r in self.requests if r != self.url]
 
-    def shot(self, name: str) -> Path:
-        """A full-page screenshot in artifacts/views/name.png."""
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        path = ARTIFACTS / f"{name}.png"
+    def shot(self, name: str, folder: Path = ARTIFACTS) -> Path:
+        """A full-page screenshot in folder/name.png (artifacts/views/ unless told)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{name}.png"
         self.page.screenshot(path=str(path), full_page=True)
         return path
 
@@ -64,15 +64,17 @@ def open_app(browser: Any, url: str, width: int = 1400, height: int = 1000) -> W
     return seen
 
 
-def trace_in_app(page: Any, text: str, view: str | None = None) -> None:
+def trace_in_app(page: Any, text: str, view: str | None = None, pair: str | None = None) -> None:
     """Trace text in the web app's page and wait until the views show it; view: head, matrix, ... first (None: the
-    one shown)."""
+    one shown); pair: the second segment ("": none; None: the field left as it is)."""
     page.fill("#sv-text", text)
+    if pair is not None:
+        page.fill("#sv-pair", pair)
     if view is not None:
         page.select_option("#sv-view", view)
     page.click("#sv-go")
     page.wait_for_function("(want) => document.querySelector('#sv-views .as-title')?.textContent === want",
-                           arg=text, timeout=60_000)
+                           arg=f"{text}  ‖  {pair}" if pair else text, timeout=60_000)
 
 
 def click_matrix_cell(page: Any, query: int, key: int) -> None:

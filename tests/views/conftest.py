@@ -32,8 +32,6 @@ def browser() -> Iterator[Any]:
         yield b
 
 
-Opened = Watched  # the name tests/views/test_attribution_views.py imports
-
 
 @pytest.fixture(scope="module")
 def open_page(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Watched]:

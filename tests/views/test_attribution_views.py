@@ -30,7 +30,7 @@ from attnscope.views.attribution import (
     save_attribution_html,
     spearman_matrix,
 )
-from tests.views.conftest import Opened
+from tests.support.pages import Watched
 
 SMOL_METHODS = "attention,rollout,saliency,input_x_gradient,leave_one_out"
 MINI_METHODS = "attention,rollout,integrated_gradients,leave_one_out"
@@ -155,7 +155,7 @@ def test_bad_options_and_records_are_one_line_errors(cat: Attribution) -> None:
 
 # ---- the page in a real browser -----------------------------------------------------------------------------------
 
-def _cells(opened: Opened) -> list[dict[str, Any]]:
+def _cells(opened: Watched) -> list[dict[str, Any]]:
     got: list[dict[str, Any]] = opened.page.eval_on_selector_all(".as-attr-cell", """cs => cs.map(c => ({
         method: +c.dataset.method, target: +c.dataset.target, token: +c.dataset.token, text: c.textContent,
         value: c.dataset.value, background: getComputedStyle(c).backgroundColor}))""")
@@ -167,7 +167,7 @@ def _rgb(cell: dict[str, Any]) -> tuple[int, ...]:
 
 
 def test_page_renders_offline_with_every_cell_badge_and_unit(two_targets: Attribution,
-                                                             open_page: Callable[..., Opened]) -> None:
+                                                             open_page: Callable[..., Watched]) -> None:
     a = two_targets
     opened = open_page(attribution_html(a), "attribution-two-targets")
     assert opened.foreign_requests() == [] and opened.errors == []
@@ -189,7 +189,7 @@ def test_page_renders_offline_with_every_cell_badge_and_unit(two_targets: Attrib
     opened.shot("attribution-two-targets")
 
 
-def test_every_text_is_escaped(hostile: Attribution, open_page: Callable[..., Opened]) -> None:
+def test_every_text_is_escaped(hostile: Attribution, open_page: Callable[..., Watched]) -> None:
     hostile = replace(hostile, skipped={"saliency": HOSTILE})  # a method left out, with a reason in markup
     html = attribution_html(hostile)
     assert "<script>alert" not in html and "<img" not in html  # in the JSON block as \\u003c
@@ -211,7 +211,7 @@ def test_every_text_is_escaped(hostile: Attribution, open_page: Callable[..., Op
     assert HOSTILE in texts and not list(root.iter("{http://www.w3.org/2000/svg}script"))
 
 
-def test_the_scale_toggle_recolours(paris: Attribution, open_page: Callable[..., Opened]) -> None:
+def test_the_scale_toggle_recolours(paris: Attribution, open_page: Callable[..., Watched]) -> None:
     opened = open_page(attribution_html(paris), "attribution-toggle")
     per_method = _cells(opened)
     opened.page.click(".as-attr-toggle button[data-scale='shared']")
@@ -234,7 +234,7 @@ def test_the_scale_toggle_recolours(paris: Attribution, open_page: Callable[...,
 
 
 def test_the_largest_score_is_the_darkest_and_signs_diverge(paris: Attribution,
-                                                           open_page: Callable[..., Opened]) -> None:
+                                                           open_page: Callable[..., Watched]) -> None:
     opened = open_page(attribution_html(paris), "attribution-colours")
     cells = _cells(opened)
     rgb = _rgb
@@ -252,7 +252,7 @@ def test_the_largest_score_is_the_darkest_and_signs_diverge(paris: Attribution,
 
 @pytest.mark.parametrize("token", [0, 3])
 def test_clicking_a_token_shows_its_score_and_rank_under_every_method(paris: Attribution, token: int,
-                                                                      open_page: Callable[..., Opened]) -> None:
+                                                                      open_page: Callable[..., Watched]) -> None:
     opened = open_page(attribution_html(paris), f"attribution-click-{token}")
     assert opened.page.eval_on_selector_all(".as-attr-tok", "ts => ts.length") == 0
     opened.page.click(f".as-attr-cell[data-method='1'][data-token='{token}']")
@@ -271,7 +271,7 @@ def test_clicking_a_token_shows_its_score_and_rank_under_every_method(paris: Att
     assert picked == [token] * len(paris.methods)  # the token's column, in every method's row
 
 
-def test_the_agreement_table_shows_pythons_rho(cat: Attribution, open_page: Callable[..., Opened]) -> None:
+def test_the_agreement_table_shows_pythons_rho(cat: Attribution, open_page: Callable[..., Watched]) -> None:
     opened = open_page(attribution_html(cat), "attribution-rho")
     cells = opened.page.eval_on_selector_all(".as-attr-rho td", """ts => ts.map(t => ({a: t.dataset.a,
         b: t.dataset.b, value: t.dataset.value, text: t.textContent}))""")
@@ -343,7 +343,7 @@ def translation(seq2seq: Callable[[str], attnscope.Model]) -> Attribution:
 
 
 def test_an_encoder_decoders_source_and_decoder_input_are_labelled(translation: Attribution,
-                                                                   open_page: Callable[..., Opened]) -> None:
+                                                                   open_page: Callable[..., Watched]) -> None:
     a = translation
     n_source = sum(t.segment == 0 for t in a.tokens)
     assert 0 < n_source < len(a.tokens)
@@ -363,7 +363,7 @@ def test_an_encoder_decoders_source_and_decoder_input_are_labelled(translation: 
 
 
 def test_the_web_apps_answer_draws_through_render_attribution_response(cat: Attribution,
-                                                                       open_page: Callable[..., Opened]) -> None:
+                                                                       open_page: Callable[..., Watched]) -> None:
     answer = {**cat.to_json(), "view": attribution_payload(cat)}  # what POST /api/attribute answers
     other = attribute("A dog barked.", model=cat.model, methods="attention,rollout")
     opened = open_page(attribution_html(other), "attribution-response")
