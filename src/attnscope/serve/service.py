@@ -161,9 +161,8 @@ class Service:
             kept.rows = rows.keep(e.trace)  # x of every layer: one layer's answers without the exact trace
             if kept.rows is not None and kept.nbytes > self.maps.max_bytes:
                 kept.rows = None  # the maps alone fit: those answers trace the text again
-            # the payload's own fields from a stand-in whose maps are 1 x 1 (then replaced): no quantizing twice
-            small = {k: np.zeros((*v.shape[:-2], 1, 1), np.float32) if k in names else v
-                     for k, v in e.trace.arrays.items() if k not in DERIVED or k in optional}
+            # the payload's own fields from stand-ins (maps 1 x 1, then replaced): no quantizing twice, no layout
+            small = maps.stand_ins(e.trace, names, optional)
             p = payload(dataclasses.replace(e.trace, arrays=small), neuron="none")
             p["neuron"]["available"] = all(s in e.trace.arrays for s in NEURON_STAGES)
             p["sources"] = maps.lazy_sources(kept, p)
