@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-import transformers as T
 
 import attnscope
 from attnscope.corpus.head_groups import read_groups
@@ -25,7 +23,8 @@ from attnscope.corpus.store import CorpusIndex
 from attnscope.serve.corpus_views import POINT_SECONDS, START_SECONDS
 from attnscope.views.heads import heads_payload
 from attnscope.views.qkmap import qkmap_payload
-from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
+from tests.support.random_models import save_random_bert
+from tests.support.serve import ARTIFACTS, Server, serve_command, served
 from tests.support.serve_explore import HEADS, HOSTILE, LAYERS, corpus, explore_heads, explore_index
 
 # Points are rounded to 5 decimals in both payloads (views.qkmap.DIGITS): the same float64 PCA in two processes may
@@ -44,22 +43,13 @@ def explored_data(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytes
 def explored(explored_data: tuple[Path, Path]) -> Iterator[Server]:
     """`attnscope serve --index INDEX --heads DIR`, the model from them (no --model), a 20 s deadline."""
     index_dir, heads_dir = explored_data
-    s = start_server("--index", str(index_dir), "--heads", str(heads_dir), "--max-tokens", "32", "--timeout", "20")
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)[-2000:]
-    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]
+    yield from served("--index", str(index_dir), "--heads", str(heads_dir), "--max-tokens", "32", "--timeout", "20")
 
 
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight BERT with MiniLM's tokenizer: a model the heads were not computed with."""
-    torch.manual_seed(0)
-    model = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=30522))
-    path = tmp_path_factory.mktemp("random-bert")
-    model.save_pretrained(path)
-    attnscope.load_model().tokenizer.save_pretrained(path)
-    return path
+    return save_random_bert(tmp_path_factory.mktemp("random-bert"))
 
 
 def post(server: Server, path: str, body: dict[str, Any]) -> Any:

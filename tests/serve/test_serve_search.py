@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-import transformers as T
 
 import attnscope
 from attnscope.corpus.query import search
 from attnscope.corpus.store import CorpusIndex
 from tests.support.pages import click_matrix_cell, open_app, trace_in_app
-from tests.support.serve import ARTIFACTS, Server, serve_command, start_server
+from tests.support.random_models import save_random_bert
+from tests.support.serve import ARTIFACTS, Server, serve_command, served
 from tests.support.serve_index import HEADS, LAYERS, SENTENCES, tiny_index
 
 TEXT = "The president nominated a judge to the court."
@@ -33,23 +32,13 @@ def index_dir(minilm: attnscope.Model, ud_dev: Path, tmp_path_factory: pytest.Te
 @pytest.fixture(scope="module")
 def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random-weight BERT with MiniLM's tokenizer: a model the index was not built with."""
-    torch.manual_seed(0)
-    model = T.BertModel(T.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=30522))
-    path = tmp_path_factory.mktemp("random-bert")
-    model.save_pretrained(path)
-    attnscope.load_model().tokenizer.save_pretrained(path)
-    return path
+    return save_random_bert(tmp_path_factory.mktemp("random-bert"))
 
 
 @pytest.fixture(scope="module")
 def indexed(index_dir: Path, other_model: Path) -> Iterator[Server]:
     """`attnscope serve --index` serving the index's model and one more."""
-    s = start_server("--index", str(index_dir), "--model", "all-MiniLM-L6-v2", str(other_model),
-                     "--max-tokens", "32")
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)[-2000:]
-    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]
+    yield from served("--index", str(index_dir), "--model", "all-MiniLM-L6-v2", str(other_model), "--max-tokens", "32")
 
 
 def post(server: Server, body: dict[str, Any]) -> Any:

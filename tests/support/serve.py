@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,14 @@ def start_server(*args: str, timeout: float = 120.0) -> Server:
             time.sleep(0.2)
     server.stop()
     raise RuntimeError("attnscope serve printed its URL but /healthz never answered")
+
+
+def served(*args: str) -> Iterator[Server]:
+    """A fixture's server: start_server(*args) yielded, then stopped (Ctrl-C) and checked: exit 0, no traceback."""
+    s = start_server(*args)
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)[-2000:]
+    assert "Traceback" not in "".join(s.stderr), "".join(s.stderr)[-4000:]
 
 
 def decode(array: dict[str, Any]) -> np.ndarray:
