@@ -32,13 +32,14 @@ How it is computed. The block is first rewritten (parts()) so that every norm's 
 weights and its centring and gamma in W_O: T_i(x_j) = sum_h alpha'^h_ij f'^h(x_j) + [i == j] r_i (the same maths
 as above, reordered), with sigma_i (rms_i) the statistic of the full sum as the model's own norm received it
 (captured), and y_i the block output captured from the forward pass. The distances are then taken a few keys at a
-time (one batched matmul per chunk of keys, into one reused buffer): T for those keys and ||y_i - T_i(x_j)||_1, in
+time (one batched matmul per chunk of keys, y subtracted inside it, into one reused buffer): T - y for those keys
+and ||y_i - T_i(x_j)||_1, in
 float32, the captured pieces' own precision (float64 costs 1.5x; c_ij moves by < 1e-5, measured 5.5e-07 on MiniLM
 and 5.8e-07 on SmolLM2 against the whole tensor in float64). A decoder's chunk skips the queries before it (their
 weights on it are exactly 0, so T = 0 and the distance is ||y_i||_1). transformed_vectors() builds the whole
 [query, key, d_model] tensor from the same parts: the walkthrough and the tests read it; alti() does not.
 The cost is in the T's themselves: tokens^2 x heads x d_model multiplications per layer (at MiniLM's 128 tokens a
-third of a forward pass's), plus three passes over them (subtract, absolute value, sum).
+third of a forward pass's), plus two passes over them (absolute value, sum; the subtraction rides in the matmul).
 
 The check: per layer, sum_j T_i(x_j) + bias_i equals the block output captured from the real forward pass (the
 LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) * max(1, max |y|):
@@ -167,13 +168,15 @@ def _distances(by_key: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y:
     n, d = y.shape
     distance = torch.zeros(n, n, dtype=y.dtype, device=y.device)  # [key, query]
     step = max(1, chunk // (n * d))
-    buffer = torch.empty(step * n * d, dtype=y.dtype, device=y.device)  # one chunk's T, reused
+    buffer = torch.empty(step * n * d, dtype=y.dtype, device=y.device)  # one chunk's T - y, reused
+    minus_y = -y  # [query, d_model]
     for start in range(0, n, step):
         end, first = min(n, start + step), start if causal else 0
         t = buffer[: (end - start) * (n - first) * d].view(end - start, n - first, d)  # [chunk, query, d_model]
-        torch.bmm(by_key[start:end, first:], f[start:end], out=t)  # [chunk, query, head] @ [chunk, head, d_model]
+        # T - y in one call: -y_i + [chunk, query, head] @ [chunk, head, d_model] (no separate subtraction pass)
+        torch.baddbmm(minus_y[first:].expand(end - start, -1, -1), by_key[start:end, first:], f[start:end], out=t)
         t.diagonal(offset=start - first).add_(diagonal[start:end].T)  # + [i == j] r_i: entries (j - start, j - first)
-        distance[start:end, first:] = t.sub_(y[first:]).abs_().sum(dim=-1)  # ||T_i(x_j) - y_i||_1
+        torch.sum(t.abs_(), dim=-1, out=distance[start:end, first:])  # ||T_i(x_j) - y_i||_1, written in place
     return distance
 
 
