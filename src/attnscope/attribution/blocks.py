@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnscope.capture import LayerCapture, hooked
+from attnscope.capture import AttentionCall, hooked
 from attnscope.errors import AttnscopeError
 from attnscope.families import attention_modules, base_of, family_of, is_encoder_decoder, layer_modules, pre_attention
 from attnscope.families.adapters import FAMILIES, BlockNorms, module_name
@@ -91,6 +91,23 @@ def merged_context(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class _Kept:
+    """What capture_blocks keeps of each layer: the attention weights and v of each call, the attention input x and
+    the output projection's result. Not capture.LayerCapture, which keeps every call whole: q, k and the context
+    (read by no decomposition) would stay alive through the forward pass, each layer's memory fresh pages (MiniLM,
+    128 tokens: the recording costs 0.07 of a forward kept whole, 0.04 kept so)."""
+
+    weights: list[torch.Tensor] = field(default_factory=list)  # [batch, head, query, key]
+    v: list[torch.Tensor] = field(default_factory=list)  # [batch, kv_head, key, d_head]
+    x: list[torch.Tensor] = field(default_factory=list)  # [batch, token, d_model]
+    output: list[torch.Tensor] = field(default_factory=list)  # [batch, token, d_model]
+
+    def on_attention(self, call: AttentionCall) -> None:
+        self.weights.append(call.weights)
+        self.v.append(call.v)
+
+
+@dataclass
 class _Extra:
     """Hooked tensors besides capture's own, one entry per layer: [batch, token, d_model] each."""
 
@@ -136,7 +153,7 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
     (whole_block: with residual, block output and norm, for ALTI), its tensors in dtype (float64 to read and
     recompute; the methods take float32, the captured pieces' own precision, where float64's small batched
     products cost several times more)."""
-    cap, extra = LayerCapture(), _Extra()
+    cap, extra = _Kept(), _Extra()
     mods = layer_modules(m.model)  # found once: each search walks every module of the model
     lns = _post_norms(m.model, mods, _norms_of(m)) if whole_block and _norms_of(m).kind == "post" else None
     with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append),
@@ -145,13 +162,13 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
     fam = family_of(m.model)
     assert fam is not None
     blocks = []
-    for layer, (call, mod) in enumerate(zip(cap.calls, mods, strict=True)):
+    for layer, (weights, kv, mod) in enumerate(zip(cap.weights, cap.v, mods, strict=True)):
         p = fam.params(m.model, mod, layer)
-        heads = call.weights.shape[1]
-        v = expand_kv(call.v[0].to(dtype), heads // call.v.shape[1])  # [head, key, d_head]
+        heads = weights.shape[1]
+        v = expand_kv(kv[0].to(dtype), heads // kv.shape[1])  # [head, key, d_head]
         w_o = p.w_o.to(dtype)  # [head * d_head, d_model]
         b_o = p.b_o.to(dtype) if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=dtype)
-        block = LayerBlock(call.weights[0].to(dtype), v, w_o, b_o, cap.output[layer][0].to(dtype))
+        block = LayerBlock(weights[0].to(dtype), v, w_o, b_o, cap.output[layer][0].to(dtype))
         ln = lns[layer] if lns is not None else None
         blocks.append(_whole(m, block, layer, ln, cap, extra, dtype) if whole_block else block)
     return blocks
@@ -163,7 +180,7 @@ def _norms_of(m: Model) -> BlockNorms:
     return fam.block_norms
 
 
-def _whole(m: Model, block: LayerBlock, layer: int, ln: nn.LayerNorm | None, cap: LayerCapture, extra: _Extra,
+def _whole(m: Model, block: LayerBlock, layer: int, ln: nn.LayerNorm | None, cap: _Kept, extra: _Extra,
            dtype: torch.dtype) -> LayerBlock:
     """The block with its residual stream, its captured output and (post-norm: ln, sandwich) its norm."""
     where = _norms_of(m)
@@ -213,7 +230,7 @@ class _Enough(Exception):
 
 
 @contextlib.contextmanager
-def _stop_when_captured(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, cap: LayerCapture,
+def _stop_when_captured(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, cap: _Kept,
                         extra: _Extra, whole_block: bool) -> Iterator[None]:
     """End the forward pass as soon as the last layer's block is captured: the last layer's MLP and the final norm
     compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128 tokens). A hook registered
