@@ -92,13 +92,21 @@ def module_name(model: nn.Module, module: nn.Module) -> str:
     only while it still names that very module (a replaced submodule rebuilds the cache)."""
     names = _NAMES.get(model)
     name = None if names is None else names.get(id(module))
-    if name is None or model.get_submodule(name) is not module:
+    if name is None or not _names(model, name, module):
         names = {id(mod): n for n, mod in model.named_modules()}
         _NAMES[model] = names
         name = names.get(id(module))
         if name is None:
             raise LookupError(f"{type(module).__name__} is not part of {type(model).__name__}")
     return name
+
+
+def _names(model: nn.Module, name: str, module: nn.Module) -> bool:
+    """Whether name still names module inside model (a module removed since: no)."""
+    try:
+        return model.get_submodule(name) is module
+    except AttributeError:
+        return False
 
 
 def _sibling(model: nn.Module, module: nn.Module, rel: str) -> nn.Module:
