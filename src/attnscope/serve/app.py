@@ -193,8 +193,12 @@ class Server:
             raise RequestError(504, f"{exc}: try a shorter text or a smaller max_length") from exc
 
     def _validate_memory(self) -> None:
-        """Over the ceiling, empty the cache and give memory back; still over, refuse (503)."""
+        """Over the ceiling: give back what is already free (cycles collected, the heap trimmed); still over, empty
+        the caches and give memory back; still over, refuse (503)."""
         ceiling = self.settings.max_memory_bytes
+        if memory.rss_bytes() <= ceiling:
+            return
+        memory.release(collect=True)
         if memory.rss_bytes() <= ceiling:
             return
         self.service.cache.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import resource
@@ -63,7 +64,10 @@ def tune() -> None:
         _LIBC.mallopt(_M_ARENA_MAX, 2)
 
 
-def release() -> None:
-    """Give memory that is free inside the allocator back to the system."""
+def release(collect: bool = False) -> None:
+    """Give memory that is free inside the allocator back to the system; collect: Python's reference cycles
+    first (what only they hold is freed now rather than at the collector's next run)."""
+    if collect:
+        gc.collect()
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from attnscope import maths
-from attnscope.records.arrays import Pending, TraceArrays, token_index
+from attnscope.records.arrays import Derived, Pending, TraceArrays, token_index
 
 
 def row_arrays(layers: dict[str, list[torch.Tensor]], row: int, n_query: int, n_key: int | None = None,
@@ -26,9 +26,8 @@ def row_arrays(layers: dict[str, list[torch.Tensor]], row: int, n_query: int, n_
         index: tuple[int | slice, ...] = (row, *token_index(stage, n_query, n_key)[1:])  # batch axis for layer axis
         items[stage] = Pending(_cut(ts, index), _parts(ts, index))
     if "scores" not in layers and "q" in layers and "k" in layers:
-        items["scores"] = Pending(lambda: scores(arrays))
-    arrays = TraceArrays(items)
-    return arrays
+        items["scores"] = Derived(scores)  # q k^T of the record's own q and k, when first read
+    return TraceArrays(items)
 
 
 def scores(arrays: TraceArrays | dict[str, np.ndarray]) -> np.ndarray:
