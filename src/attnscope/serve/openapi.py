@@ -243,7 +243,9 @@ def document(trace_fields: list[Field], explain_fields: list[Field], neuron_fiel
                                   "(as `attnscope explain --format json`)", explain_fields, _EXPLAIN, "explain"),
             "/api/neuron": _binary(_post("Exact float32 q, k, scores and weights of one head for the neuron view "
                                          "(attnscope.views.neuron_block; raw float32 instead with Accept: "
-                                         "application/x-attnscope-arrays)", neuron_fields, _NEURON, "neuron")),
+                                         "application/x-attnscope-arrays); with query, that query's row of q, "
+                                         "context, scores and weights ([1, ...]; k and v every key's), the block "
+                                         "saying query", neuron_fields, _NEURON, "neuron")),
             "/api/generate": _post("Generate with a decoder, one NDJSON line per token as it is chosen, then the "
                                    "verified generation (docs/serve.md)", generate_fields, _GENERATED, "generate",
                                    media="application/x-ndjson"),
