@@ -7,6 +7,7 @@ stage by stage, test_serve_neuron_rows.py a row with the whole block's)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
         page.wait_for_function(f"() => document.querySelector('#sv-views .as-query-tok')?.textContent"
                                f"?.startsWith('{TOKENS - 2}')", timeout=120_000)
         other = values(page, "weights")
+        figure = page.evaluate("() => window.attnscope.figureSVG(document.getElementById('sv-views'), 'neuron')")
         page.close()
     assert errors == []
     assert asked and all(a.startswith(binary.MEDIA_TYPE) for a in asked)  # the page asks for the binary form
@@ -69,6 +71,12 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
     scaling = np.float32(fields_of[(state["layer"], state["head"], query)]["scaling"])
     np.testing.assert_array_equal(np.float32(shown["scaled"]), row["scores"][0] * scaling)
     np.testing.assert_array_equal(np.float32(other), blocks[(state["layer"], state["head"], TOKENS - 2)]["weights"][0])
+    # the neuron figure draws from the row block too: the exact figure, q the row's float32 bit for bit
+    assert "exact float32" in figure and "8-bit approximation" not in figure, figure[-600:]
+    q_cells = re.search(r'<g class="q">(.*?)</g>', figure, re.S)
+    assert q_cells is not None
+    drawn_q = np.float32([float(v) for v in re.findall(r'data-value="([^"]+)"', q_cells.group(1))])
+    np.testing.assert_array_equal(drawn_q, blocks[(state["layer"], state["head"], TOKENS - 2)]["q"][0])
     assert json.dumps(state)  # the state is plain data
 
 

@@ -3,7 +3,8 @@
    head), their sum q · k (the trace's scores), the scaled score and the softmax weight. q, k, the scores and the
    weights are the trace's own float32 numbers (the page's neuron block; each cell carries its number in
    data-value); q × k and scaled are rounded to float32 (Math.fround), as the page's neuron view computes them.
-   Without the exact block (a page whose neuron budget left this head out) the figure shows the weights alone. */
+   Without the exact block (a page whose neuron budget left this head out) the figure shows the weights alone. The
+   web app's row block of a long trace (one query's q, scores and weights, every key's k) draws the same figure. */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -41,24 +42,25 @@
   function drawnKeys(b, query, n) {
     const keys = [...Array(n).keys()];
     if (n <= MAX_KEYS) return keys;
-    const row = b.weights.subarray(query * n, (query + 1) * n);
+    const row = A.neuronRow(b, "weights", query, n);
     return keys.sort((i, j) => row[j] - row[i]).slice(0, MAX_KEYS).sort((i, j) => i - j);
   }
 
   // Each drawn key's row: its label, k, q × k, q · k, scaled (masked keys of a causal model: −∞) and the weight.
   function keyRows(model, b, query, keys, x, y0, cw, tops) {
     const [n, d] = [A.keys(model).n, b.d];
-    const q = Array.from(b.q.subarray(query * d, (query + 1) * d));
+    const q = Array.from(A.neuronRow(b, "q", query, d));
+    const [scores, weights] = [A.neuronRow(b, "scores", query, n), A.neuronRow(b, "weights", query, n)];
     const scaling = f32(b.scaling);
-    const bias = b.position_bias ? b.position_bias.subarray(query * n, (query + 1) * n) : null; // T5's, per key
+    const bias = A.neuronRow(b, "position_bias", query, n); // T5's, per key
     const out = [];
     for (const [r, j] of keys.entries()) {
       const y = y0 + r * F.ROW;
       const k = Array.from(b.k.subarray(j * d, (j + 1) * d));
       const masked = model.causal && j > query;
-      const score = b.scores[query * n + j];
+      const score = scores[j];
       const scaled = bias ? f32(f32(score * scaling) + bias[j]) : f32(score * scaling);
-      const weight = b.weights[query * n + j];
+      const weight = weights[j];
       const off = masked ? ` fill="${F.MUTED}"` : "";
       out.push(F.text(x.k - 4, y + 13, F.keyText(model, j), ` text-anchor="end"${off}`),
         vector("k", k, x.k, y, cw, tops.qk, j), vector("qk", q.map((v, t) => f32(v * k[t])), x.qk, y, cw, tops.prod, j),
@@ -79,7 +81,7 @@
     const label = F.widest(model, 12) + 8;
     const x = columns(label, d * cw);
     const keys = drawnKeys(b, query, n);
-    const q = Array.from(b.q.subarray(query * d, (query + 1) * d));
+    const q = Array.from(A.neuronRow(b, "q", query, d));
     const k = keys.flatMap((j) => Array.from(b.k.subarray(j * d, (j + 1) * d)));
     const prod = k.map((v, i) => f32(q[i % d] * v));
     const tops = { qk: maxAbs([...q, ...k]) || 1, prod: maxAbs(prod) || 1 }; // one colour scale for q and k
@@ -127,7 +129,8 @@
   }
 
   function neuronFigure(model, state, zoomed, options) {
-    const b = model.readyBlock(state.layer, state.head);
+    const b = model.readyBlock(state.layer, state.head) ||
+      A.neuronRowBlock(model, state.layer, state.head, A.neuronQuery(model, state)); // the web app's row of a long trace
     return b && b.q && b.k ? exactFigure(model, state, b, options) : weightsFigure(model, state, options);
   }
 
