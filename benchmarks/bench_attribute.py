@@ -1,9 +1,11 @@
 """What each attribution method costs: SmolLM2 at 32 tokens and MiniLM at 128 tokens.
 
-Per method: its wall time in units of one forward pass of the same input (no gradients; the median of --repeat runs
-for a method under 20 forwards, else one run), the forwards and backwards it runs (one sequence each: a batch of 8
-counts 8), and the ratio of its time to the time those passes take one by one, measured in the same run (target <=
-1.5x: batching should bring it under 1). A backward costs (forward + backward) - forward, both medians of --repeat
+Per method: its wall time in units of one forward pass of the same input (no gradients; for a method under 20
+forwards, the median of --repeat runs after a first one that warms up, each run just after one timed forward; else
+one run), the forwards and backwards it runs (one sequence each: a batch of 8 counts 8), and the ratio of its time
+to the time those passes take one by one, measured in the same run (target <= 1.5x: batching should bring it under
+1); a repeated method's forward is the median of the forwards timed in pairs with its runs (the load drifts on a
+shared machine). A backward costs (forward + backward) - forward, both medians of --repeat
 unbatched runs. Flow's max-flows are not passes (its ratio is left out). The attention-based methods read the
 verified trace (attention.shared_trace): the forward they need IS the verified trace (one forward with every stage
 kept, then each stage recomputed and checked), so their ratio is to that trace's own time (trace_of + trace_check,
@@ -74,15 +76,27 @@ def trace_seconds(obj: Objective, repeat: int) -> float:
 
 
 def method_seconds(obj: Objective, name: str, settings: Settings, repeat: int,
-                   cheap: float) -> tuple[MethodScores, float]:
-    """One method's scores and seconds: the median of `repeat` runs when one run takes under `cheap` seconds (the
-    passes it is compared with are medians too), else the one run."""
+                   cheap: float) -> tuple[MethodScores, float, float | None]:
+    """One method's scores and seconds, and the seconds of one forward timed in pairs with it: when a first run
+    (it warms up) takes under `cheap` seconds, `repeat` more runs each just after one forward of the same input (the
+    medians of both: the method and the pass it is compared with under the same load, which drifts on a shared
+    machine), else that one run (and None: the forward timed before it stands)."""
     out: list[MethodScores] = []
+    with torch.no_grad():
+        embeds = obj.embed(obj.ids[None])
+
+    def forward() -> None:
+        with torch.no_grad():
+            obj.score_embeds(embeds)
+
     seconds = [timed(lambda: out.append(attribute_objective(obj, [name], settings).methods[name]))]
-    if seconds[0] < cheap:
-        seconds += [timed(lambda: out.append(attribute_objective(obj, [name], settings).methods[name]))
-                    for _ in range(repeat - 1)]
-    return out[0], statistics.median(seconds)
+    if seconds[0] >= cheap:
+        return out[0], seconds[0], None
+    forwards = []
+    for _ in range(repeat):
+        forwards.append(timed(forward))
+        seconds.append(timed(lambda: out.append(attribute_objective(obj, [name], settings).methods[name])))
+    return out[0], statistics.median(seconds[1:]), statistics.median(forwards)
 
 
 def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None:
@@ -101,7 +115,9 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None
             continue
         t_f = pass_times(obj, repeat, backward=False)[0]  # again just before: the load drifts during a run
         first = trace_seconds(obj, repeat) if method.name in ON_TRACE else t_f  # the one forward every method runs
-        ms, seconds = method_seconds(obj, method.name, settings, repeat, cheap=20 * t_f)
+        ms, seconds, paired = method_seconds(obj, method.name, settings, repeat, cheap=20 * t_f)
+        if paired is not None and method.name not in ON_TRACE:
+            first = t_f = paired  # the forward timed in pairs with the method's runs
         passes = first + (ms.cost.forwards - 1) * t_f + ms.cost.backwards * t_b
         ratio = "n/a" if method.name == "flow" else f"{seconds / passes:.2f}"
         print(f"{method.name:24} {seconds:8.2f} {seconds / t_f:9.1f} {ms.cost.forwards:5d} "
