@@ -11,19 +11,7 @@
   const $ = (id) => document.getElementById(id);
   const config = JSON.parse($("sv-config").textContent);
 
-  async function call(path, body) {
-    const init = body === undefined ? { method: "GET" }
-      : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
-    const response = await fetch(path, init);
-    let data = null;
-    try {
-      data = await response.json();
-    } catch (err) {
-      throw new Error(`${path} answered HTTP ${response.status} without JSON`);
-    }
-    if (!response.ok) throw new Error((data && data.error) || `${path} answered HTTP ${response.status}`);
-    return data;
-  }
+  const call = (path, body) => A.api(path, body); // serve.js's: GET without a body, POST with one
 
   function setStatus(name, text, kind) {
     const s = $(`sv-${name}-status`);

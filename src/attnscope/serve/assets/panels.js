@@ -14,19 +14,7 @@
   const PALETTE = ["#2563eb", "#d97706", "#059669", "#dc2626", "#7c3aed", "#0891b2", "#be185d", "#4d7c0f",
                    "#9333ea", "#b45309", "#0f766e", "#1d4ed8"];
 
-  async function post(path, body) {
-    const response = await fetch(path, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    });
-    let data = null;
-    try {
-      data = await response.json();
-    } catch (err) {
-      throw new Error(`${path} answered HTTP ${response.status} without JSON`);
-    }
-    if (!response.ok) throw new Error((data && data.error) || `${path} answered HTTP ${response.status}`);
-    return data;
-  }
+  const post = (path, body) => A.api(path, body); // serve.js's: the JSON answer or an Error saying what came
 
   function setStatus(name, text, kind) {
     const s = $(`sv-${name}-status`);

@@ -43,12 +43,14 @@
     s.dataset.kind = kind || "";
   }
 
+  // POST a JSON body, or GET without one; the answer's JSON, or an Error saying what the server answered. The
+  // page's other panels (panels.js, corpus.js) call it as A.api.
   async function api(path, body) {
-    const response = await fetch(path, {
-      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
-    });
-    return answer(path, response);
+    const init = body === undefined ? { method: "GET" }
+      : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+    return answer(path, await fetch(path, init));
   }
+  A.api = api;
 
   async function answer(path, response) {
     let data = null;
