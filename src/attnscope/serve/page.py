@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -47,10 +48,16 @@ def policy(scripts: list[str]) -> str:
             "connect-src 'self'; img-src data: blob:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
+def _options(choices: Iterable[Any]) -> str:
+    """<option> elements, escaped: each choice a value shown as itself, or a (value, label) pair."""
+    pairs = (c if isinstance(c, tuple) else (c, c) for c in choices)
+    return "".join(f'<option value="{html.escape(str(v))}">{html.escape(str(label))}</option>' for v, label in pairs)
+
+
 def _form() -> str:
     """The trace form. No maxlength on the text fields: a browser cuts a longer paste silently there, so
     serve.js counts the characters against the server's --max-chars and says what does not fit instead."""
-    views = "".join(f'<option value="{v}">{label}</option>' for v, label in VIEW_CHOICES)
+    views = _options(VIEW_CHOICES)
     return f"""<form id="sv-form" class="sv-form" autocomplete="off">
 <label for="sv-text">Text<textarea id="sv-text" name="text" rows="2" required
   spellcheck="false">{html.escape(DEFAULT_TEXT)}</textarea></label>
@@ -81,8 +88,7 @@ def _views_asset(name: str) -> str:
 def _interventions_panel() -> str:
     """Ablate and patch heads of the traced model: POST /api/ablate and /api/patch, drawn by serve.js with
     effects.js; a click on a grid cell opens that head in the views above."""
-    modes = "".join(f'<option value="{m}">{label}</option>' for m, label in
-                    (("zero", "zero (context set to 0)"), ("mean", "mean (context set to its mean)")))
+    modes = _options((("zero", "zero (context set to 0)"), ("mean", "mean (context set to its mean)")))
     return f"""<section id="sv-fx" class="sv-fx" aria-label="interventions">
 <h2>Which heads matter: remove or patch them inside the forward pass</h2>
 <details id="sv-ablate" open><summary>Ablate heads of the traced text (its model, its target)</summary>
@@ -196,9 +202,7 @@ def _search_panel(corpus: dict[str, Any] | None) -> str:
     """Corpus search (POST /api/search), only when the server loaded an index (--index)."""
     if corpus is None:
         return ""
-    layers = "".join(f'<option value="{v}">{v}</option>' for v in corpus["layers"])
-    heads = "".join(f'<option value="{v}">{v}</option>' for v in corpus["heads"])
-    by = "".join(f'<option value="{v}">{v}</option>' for v in corpus["by"])
+    layers, heads, by = _options(corpus["layers"]), _options(corpus["heads"]), _options(corpus["by"])
     what = (f"{int(corpus['documents']):,} sentences, {int(corpus['tokens']):,} tokens, "
             f"{html.escape(str(corpus['model']))}")
     return f"""<section id="sv-search" class="sv-panel" aria-label="corpus search">
@@ -230,11 +234,8 @@ def _qkmap_panel(corpus: dict[str, Any] | None) -> str:
     """Query/key maps of the index (POST /api/qkmap), drawn by views/assets/qkmap.js; only with --index."""
     if corpus is None:
         return ""
-    layers = "".join(f'<option value="{v}">{v}</option>' for v in corpus["layers"])
-    heads = '<option value="">every head (small multiples)</option>' + "".join(
-        f'<option value="{v}">{v}</option>' for v in corpus["heads"])
-    projections = "".join(f'<option value="{v}">{v}</option>' for v in corpus["projections"])
-    colours = "".join(f'<option value="{v}">{v}</option>' for v in QKMAP_COLOURS)
+    layers, projections, colours = _options(corpus["layers"]), _options(corpus["projections"]), _options(QKMAP_COLOURS)
+    heads = _options([("", "every head (small multiples)"), *corpus["heads"]])
     return f"""<section id="sv-qkmap" class="sv-panel" aria-label="query/key map">
 <h2>Query/key map: a head's queries and keys from the corpus in one 2-D space (AttentionViz)</h2>
 <p class="sv-hint">Keys moved and both scaled so each query's ranking of keys is kept; hover a point for its token in
