@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 from starlette.routing import Route
 
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
+from attnscope.serve.endpoints import Run, json_answer, pool_route
 from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
-from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings

@@ -31,8 +31,8 @@ from starlette.routing import Route
 from attnscope.corpus.maps import PROJECTIONS, available
 from attnscope.errors import AttnscopeError
 from attnscope.serve.ablation import admit_by_deadline
+from attnscope.serve.endpoints import Run, json_answer, pool_route
 from attnscope.serve.fields import Field, RequestError
-from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.search import Corpus, no_index
 from attnscope.serve.service import Service

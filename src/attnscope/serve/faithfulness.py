@@ -45,8 +45,8 @@ from attnscope.serve.attribute import (
     methods_field,
     objective_properties,
 )
+from attnscope.serve.endpoints import Run, json_answer, pool_route
 from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
-from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings

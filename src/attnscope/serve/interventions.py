@@ -10,17 +10,13 @@ plus, when there is a grid, "effects": the heatmap payload that assets/effects.j
 
 from __future__ import annotations
 
-import json
 import math
 import threading
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
 from attnscope.errors import AttnscopeError
@@ -31,14 +27,12 @@ from attnscope.interventions.gates import mean_contexts, validate_heads
 from attnscope.interventions.patch import patch
 from attnscope.interventions.seq2seq import KINDS, AnyHead, layout, parse_kind_heads, seq2seq_inputs
 from attnscope.models import Model
-from attnscope.numbers import finite_or_null
 from attnscope.serve.ablation import admit, batch_rows, grid_in_batches, measure, row_bytes, stopping
+from attnscope.serve.endpoints import Run, json_answer, pool_route
 from attnscope.serve.fields import (
     Field,
     max_length_field,
     model_field,
-    parse_body,
-    read_json,
     resolve_max_length,
     validate_tokens,
 )
@@ -179,28 +173,6 @@ def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> by
               ceiling=service.settings.max_memory_bytes)
         r = patch(req.clean, req.corrupt, model=m, target=req.target, contrast=req.contrast, max_length=n)
     return json_answer({**r.to_dict(), "effects": effects_payload(r)})
-
-
-def json_answer(body: dict[str, Any]) -> bytes:
-    """An endpoint's answer as strict JSON bytes: NaN and infinities as null, never as invalid JSON."""
-    return json.dumps(finite_or_null(body), ensure_ascii=False, allow_nan=False).encode("utf-8")
-
-
-Run = Callable[[Request, Callable[[Any, threading.Event], bytes], Any], Awaitable[bytes]]
-
-
-def pool_route(path: str, settings: Settings, run: Run, fields: list[Field], request_of: Callable[..., Any],
-               answer: Callable[[Any, threading.Event], bytes]) -> Route:
-    """`POST path` answered in the pool: the body validated by `fields`, the request built as
-    request_of(**fields, deadline=now + the server's timeout), answer(req, stop) run by the app's pool runner `run`
-    (limits, deadline, errors: an AttnscopeError is its 422), its bytes returned as JSON."""
-
-    async def endpoint(request: Request) -> Response:
-        parsed = parse_body(await read_json(request, settings.max_body_bytes), fields)
-        req = request_of(**parsed, deadline=time.monotonic() + settings.timeout)
-        return Response(await run(request, answer, req), media_type="application/json")
-
-    return Route(path, endpoint, methods=["POST"], name=path.rsplit("/", 1)[-1])
 
 
 def routes(settings: Settings, service: Service, run: Run, a_fields: list[Field], p_fields: list[Field]) -> list[Route]:

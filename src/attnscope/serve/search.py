@@ -30,8 +30,8 @@ from attnscope.corpus.store import BY, CorpusIndex
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
 from attnscope.serve.ablation import stopping
+from attnscope.serve.endpoints import Run, json_answer, pool_route
 from attnscope.serve.fields import Field, RequestError, model_field, validate_tokens
-from attnscope.serve.interventions import Run, json_answer, pool_route
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
