@@ -18,7 +18,8 @@ import pytest
 import attnscope
 from attnscope.records.trace import Trace
 from attnscope.serve import binary
-from attnscope.serve.maps import WordLevel, overview
+from attnscope.serve.maps import OVERVIEW, WordLevel
+from attnscope.serve.quantize import overview
 from attnscope.serve.wordmaps import from_codes
 from attnscope.views.words import merge, word_groups, word_trace
 from tests.support.serve import Server
@@ -88,7 +89,7 @@ def test_lazy_payload_says_words_and_carries_their_summaries(lazy: dict[str, Any
     assert spec["scales"][4 * 12:5 * 12] == header["arrays"]["weights"]["scales"]
     o = spec["overview"]
     pooled = np.frombuffer(zlib.decompress(base64.b64decode(o["data"])), dtype=np.uint8)
-    assert np.array_equal(pooled.reshape(6, 12, *o["shape"])[4], overview(codes))
+    assert np.array_equal(pooled.reshape(6, 12, *o["shape"])[4], overview(codes, OVERVIEW))
 
 
 def test_uint8_word_maps_are_the_stored_codes_merged_within_the_bound(lazy: dict[str, Any], local: Trace,

@@ -16,7 +16,8 @@ import pytest
 import attnscope
 from attnscope.serve import binary
 from attnscope.serve.binary import quantize_maps
-from attnscope.serve.maps import LAZY_FROM, overview
+from attnscope.serve.maps import LAZY_FROM, OVERVIEW
+from attnscope.serve.quantize import overview
 from attnscope.views.payload import quantize
 from tests.support.serve import Server, decode
 
@@ -74,7 +75,7 @@ def test_lazy_payload_carries_summaries_not_maps(lazy: dict[str, Any], inline: d
         assert small["scales"] == full["scales"] and small["shape"] == full["shape"]  # the same per-map maxima
         view = small["overview"]
         pooled = np.frombuffer(zlib.decompress(base64.b64decode(view["data"])), dtype=np.uint8)
-        assert np.array_equal(pooled.reshape(*full["shape"][:2], *view["shape"]), overview(codes_of(full)))
+        assert np.array_equal(pooled.reshape(*full["shape"][:2], *view["shape"]), overview(codes_of(full), OVERVIEW))
     assert lazy["tokens"] == inline["tokens"] and lazy["check"] == inline["check"]
     assert lazy["maps"]["url"] == f"/api/trace/{lazy['maps']['trace']}/map" and lazy["maps"]["stored"]
     assert lazy["neuron"] == {"blocks": [], "complete": False, "available": True}  # on request: /api/neuron

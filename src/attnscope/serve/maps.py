@@ -55,7 +55,7 @@ class Source:
     scales: np.ndarray  # [layer, head] float64, the max of each map
     per_layer: bool
     per_head: bool
-    view: np.ndarray | None = None  # overview(codes) [layer, head, s_q, s_k], formed with the codes
+    view: np.ndarray  # quantize.overview(codes, OVERVIEW) [layer, head, s_q, s_k], formed with the codes
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class MapSet:
     @property
     def nbytes(self) -> int:
         answers = {id(a): a for a in self.answers.values()}.values()  # one answer, several keys
-        views = sum(0 if s.view is None else s.view.nbytes for s in self.sources.values())
+        views = sum(s.view.nbytes for s in self.sources.values())
         return views + sum(s.codes.nbytes + s.scales.nbytes for s in self.sources.values()) + \
             sum(len(a) for a in answers) + (0 if self.rows is None else self.rows.nbytes)
 
@@ -206,30 +206,18 @@ def _layers(trace: Trace, name: str) -> list[np.ndarray]:
     return list(arrays[name])
 
 
-def overview(codes: np.ndarray, side: int = OVERVIEW) -> np.ndarray:
-    """[..., query, key] codes -> [..., s_q, s_k] with each cell the max over its block (s <= side)."""
-    nq, nk = codes.shape[-2:]
-    bq, bk = -(-nq // side), -(-nk // side)  # block sizes, rounded up
-    sq, sk = -(-nq // bq), -(-nk // bk)
-    padded = np.zeros((*codes.shape[:-2], sq * bq, sk * bk), dtype=np.uint8)
-    padded[..., :nq, :nk] = codes
-    pooled: np.ndarray = padded.reshape(*codes.shape[:-2], sq, bq, sk, bk).max(axis=(-3, -1))
-    return pooled
-
-
 def lazy_sources(maps: MapSet, payload: dict[str, Any]) -> list[dict[str, Any]]:
     """The payload's sources without their maps: scales, an overview each, and where to fetch the rest."""
     out = []
     for s in maps.sources.values():
-        view = overview(s.codes) if s.view is None else s.view  # [layer, head, s_q, s_k]
-        suffix, data = encode_bytes(view.tobytes(), True)
+        suffix, data = encode_bytes(s.view.tobytes(), True)  # the overview [layer, head, s_q, s_k]
         out.append({
             "name": s.name, "label": SOURCE_LABELS.get(s.name, s.name.replace("_", " ")),
             "axes": list(ARRAY_AXES[s.name]), "shape": list(s.codes.shape),
             "layers": payload["layers"] if s.per_layer else [], "heads": payload["heads"] if s.per_head else [],
             "range": "unit" if s.name == "weights" else "max", "scales": [float(x) for x in s.scales.ravel()],
             "encoding": "lazy", "data": None,
-            "overview": {"shape": list(view.shape[-2:]), "encoding": "u8" + suffix, "data": data},
+            "overview": {"shape": list(s.view.shape[-2:]), "encoding": "u8" + suffix, "data": data},
         })
     return out
 

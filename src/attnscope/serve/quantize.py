@@ -69,8 +69,9 @@ def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) ->
 
 
 def overview(codes: np.ndarray, side: int) -> np.ndarray:
-    """[..., query, key] codes -> [..., s_q, s_k] with each cell the max over its block (s <= side), as
-    serve.maps.overview; along the keys first (in memory order), and no padded copy where the blocks fit."""
+    """[..., query, key] codes -> [..., s_q, s_k] with each cell the max over its block (s <= side; blocks past the
+    edge padded with 0); along the keys first (in memory order), and no padded copy where the blocks fit
+    (tests/serve/test_serve_quantize.py compares it with the plain padded max)."""
     nq, nk = codes.shape[-2:]
     bq, bk = -(-nq // side), -(-nk // side)  # block sizes, rounded up
     sq, sk = -(-nq // bq), -(-nk // bk)

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from attnscope.serve import binary
-from attnscope.serve.maps import MapQuery, MapSet, WordLevel, map_header, overview
+from attnscope.serve.maps import OVERVIEW, MapQuery, MapSet, WordLevel, map_header
+from attnscope.serve.quantize import overview
 from attnscope.views.payload import encode_bytes
 from attnscope.views.words import word_tokens
 
@@ -77,7 +78,7 @@ def summary(maps: MapSet, words: WordLevel) -> dict[str, tuple[np.ndarray, np.nd
     for name, s in maps.sources.items():
         heads = list(range(s.codes.shape[1]))
         parts = [_quantized(s.codes[i], s.scales[i], words, heads) for i in range(len(s.codes))]
-        out[name] = (np.stack([sc for _, sc in parts]), np.stack([overview(c) for c, _ in parts]))
+        out[name] = (np.stack([sc for _, sc in parts]), np.stack([overview(c, OVERVIEW) for c, _ in parts]))
     return out
 
 
