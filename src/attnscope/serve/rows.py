@@ -33,7 +33,7 @@ from attnscope.records.trace import Trace
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES
 from attnscope.verify.recompute import layer_mask, layer_params
-from attnscope.views.payload import neuron_arrays
+from attnscope.views.payload import neuron_arrays, neuron_fields
 
 KEPT = ("x", "context", "output")  # captured, [layer, ...]: context and output are what explain's last steps read
 
@@ -171,6 +171,5 @@ def neuron_binary(trace: Trace, layer: int, head: int, query: int | None = None)
     [query, key] as an array of its own. At 2,048 SmolLM2 tokens 34 MB of raw float32; with a query (the row the
     neuron view shows) q, context, scores and weights are that row [1, ...] and the answer 1.1 MB."""
     arrays = neuron_arrays(trace, layer, head, query)
-    block = {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]), "d_head": int(arrays["q"].shape[-1]),
-             "kv_head": trace.kv_head(head), "stages": list(arrays), **({} if query is None else {"query": query})}
-    return binary.encode(block, {s: (a, ARRAY_AXES[s][2:]) for s, a in arrays.items()}, "float32")
+    return binary.encode(neuron_fields(trace, layer, head, arrays, query),
+                         {s: (a, ARRAY_AXES[s][2:]) for s, a in arrays.items()}, "float32")

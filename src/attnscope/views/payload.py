@@ -178,8 +178,14 @@ def neuron_block(trace: Trace, layer: int, head: int, compress: bool = True,
     arrays = neuron_arrays(trace, layer, head, query)
     parts = [np.ascontiguousarray(a, dtype="<f4") for a in arrays.values()]
     suffix, data = encode_bytes(b"".join(p.tobytes() for p in parts), compress)
-    return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]),
-            "d_head": int(parts[0].shape[-1]), "encoding": "f32" + suffix, "data": data,
+    return {**neuron_fields(trace, layer, head, arrays, query), "encoding": "f32" + suffix, "data": data}
+
+
+def neuron_fields(trace: Trace, layer: int, head: int, arrays: dict[str, np.ndarray],
+                  query: int | None = None) -> dict[str, Any]:
+    """A neuron block's fields besides its data (neuron_arrays' `arrays`): layer, head, scaling, d_head, kv_head,
+    stages, and query when the block holds one query's row."""
+    return {"layer": layer, "head": head, "scaling": float(trace.scaling[layer]), "d_head": int(arrays["q"].shape[-1]),
             "kv_head": trace.kv_head(head), "stages": list(arrays), **({} if query is None else {"query": query})}
 
 
