@@ -68,6 +68,16 @@ class HeadSums:
     def units(self) -> int:
         return self.layers * self.heads
 
+    def merge(self, other: HeadSums) -> None:
+        """Add another pass's (or sentence's) sums into these, in place: float64 sums, so the order of merges is the
+        order of the bits (the heads pass merges its sentences in corpus order)."""
+        self.js += other.js
+        for name in FEATURES:
+            self.features[name] += other.features[name]
+            self.counts[name] += other.counts[name]
+        self.tokens += other.tokens
+        self.documents += other.documents
+
     def distance(self) -> np.ndarray:
         """[unit, unit] the mean JS distance over the tokens (0 on the diagonal)."""
         if self.tokens == 0:

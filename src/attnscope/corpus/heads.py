@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from attnscope.capture import AttentionCall, recording
-from attnscope.corpus.head_sums import FEATURES, FILE, HeadSums, add_sentence, load, save
+from attnscope.corpus.head_sums import FILE, HeadSums, add_sentence, load, save
 from attnscope.errors import AttnscopeError
 from attnscope.families import is_causal
 from attnscope.models import Model, ModelLike, load_model
@@ -103,12 +103,7 @@ def batch_part(model: Model, batch: Batch, work: tuple[bool, bool]) -> BatchSums
 def fold(sums: HeadSums, counts: syn.SyntaxCounts | None, part: BatchSums) -> syn.SyntaxCounts | None:
     """Add a batch's part into the pass's sums (in place, sentence by sentence); returns the merged counts."""
     for one in part.sentences:
-        sums.js += one.js
-        for name in FEATURES:
-            sums.features[name] += one.features[name]
-            sums.counts[name] += one.counts[name]
-        sums.tokens += one.tokens
-        sums.documents += one.documents
+        sums.merge(one)
     return counts if counts is None or part.syntax is None else counts.merge(part.syntax)
 
 
