@@ -58,7 +58,9 @@ def test_the_colour_bytes_are_a_diverging(opened: Any) -> None:
     same = o.page.evaluate("""() => { const A = window.attnscope; const out = [];
       for (const theme of ["light", "dark"]) for (const max of [0, 1e-30, 0.5, 3]) for (let i = -40; i <= 40; i++) {
         const v = i * 0.0837;
-        if (A.neuronColour(v, max, theme) !== A.diverging(v, max, theme)) out.push([v, max, theme]);
+        const c = new Uint8ClampedArray(4);
+        A.divergingInto(c, 0, v, max, theme);  // the bytes a canvas is filled with
+        if (`rgb(${c[0]},${c[1]},${c[2]})` !== A.diverging(v, max, theme)) out.push([v, max, theme]);
       } return out; }""")
     assert same == []
 

@@ -245,13 +245,21 @@
     return `hsl(${Math.round((head * 360) / count)}, 65%, 50%)`;
   };
 
-  // Diverging colour for a signed number: blue below zero, orange above, strength |v| / max.
-  A.diverging = function (v, max, theme) {
+  // Diverging colour for a signed number: blue below zero, orange above, strength |v| / max, from the theme's
+  // base colour. divergingInto writes it as bytes at out[at..at+3] with alpha 255 (the neuron view fills its
+  // canvases from them); diverging says the same colour as a CSS string.
+  const [LIGHT, DARK, NEGATIVE, POSITIVE] = [[255, 255, 255], [24, 27, 34], [33, 102, 172], [230, 97, 1]];
+  A.divergingInto = function (out, at, v, max, theme) {
     const t = max > 0 ? Math.min(1, Math.abs(v) / max) : 0;
-    const base = theme === "dark" ? [24, 27, 34] : [255, 255, 255];
-    const end = v < 0 ? [33, 102, 172] : [230, 97, 1];
-    const c = base.map((b, i) => Math.round(b + (end[i] - b) * t));
-    return `rgb(${c[0]},${c[1]},${c[2]})`;
+    const base = theme === "dark" ? DARK : LIGHT;
+    const end = v < 0 ? NEGATIVE : POSITIVE;
+    for (let i = 0; i < 3; i++) out[at + i] = Math.round(base[i] + (end[i] - base[i]) * t);
+    out[at + 3] = 255;
+  };
+  const one = new Uint8ClampedArray(4);
+  A.diverging = function (v, max, theme) {
+    A.divergingInto(one, 0, v, max, theme);
+    return `rgb(${one[0]},${one[1]},${one[2]})`;
   };
 
   A.emit = function (el, type, detail) {

@@ -24,22 +24,6 @@
   // long vector column is a stack of canvases of at most this many rows, coloured on one scale.
   const CANVAS_ROWS = 1024;
 
-  // A.diverging's colour of v as numbers (data.js: base to the end colour by |v| / max), written at out[at..at+3]
-  // with alpha 255: the canvases are filled from these bytes, and A.diverging's strings say the same colours.
-  function divergingInto(out, at, v, max, dark) {
-    const t = max > 0 ? Math.min(1, Math.abs(v) / max) : 0;
-    const end = v < 0 ? NEGATIVE : POSITIVE;
-    const base = dark ? DARK : LIGHT;
-    for (let i = 0; i < 3; i++) out[at + i] = Math.round(base[i] + (end[i] - base[i]) * t);
-    out[at + 3] = 255;
-  }
-  const [LIGHT, DARK, NEGATIVE, POSITIVE] = [[255, 255, 255], [24, 27, 34], [33, 102, 172], [230, 97, 1]];
-  A.neuronColour = (v, max, theme) => { // for tests: the bytes divergingInto writes, as a string
-    const c = new Uint8ClampedArray(4);
-    divergingInto(c, 0, v, max, theme === "dark");
-    return `rgb(${c[0]},${c[1]},${c[2]})`;
-  };
-
   // rows x d coloured cells: cell(r, t) gives the number for display row r, dimension t. One canvas (class
   // as-vec), or for more than CANVAS_ROWS rows a stack of them in one box; hover describe(r, t) on either.
   // A cell is cw - 1 px by ROW - 6 px at (t cw, r ROW + 3) on the page: the canvas holds one pixel per cell and is
@@ -56,7 +40,7 @@
       Object.assign(canvas.style, { width: `${d * cw}px`, height: `${(to - from) * ROW}px` }, cellMask(cw));
       const g = canvas.getContext("2d");
       const image = g.createImageData(d, to - from);
-      for (let i = from * d; i < to * d; i++) divergingInto(image.data, (i - from * d) * 4, values[i], max, theme === "dark");
+      for (let i = from * d; i < to * d; i++) A.divergingInto(image.data, (i - from * d) * 4, values[i], max, theme);
       g.putImageData(image, 0, 0);
       hoverValues(canvas, tip, d, cw, (r, t) => describe(r + from, t));
       return canvas;
