@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from attnscope.serve.ablation import admit_by_deadline, stopping, timed
 from attnscope.serve.endpoints import Run, json_answer, pool_route
-from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
+from attnscope.serve.fields import Field, max_length_field, model_field, validate_tokens
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -181,7 +181,7 @@ def run_attribution(service: Service, req: AttributeRequest, stop: threading.Eve
     explicit = req.methods not in (None, "all")
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
-        obj = build_objective(m, req.text, req.target, max_length=resolve_max_length(service, m, req.max_length),
+        obj = build_objective(m, req.text, req.target, max_length=service.max_length(m, req.max_length),
                               truncate=False)
         methods, _left_out = resolve(names, obj, explicit)  # those left out are in the record, with why
         admit(methods, obj, settings.ig_steps, timed(lambda: m.model(**obj.inputs())), req.deadline)

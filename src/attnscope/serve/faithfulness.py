@@ -46,7 +46,7 @@ from attnscope.serve.attribute import (
     objective_properties,
 )
 from attnscope.serve.endpoints import Run, json_answer, pool_route
-from attnscope.serve.fields import Field, max_length_field, model_field, resolve_max_length, validate_tokens
+from attnscope.serve.fields import Field, max_length_field, model_field, validate_tokens
 from attnscope.serve.pool import checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -224,7 +224,7 @@ def faithfulness_rows(service: Service, req: FaithfulnessRequest, stop: threadin
     """The library's example_rows for this text on the served model, admitted by its cost, stoppable."""
     m = service.model(req.model)
     validate_tokens(service, m, req.text)
-    limit = resolve_max_length(service, m, req.max_length)
+    limit = service.max_length(m, req.max_length)
     names = None if req.methods is None else tuple(method_names(req.methods))  # unknown: 422 first
     settings = library.Settings(methods=names, removal=req.removal, seeds=req.seeds, max_length=limit)
     with service.model_lock(m), stopping(m, stop):

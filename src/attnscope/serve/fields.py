@@ -1,7 +1,8 @@
 """Request bodies: one declaration per field gives both the validation and the OpenAPI schema.
 
 The fields that several endpoints running a model share (`model_field`, `max_length_field`) are declared here, with
-the token limits they stand for (`resolve_max_length`, `validate_tokens`).
+the token limits they stand for (`validate_tokens`, `refuse_over_limit`; a request's max_length is
+`Service.max_length`).
 
 A body that breaks a rule gets 422 with one line naming the field, the rule and what was sent.
 """
@@ -176,18 +177,17 @@ def max_length_field(settings: Settings) -> Field:
                  "is smaller.", nullable=True, minimum=2, maximum=settings.max_tokens)
 
 
-def resolve_max_length(service: Service, m: Model, asked: int | None) -> int:
-    """A request's max_length: as asked, or when null the server's max_tokens or the model's positions, the smaller."""
-    return asked if asked is not None else min(service.settings.max_tokens, m.max_positions)
-
-
 def validate_tokens(service: Service, m: Model, *texts: str) -> None:
     """Refuse (AttnscopeError: 422) a text whose tokens (special tokens included) are over the server's max_tokens."""
     for text in texts:
-        n = len(m.tokenizer(text)["input_ids"])
-        if n > service.settings.max_tokens:
-            raise AttnscopeError(f"the text is {n} tokens long, over this server's limit of "
-                                 f"{service.settings.max_tokens}: shorten it")
+        refuse_over_limit(service, len(m.tokenizer(text)["input_ids"]))
+
+
+def refuse_over_limit(service: Service, n: int, what: str = "the text") -> None:
+    """Refuse (AttnscopeError: 422) `what`, n tokens long, when that is over the server's max_tokens."""
+    if n > service.settings.max_tokens:
+        raise AttnscopeError(f"{what} is {n} tokens long, over this server's limit of "
+                             f"{service.settings.max_tokens}: shorten it")
 
 
 def parse_body(data: Any, fields: Sequence[Field]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from starlette.responses import Response, StreamingResponse
 
 from attnscope.errors import AttnscopeError
 from attnscope.models import Model
-from attnscope.serve.fields import Field, RequestError
+from attnscope.serve.fields import Field, RequestError, refuse_over_limit
 from attnscope.serve.pool import Cancelled, InferencePool, PoolBusy, PoolTimeout, checkpoint
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
@@ -76,9 +76,7 @@ def run_generation(service: Service, req: GenerateRequest, emit: Callable[[dict[
     m = service.model(req.model)
     ids = m.tokenizer(req.prompt)["input_ids"]
     n_prompt = len(ids)
-    if n_prompt > service.settings.max_tokens:
-        raise AttnscopeError(f"the prompt is {n_prompt} tokens long, over this server's limit of "
-                             f"{service.settings.max_tokens}: shorten it")
+    refuse_over_limit(service, n_prompt, "the prompt")
 
     start = _start(m, [str(t) for t in m.tokenizer.convert_ids_to_tokens(ids)])
     validate_size(m, len(_line(start)), n_prompt, req.max_new_tokens, service.settings.max_response_bytes)

@@ -33,7 +33,6 @@ from attnscope.serve.fields import (
     Field,
     max_length_field,
     model_field,
-    resolve_max_length,
     validate_tokens,
 )
 from attnscope.serve.pool import checkpoint
@@ -118,7 +117,7 @@ def ablate_body(service: Service, req: AblateRequest, stop: threading.Event) -> 
 
 def _ablate(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead]) -> Ablation:
     """The library's ablate; an each grid admitted by its cost first, and on a one-kind model run in batches."""
-    n = resolve_max_length(service, m, req.max_length)
+    n = service.max_length(m, req.max_length)
     if not req.each:
         return ablate(req.text, heads, model=m, mode=req.mode, target=req.target,  # type: ignore[arg-type]
                       max_length=n, attention=req.attention)
@@ -163,7 +162,7 @@ def _grid(service: Service, m: Model, req: AblateRequest, heads: list[AnyHead], 
 def patch_body(service: Service, req: PatchRequest, stop: threading.Event) -> bytes:
     m = service.model(req.model)
     validate_tokens(service, m, req.clean, req.corrupt)
-    n = resolve_max_length(service, m, req.max_length)
+    n = service.max_length(m, req.max_length)
     with service.model_lock(m), stopping(m, stop):
         checkpoint(stop)
         probe = prepare(m, req.clean, None, n)

@@ -48,7 +48,7 @@ def seq2seq_body(service: Service, req: TraceRequest, stop: threading.Event) -> 
 
     m = service.model(req.model)
     validate_target(m, req)
-    n = req.max_length if req.max_length is not None else min(service.settings.max_tokens, m.max_positions)
+    n = service.max_length(m, req.max_length)
     with service.model_lock(m):
         checkpoint(stop)  # its client may have left while it waited for the model
         ed = trace_seq2seq(req.text, req.target, model=m, max_length=n, truncate=req.truncate)

@@ -64,7 +64,7 @@ class Service:
         for m in dict.fromkeys(self.models.values()):
             aliases = sorted(n for n, other in self.models.items() if other is m and n != m.name)
             out.append({**describe(m), "default": m is self.default, "aliases": aliases,
-                        "max_length": min(self.settings.max_tokens, m.max_positions),
+                        "max_length": self.max_length(m),
                         "encoder_decoder": is_seq2seq(m)})  # the page then asks for a target
         return out
 
@@ -74,6 +74,11 @@ class Service:
         if name not in self.models:  # the request validation already allows only these names
             raise AttnscopeError(f"model {name!r} is not served here: use one of {', '.join(self.names)}")
         return self.models[name]
+
+    def max_length(self, m: Model, asked: int | None = None) -> int:
+        """A request's max_length: as asked, or when null the server's max_tokens or the model's positions, the
+        smaller."""
+        return asked if asked is not None else min(self.settings.max_tokens, m.max_positions)
 
     def model_lock(self, m: Model) -> threading.Lock:
         """Held while the model runs (attnscope.serve.generate): one forward pass at a time per model."""
@@ -98,8 +103,7 @@ class Service:
 
     def key(self, req: TextRequest) -> tuple[Model, CacheKey]:
         m = self.model(req.model)
-        n = req.max_length if req.max_length is not None else min(self.settings.max_tokens, m.max_positions)
-        return m, (m.name, req.text, req.pair, n, req.truncate)
+        return m, (m.name, req.text, req.pair, self.max_length(m, req.max_length), req.truncate)
 
     def trace_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
         if req.target is not None or is_seq2seq(self.model(req.model)):  # three kinds of attention
