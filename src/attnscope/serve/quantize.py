@@ -70,8 +70,9 @@ def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) ->
 
 def overview(codes: np.ndarray, side: int) -> np.ndarray:
     """[..., query, key] codes -> [..., s_q, s_k] with each cell the max over its block (s <= side; blocks past the
-    edge padded with 0); along the keys first (in memory order), and no padded copy where the blocks fit
-    (tests/serve/test_serve_quantize.py compares it with the plain padded max)."""
+    edge padded with 0); along the queries first (an elementwise max of whole rows, which numpy vectorises: 8-12 ms a
+    SmolLM2 layer at 2,048 tokens against 97-150 ms keys first), then along the keys of bq times fewer numbers, and
+    no padded copy where the blocks fit (tests/serve/test_serve_quantize.py compares it with the plain padded max)."""
     nq, nk = codes.shape[-2:]
     bq, bk = -(-nq // side), -(-nk // side)  # block sizes, rounded up
     sq, sk = -(-nq // bq), -(-nk // bk)
@@ -79,6 +80,6 @@ def overview(codes: np.ndarray, side: int) -> np.ndarray:
         padded = np.zeros((*codes.shape[:-2], sq * bq, sk * bk), dtype=np.uint8)
         padded[..., :nq, :nk] = codes
         codes = padded
-    by_key = codes.reshape(*codes.shape[:-1], sk, bk).max(axis=-1)  # [..., query, s_k]
-    pooled: np.ndarray = by_key.reshape(*codes.shape[:-2], sq, bq, sk).max(axis=-2)
+    by_query = codes.reshape(*codes.shape[:-2], sq, bq, sk * bk).max(axis=-2)  # [..., s_q, key]
+    pooled: np.ndarray = by_query.reshape(*codes.shape[:-2], sq, sk, bk).max(axis=-1)  # [..., s_q, s_k]
     return pooled
