@@ -59,6 +59,13 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
                                f"?.startsWith('{TOKENS - 2}')", timeout=120_000)
         other = values(page, "weights")
         figure = page.evaluate("() => window.attnscope.figureSVG(document.getElementById('sv-views'), 'neuron')")
+        fetched = len(asked)  # the head view, then the Neuron tab again: drawn anew from the row already fetched
+        page.select_option("#sv-view", "head")
+        page.wait_for_selector("#sv-views .as-panel[data-view='head']", timeout=120_000)
+        page.select_option("#sv-view", "neuron")
+        page.wait_for_selector("#sv-views .as-panel[data-view='neuron'] .as-neuron [data-stage='weights']",
+                               timeout=120_000)
+        again = values(page, "weights")
         page.close()
     assert errors == []
     assert asked and all(a.startswith(binary.MEDIA_TYPE) for a in asked)  # the page asks for the binary form
@@ -71,6 +78,7 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
     scaling = np.float32(fields_of[(state["layer"], state["head"], query)]["scaling"])
     np.testing.assert_array_equal(np.float32(shown["scaled"]), row["scores"][0] * scaling)
     np.testing.assert_array_equal(np.float32(other), blocks[(state["layer"], state["head"], TOKENS - 2)]["weights"][0])
+    assert len(asked) == fetched and again == other  # the row kept across the change of view, not asked again
     # the neuron figure draws from the row block too: the exact figure, q the row's float32 bit for bit
     assert "exact float32" in figure and "8-bit approximation" not in figure, figure[-600:]
     q_cells = re.search(r'<g class="q">(.*?)</g>', figure, re.S)

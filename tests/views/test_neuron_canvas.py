@@ -76,3 +76,31 @@ def test_masked_keys_are_muted(tiny_model: Callable[[str], attnscope.Model], ope
     plain = {colour for _, masked, colour in cells if not masked}
     assert len(muted) == 1 and muted.isdisjoint(plain)
     assert o.errors == []
+
+
+def test_a_picture_of_the_page_draws_every_key_row(tiny_model: Callable[[str], attnscope.Model],
+                                                   open_page: Callable[..., Any]) -> None:
+    """`attnscope view -o FILE.png` screenshots the whole page (views.browser.render_png, after AS_FIGURE): there
+    every chunk of key rows is drawn, not only those near the screen (content-visibility: auto would leave the rows
+    past the first screen blank)."""
+    from io import BytesIO
+
+    from PIL import Image
+
+    from attnscope.views.browser import AS_FIGURE
+
+    tr = trace(" ".join([TEXT] * 8), model=tiny_model("gpt2"))
+    o = open_page(to_html(tr, "neuron", query=3), "neuron-picture", width=1280)
+    page = o.page
+    page.evaluate(AS_FIGURE, True)
+    assert set(page.eval_on_selector_all(".as-key-rows", "cs => cs.map((c) => getComputedStyle(c).contentVisibility)"))\
+        == {"visible"}
+    shot = np.asarray(Image.open(BytesIO(page.screenshot(full_page=True))).convert("L"))
+    for key in (tr.n_tokens - 40, tr.n_tokens - 1):  # rows several screens down, labels and weights
+        for cell in page.query_selector_all(f".as-neuron-scores [data-key='{key}']"):
+            left, top, width, height = cell.evaluate("""(n) => { const b = n.getBoundingClientRect();
+              return [b.left + scrollX, b.top + scrollY, b.width, b.height]; }""")
+            assert top > 2 * 900  # past the first screens
+            box = shot[int(top):int(top + height), int(left):int(left + width)]
+            assert (box < 128).any(), (key, cell.get_attribute("data-stage"))  # its text is drawn
+    assert o.errors == []

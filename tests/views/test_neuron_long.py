@@ -1,7 +1,8 @@
 """The neuron view past 1,024 keys (issue 29, the long-context Neuron tab): Chromium leaves a canvas taller than
 32,767 px blank (2,048 keys x 22 px is 45,056), so each vector column is a stack of canvases of at most 1,024 rows,
-coloured on one scale, whose hover names the right key. A random-weight Llama (RoPE, 2,048 positions) on 1,100
-tokens, drawn from a self-contained page."""
+coloured on one scale, whose hover names the right key; the key rows come in chunks the browser lays out only
+near the screen, aligned under the headers. A random-weight Llama (RoPE, 2,048 positions) on 1,100 tokens, drawn from
+a self-contained page."""
 
 from __future__ import annotations
 
@@ -50,3 +51,32 @@ def test_hover_on_the_second_canvas_names_its_key(opened: Any) -> None:
     page.mouse.move(box["x"] + 2, box["y"] + (1050 - 1024 + 0.5) * 22)  # key 1,050 (keys in position order)
     tip = page.inner_text(".as-tip")
     assert tip.startswith("key 1050"), tip
+
+
+def test_key_rows_come_in_chunks_aligned_with_the_headers(opened: Any) -> None:
+    """The key rows are chunks of 32, each laid out only near the screen (content-visibility: auto), every cell in the
+    page in key order; a chunk far down, once scrolled to, has its columns exactly under the headers and its text
+    unclipped."""
+    page = opened.page
+    chunks = page.eval_on_selector_all(".as-neuron-scores .as-key-rows",
+                                       "cs => cs.map((c) => getComputedStyle(c).contentVisibility)")
+    assert len(chunks) == 2 * -(-KEYS // 32)  # the labels' and the numbers' chunk of each 32 rows
+    assert set(chunks) == {"auto"}
+    keys = page.eval_on_selector_all(".as-neuron-scores [data-stage='weights']", "ns => ns.map((n) => n.dataset.key)")
+    assert keys == [str(j) for j in range(KEYS)]
+    far = page.query_selector_all(".as-neuron-scores .as-key-rows")[2 * 30 + 1]  # the numbers of keys 960-991
+    far.scroll_into_view_if_needed()
+    page.wait_for_timeout(100)
+    lefts = page.evaluate("""() => {
+      const left = (n) => Math.round(n.getBoundingClientRect().left);
+      const heads = [...document.querySelectorAll(".as-neuron-scores .as-th")];
+      const head = (t) => left(heads.find((h) => h.textContent === t));
+      const cell = (s) => left(document.querySelector(`.as-neuron-scores [data-stage='${s}'][data-key='970']`));
+      const label = document.querySelector(".as-neuron-scores .as-tok-cell[data-key='970']");
+      return { heads: [head("key"), head("q · k"), head("scaled")],
+               cells: [left(label), cell("scores"), cell("scaled")],
+               clipped: [...document.querySelectorAll(".as-neuron-scores [data-key='970']")]
+                 .filter((n) => n.scrollWidth > n.clientWidth + 1).length };
+    }""")
+    assert lefts["heads"] == lefts["cells"] and lefts["clipped"] == 0, lefts
+    assert opened.errors == []

@@ -5,7 +5,8 @@
    rounded to float32 (Math.fround), which reproduces numpy's float32 arithmetic exactly. The two
    parts sit side by side when the pane is wide enough and wrap below each other when it is not. On a long trace
    the web app sends the shown query's row of each [query, ...] stage only (a row block, b.query; rowOf reads
-   either kind), and the vector columns are one pixel per cell, scaled up (vectorCanvas). */
+   either kind), the vector columns are one pixel per cell, scaled up (vectorCanvas), and the key rows come in
+   chunks the browser lays out only near the screen (keyChunks). */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -66,10 +67,6 @@
              webkitMaskComposite: "source-in" };
   }
 
-  function number(stage, v, extra) {
-    return el("span", { class: `as-num ${extra || ""}`, "data-stage": stage, "data-value": String(v), text: A.fmt(v) });
-  }
-
   function hoverValues(canvas, tip, d, cw, describe) {
     canvas.addEventListener("mousemove", (e) => {
       const r = Math.floor(e.offsetY / ROW);
@@ -99,41 +96,126 @@
     return keys;
   }
 
-  // A CSS grid whose put(node, row, column, rowSpan) places cells; the vector canvases span every key row.
-  function grid(n, d, cw, numbers, extraRows, cls) {
+  // A CSS grid whose put(node, row, column, rowSpan, columnSpan) places cells; the vector canvases span every key
+  // row, and the key rows come in chunks (keyChunks). `columns`: its grid-template-columns.
+  function grid(n, columns, extraRows, cls) {
     const node = el("div", { class: cls || "as-neuron" });
-    node.style.gridTemplateColumns = `minmax(5em, max-content) ${d * cw}px ${d * cw}px repeat(${numbers}, max-content)`;
+    node.style.gridTemplateColumns = columns;
     node.style.gridTemplateRows = `auto ${ROW}px auto repeat(${n + (extraRows || 0)}, ${ROW}px)`;
-    const put = (cell, row, col, span) => {
-      cell.style.gridArea = span ? `${row} / ${col} / span ${span}` : `${row} / ${col}`;
+    const put = (cell, row, col, span, colSpan) => {
+      cell.style.gridArea = `${row} / ${col}` + (span || colSpan ? ` / span ${span || 1} / span ${colSpan || 1}` : "");
       node.append(cell);
     };
     return { node: node, put: put };
   }
 
-  // A key's cell: its number (or text) with the key it belongs to; a masked key's in the muted colour (a colour,
-  // not opacity: 2,000 masked keys' cells each with an opacity cost a layout and paint of their own).
-  function keyCell(node, key, masked) {
-    node.dataset.key = String(key);
-    if (masked) {
-      node.dataset.masked = "";
-      node.style.color = "var(--muted)";
-    }
-    return node;
+  // Key rows per chunk. A long trace has thousands of key rows (2,048 keys x 5-7 elements in the scores and 2 in the
+  // values): one grid of them all cost ~1 s of layout and paint before the first frame. Each chunk is a grid of its
+  // own with `content-visibility: auto`, so the browser lays out and paints only the chunks near the screen; every
+  // cell is in the page (its data-* numbers and text read as before, found by find-in-page).
+  const CHUNK = 32;
+
+  // The px width of each column of a `cls` grid laid out with `columns` (max-content tracks) holding `fill`'s cells
+  // (the headers and the widest key rows), measured once in a hidden copy in `host`: the chunks and the grid above
+  // them then share these widths. Null when `host` is not laid out (then each chunk sizes its own columns).
+  function measuredColumns(host, cls, columns, fill) {
+    const probe = grid(0, columns, 0, cls);
+    Object.assign(probe.node.style, { position: "absolute", visibility: "hidden", gridTemplateRows: "none" });
+    fill(probe.put);
+    host.append(probe.node);
+    const tracks = getComputedStyle(probe.node).gridTemplateColumns.split(" ")
+      .map((t) => (/px$/.test(t) ? parseFloat(t) : NaN)); // "83.5px 640px ..." once laid out
+    probe.node.remove();
+    return tracks.length > 1 && tracks.every((t) => t >= 0) ? tracks : null;
   }
 
-  // One key's numbers: q . k (the trace's scores), scaled (float32 product), T5's position bias when the block has
-  // it (added to scaled before the softmax), the softmax weight and its bar.
-  function keyRow(put, v, row) {
-    const cell = (node) => keyCell(node, v.key, v.masked);
-    put(cell(el("span", { class: "as-tok-cell", text: v.label })), row, 1);
-    put(cell(number("scores", v.score)), row, 4);
-    put(cell(v.masked ? el("span", { class: "as-num", "data-stage": "scaled", "data-value": "-Infinity",
-                                     text: "masked (−∞)" }) : number("scaled", v.scaled)), row, 5);
-    if (v.bias !== undefined) put(cell(number("position_bias", v.bias)), row, 6);
-    const bar = el("span", { class: "as-bar" });
-    bar.style.width = `${v.bar * 6}em`;
-    put(cell(el("span", { class: "as-weight" }, [bar, number("weights", v.weight)])), row, v.bias === undefined ? 6 : 7);
+  // The keys' cells in chunks of CHUNK rows from grid row `first`: cellsOf(r) gives display row r's cells for each
+  // span of columns [column, count] (1-based, as the grid's); widths: the measured column widths (px) or null.
+  function keyChunks(put, n, first, spans, widths, cellsOf) {
+    const gap = 10; // .as-neuron's column-gap
+    for (let from = 0; from < n; from += CHUNK) {
+      const m = Math.min(CHUNK, n - from);
+      const chunks = spans.map(([col, count]) => {
+        const chunk = el("div", { class: "as-key-rows" });
+        const own = widths ? widths.slice(col - 1, col - 1 + count) : null;
+        chunk.style.gridTemplateColumns = own ? own.map((w) => `${w}px`).join(" ") : `repeat(${count}, max-content)`;
+        chunk.style.gridTemplateRows = `repeat(${m}, ${ROW}px)`;
+        const wide = own ? own.reduce((a, w) => a + w, 0) + gap * (count - 1) : 0;
+        chunk.style.containIntrinsicSize = `${wide}px ${m * ROW}px`; // its size while off screen
+        put(chunk, first + from, col, m, count);
+        return chunk;
+      });
+      for (let r = from; r < from + m; r++) cellsOf(r).forEach((cells, i) => chunks[i].append(...cells));
+    }
+  }
+
+  // A `cls` grid of the header cells heads(put) above n key rows in chunks from row 4 (keyChunks; cellsOf(r): row r's
+  // cells per span), its columns measured from the headers and the widest rows (by each of `sizes`, widestRows);
+  // the caller puts the vector canvases in.
+  function keyGrid(host, cls, columns, n, extraRows, heads, spans, sizes, cellsOf) {
+    const sizing = widestRows(n, sizes);
+    const widths = measuredColumns(host, cls, columns, (put) => {
+      heads(put);
+      sizing.forEach((r, i) => cellsOf(r)
+        .forEach((cells, s) => cells.forEach((c, j) => put(c, 4 + i, spans[s][0] + j))));
+    });
+    const g = grid(n, widths ? widths.map((w) => `${w}px`).join(" ") : columns, extraRows, cls);
+    heads(g.put);
+    keyChunks(g.put, n, 4, spans, widths, cellsOf);
+    return g;
+  }
+
+  // Each label's width as drawn, in the key cells' font (a canvas measures text without laying anything out).
+  function drawnWidths(host, labels) {
+    const probe = el("span", { class: "as-tok-cell" });
+    host.append(probe);
+    const g = document.createElement("canvas").getContext("2d");
+    g.font = getComputedStyle(probe).font;
+    probe.remove();
+    return labels.map((label) => g.measureText(label).width);
+  }
+
+  // The display rows whose cells are widest in some column: the top 3 of each of `sizes` (per column, a row's
+  // size there: its label's drawn width, a number's length, the bar's width); with the headers they size the
+  // columns (measuredColumns).
+  function widestRows(n, sizes) {
+    const rows = new Set();
+    for (const size of sizes) {
+      const of = Array.from({ length: n }, (_, r) => size(r));
+      for (const r of [...of.keys()].sort((a, b) => of[b] - of[a]).slice(0, 3)) rows.add(r);
+    }
+    return [...rows];
+  }
+
+  // A key's cell: a span with its text and the key it belongs to, its numbers (stage, exact value) in data-*; a
+  // masked key's in the muted colour (attnscope.css: a colour, not opacity, which would cost each of 2,000 masked
+  // keys' cells a layer). Built without A.el: a long trace has ~16,000 of them.
+  function keyCell(cls, text, key, masked, stage, value) {
+    const node = document.createElement("span");
+    node.className = cls;
+    node.textContent = text;
+    if (stage) {
+      node.dataset.stage = stage;
+      node.dataset.value = String(value);
+    }
+    node.dataset.key = String(key);
+    if (masked) node.dataset.masked = "";
+    return node;
+  }
+  const MASKED = "masked (−∞)";
+
+  // One key's cells: its label, then q . k (the trace's scores), scaled (float32 product), T5's position bias when
+  // the block has it (added to scaled before the softmax), the softmax weight after its bar (the cell's ::before,
+  // --bar wide).
+  function keyCells(v) {
+    const num = (stage, value) => keyCell("as-num", A.fmt(value), v.key, v.masked, stage, value);
+    const weight = keyCell("as-num as-weight", A.fmt(v.weight), v.key, v.masked, "weights", v.weight);
+    weight.style.setProperty("--bar", `${v.bar * 6}em`);
+    const numbers = [num("scores", v.score),
+      v.masked ? keyCell("as-num", MASKED, v.key, true, "scaled", "-Infinity") : num("scaled", v.scaled)];
+    if (v.bias !== undefined) numbers.push(num("position_bias", v.bias));
+    numbers.push(weight);
+    return [[keyCell("as-tok-cell", v.label, v.key, v.masked)], numbers];
   }
 
   // Cell width of the vector canvases: two canvases and ~26em of numbers fit the pane (2..10 px a dimension).
@@ -141,10 +223,10 @@
     return Math.max(2, Math.min(10, Math.floor((Math.max(width, 360) - 440) / (2 * d))));
   }
 
-  function table(ctx, b, query, order, tip, width) {
+  function table(ctx, b, query, order, tip, host) {
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
-    const cw = cellWidth(d, width);
+    const cw = cellWidth(d, host.clientWidth || 1280);
     const row = rowOf(b, "weights", query, n);
     const keys = orderKeys(model, row, order);
     const q = rowOf(b, "q", query, d);
@@ -152,13 +234,27 @@
     const scores = rowOf(b, "scores", query, n);
     const widest = Math.max(...row); // bars are relative to this query's largest weight
     const bias = rowOf(b, "position_bias", query, n); // T5
-    const { node, put } = grid(n, d, cw, bias ? 4 : 3);
+    const scaling = f32(b.scaling);
+    const rows = keys.map((j) => ({
+      key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: scores[j],
+      scaled: f32(scores[j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
+      bias: bias ? bias[j] : undefined,
+    }));
     const titles = ["key", "k", "q × k (elementwise)", "q · k", "scaled", bias ? "+ position bias" : null,
                     bias ? "softmax(scaled + bias) (bar: / row max)" : "softmax weight (bar: / row max)"]
       .filter(Boolean);
-    ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
-    put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
-    titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+    const heads = (put) => {
+      ["query", "q"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 1, c + 1));
+      put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
+      titles.forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+    };
+    const numbers = bias ? 4 : 3;
+    const drawn = drawnWidths(host, rows.map((v) => v.label));
+    const { node, put } = keyGrid(host, "as-neuron", `minmax(5em, max-content) ${d * cw}px ${d * cw}px ` +
+      `repeat(${numbers}, max-content)`, n, 0, heads, [[1, 1], [4, numbers]], [(r) => drawn[r],
+      (r) => A.fmt(rows[r].score).length, (r) => (rows[r].masked ? MASKED : A.fmt(rows[r].scaled)).length,
+      (r) => (bias ? A.fmt(rows[r].bias).length : 0), (r) => rows[r].bar * 100 + A.fmt(rows[r].weight).length],
+      (r) => keyCells(rows[r]));
     const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t])}`], 2],
@@ -166,25 +262,19 @@
       [n, (r, t) => f32(q[t] * k(keys[r], t)), "q times k, elementwise",
        (r, t) => [who(r), `q[${t}] × k[${t}] = ${A.fmt(f32(q[t] * k(keys[r], t)))}`], 4],
     ];
-    vectors.forEach(([rows, value, label, describe, at], i) => {
-      const canvas = vectorCanvas(rows, d, cw, value, ctx.theme(), label, tip, describe);
-      put(canvas, at, i === 2 ? 3 : 2, rows > 1 ? rows : 0);
+    vectors.forEach(([count, value, label, describe, at], i) => {
+      const canvas = vectorCanvas(count, d, cw, value, ctx.theme(), label, tip, describe);
+      put(canvas, at, i === 2 ? 3 : 2, count > 1 ? count : 0);
     });
-    const scaling = f32(b.scaling);
-    keys.forEach((j, r) => keyRow(put, {
-      key: j, label: A.keyLabel(model, j), masked: model.causal && j > query, score: scores[j],
-      scaled: f32(scores[j] * scaling), weight: row[j], bar: widest > 0 ? Math.max(0, row[j] / widest) : 0,
-      bias: bias ? bias[j] : undefined,
-    }, 4 + r));
     const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` +
       (bias ? "; the weight is the softmax of scaled + the relative position bias (T5's, per head and distance)" : "") });
     const parts = el("div", { class: "as-neuron-parts" }, [el("div", { class: "as-neuron-scores" }, [rule, node])]);
-    if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip));
+    if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip, host, drawn));
     return parts;
   }
 
   // Every key's v, weight × v (float32) and their sum over keys, next to the trace's context row.
-  function valuesPart(ctx, b, query, keys, cw, tip) {
+  function valuesPart(ctx, b, query, keys, cw, tip, host, drawn) {
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const weights = rowOf(b, "weights", query, n);
@@ -192,10 +282,20 @@
     const v = (j, t) => b.v[j * d + t];
     const wv = (j, t) => f32(w(j) * v(j, t));
     const context = rowOf(b, "context", query, d);
-    const { node, put } = grid(n, d, cw, 1, 1, "as-neuron-v");
-    put(el("span", { class: "as-th", text: "query" }), 1, 1);
-    put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
-    ["key", "v", "weight × v", "weight"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+    const labels = keys.map((j) => A.keyLabel(model, j));
+    const cells = (r) => {
+      const [j, masked] = [keys[r], model.causal && keys[r] > query];
+      return [[keyCell("as-tok-cell", labels[r], j, masked)],
+              [keyCell("as-num", A.fmt(w(j)), j, masked, "weights", w(j))]];
+    };
+    const heads = (put) => {
+      put(el("span", { class: "as-th", text: "query" }), 1, 1);
+      put(el("span", { class: "as-tok-cell as-query-tok", text: A.tokenLabel(model, query) }), 2, 1);
+      ["key", "v", "weight × v", "weight"].forEach((h, c) => put(el("span", { class: "as-th", text: h }), 3, c + 1));
+      put(el("span", { class: "as-th", text: "sum = context" }), 4 + n, 1);
+    };
+    const { node, put } = keyGrid(host, "as-neuron-v", `minmax(5em, max-content) ${d * cw}px ${d * cw}px max-content`,
+      n, 1, heads, [[1, 1], [4, 1]], [(r) => drawn[r], (r) => A.fmt(w(keys[r])).length], cells);
     const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [(r, t) => v(keys[r], t), "v vectors of every key", (r, t) => [who(r), `v[${t}] = ${A.fmt(v(keys[r], t))}`]],
@@ -205,14 +305,8 @@
       const canvas = vectorCanvas(n, d, cw, value, ctx.theme(), label, tip, describe);
       put(canvas, 4, i + 2, n);
     });
-    keys.forEach((j, r) => {
-      const masked = model.causal && j > query;
-      put(keyCell(el("span", { class: "as-tok-cell", text: A.keyLabel(model, j) }), j, masked), 4 + r, 1);
-      put(keyCell(number("weights", w(j)), j, masked), 4 + r, 4);
-    });
     const sum = [...Array(d).keys()].map((t) => keys.reduce((s, j) => s + wv(j, t), 0));
     const diff = Math.max(...sum.map((s, t) => Math.abs(s - context[t])));
-    put(el("span", { class: "as-th", text: "sum = context" }), 4 + n, 1);
     const canvas = vectorCanvas(1, d, cw, (r, t) => context[t], ctx.theme(), `context row of query ${query}`, tip,
       (r, t) => [`context[${t}] = ${A.fmt(context[t])}`, `sum of weight × v[${t}] = ${A.fmt(sum[t])}`]);
     put(canvas, 4 + n, 3);
@@ -283,8 +377,7 @@
         const block = await blockFor(ctx, layer, head, query, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
-        const width = content.clientWidth || 1280;
-        if (block) content.append(modernNote(model.payload.model, head, model.payload.attention), table(ctx, block, query, order.value, tip, width));
+        if (block) content.append(modernNote(model.payload.model, head, model.payload.attention), table(ctx, block, query, order.value, tip, content));
         else content.append(missing(ctx, layer, head));
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
       };
@@ -319,18 +412,24 @@
 
   const ROW_BLOCKS = 16; // fetched row blocks a page keeps (~1.1 MB each at 2,048 tokens), the oldest dropped
 
+  // Row blocks by payload, not by decoded model: the web app draws the same payload again on a change of view (a
+  // new model each time), and a row fetched for one view is still there for the next. payload -> "layer:head:query"
+  // -> block.
+  const rowBlocks = new WeakMap();
+
   // A fetched row block of (layer, head, query), or null.
   A.neuronRowBlock = (model, layer, head, query) =>
-    (model.rowBlocks && model.rowBlocks.get(`${layer}:${head}:${query}`)) || null;
+    (rowBlocks.has(model.payload) && rowBlocks.get(model.payload).get(`${layer}:${head}:${query}`)) || null;
 
   // Row blocks stay apart from the whole ones (model.readyBlock): a reader of any query's row there would find
   // none; the matrix reads a hovered cell's exact weight through A.neuronRow on either.
   function keepRow(model, block) {
-    model.rowBlocks = model.rowBlocks || new Map();
+    if (!rowBlocks.has(model.payload)) rowBlocks.set(model.payload, new Map());
+    const kept = rowBlocks.get(model.payload);
     const key = `${block.layer}:${block.head}:${block.query}`;
-    model.rowBlocks.delete(key);
-    model.rowBlocks.set(key, block);
-    for (const old of model.rowBlocks.keys()) if (model.rowBlocks.size > ROW_BLOCKS) model.rowBlocks.delete(old);
+    kept.delete(key);
+    kept.set(key, block);
+    for (const old of kept.keys()) if (kept.size > ROW_BLOCKS) kept.delete(old);
     return block;
   }
 
