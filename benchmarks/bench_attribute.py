@@ -123,20 +123,23 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None
         print(f"{method.name:24} {seconds:8.2f} {seconds / t_f:9.1f} {ms.cost.forwards:5d} "
               f"{ms.cost.backwards:5d} {ratio:>6}  {ms.check.status} {ms.check.value:.2g}")
         if method.name == "alti":
-            print(f"{'':24} (its transformed vectors alone: {alti_share(obj):.2f} of a forward's multiply-adds, "
-                  "as batched products of K = heads)")
+            vectors, rest = alti_share(obj)
+            print(f"{'':24} (its transformed vectors alone: {vectors:.2f} of a forward's multiply-adds, formed and "
+                  f"summed in registers by one numba kernel; the head vectors and the check's sum: {rest:.2f} more)")
 
 
-def alti_share(obj: Objective) -> float:
-    """ALTI's transformed vectors' multiply-adds (tokens^2 x heads x d_model per layer, the T_i(x_j) themselves)
-    over the forward pass's (every linear layer's weights x tokens, plus 2 tokens^2 d_model per layer for q k^T and
-    weights v): the part of ALTI's time no batching removes, beside its one forward."""
+def alti_share(obj: Objective) -> tuple[float, float]:
+    """ALTI's multiply-adds beside its one forward, as fractions of the forward pass's (every linear layer's weights
+    x tokens, plus 2 tokens^2 d_model per layer for q k^T and weights v): the transformed vectors (tokens^2 x heads x
+    d_model per layer, the T_i(x_j) in the distance kernel), then the head vectors f = v W_O (tokens x d_model^2)
+    and the check's sum merged(alpha v) W_O (tokens^2 x d_model + tokens x d_model^2). The part no batching removes."""
     m, n = obj.model, obj.n_tokens
     config = getattr(m.model.config, "text_config", None) or m.model.config
     heads, d = int(config.num_attention_heads), int(config.hidden_size)
     linear = sum(mod.weight.numel() for mod in m.model.modules() if isinstance(mod, torch.nn.Linear))
     forward = linear * n + m.n_layers * 2 * n * n * d
-    return m.n_layers * n * n * heads * d / forward
+    rest = m.n_layers * (2 * n * d * d + n * n * d)
+    return m.n_layers * n * n * heads * d / forward, rest / forward
 
 
 def blas_threads(n: int) -> None:

@@ -97,7 +97,7 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
         ("browser",),
     "faithfulness/test_run.py::test_metrics_agreement_gives_the_full_runs_rank_agreement_in_few_forwards": ("slow",),
     "attribution/test_seq2seq_attention.py": ("slow",),
-    "attribution/test_mixing_alti.py::test_the_chunked*": ("slow",),
+    "attribution/test_alti_kernel.py::test_the_kernel_s_distances*": ("slow",),
     "attribution/test_blocks.py": ("slow",),  # ~50 s: the decompositions' capture on four families
     "attribution/test_cli.py::test_raw_tokens*": ("smollm2",),
     # the corpus explorer's heads pass (75-97 s each at load 19) and its pages in Chromium

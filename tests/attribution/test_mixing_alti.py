@@ -11,7 +11,15 @@ import pytest
 import torch
 
 import attnscope
-from attnscope.attribution.alti import CHUNK, alti, block_error, contributions, layer_alti, transformed_vectors
+from attnscope.attribution.alti import (
+    alti,
+    block_error,
+    contributions,
+    head_vector_error,
+    layer_alti,
+    parts,
+    transformed_vectors,
+)
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
 from attnscope.attribution.mixing import LayerMixing
 from attnscope.errors import AttnscopeError
@@ -161,28 +169,6 @@ def test_a_batch_or_padding_is_refused(minilm: attnscope.Model) -> None:
         alti(minilm, one)
 
 
-@pytest.mark.parametrize("chunk", [1, 3 * 384, CHUNK])
-def test_the_chunked_float32_layers_equal_the_whole_float64_tensor(chunk: int, minilm: attnscope.Model) -> None:
-    """alti() takes a few keys at a time in float32 (module doc): the same c_ij as the [query, key, d_model]
-    tensor in float64 within 1e-5, with one key per chunk, three, or the default; and the same check."""
-    for block in _blocks(minilm):
-        matrix, error = layer_alti(block, chunk=chunk)
-        t, bias = transformed_vectors(block)
-        assert np.abs(matrix - contributions(t, bias)).max() <= 1e-5  # measured 5.5e-07 over MiniLM's layers
-        assert abs(error - block_error(block, t, bias)) <= 1e-6 and error <= 1e-5
-
-
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_the_chunked_layers_skip_only_what_a_decoder_cannot_see(
-        family: str, tiny_model: Callable[[str], attnscope.Model]) -> None:
-    m = tiny_model(family)
-    for block in _blocks(m):
-        for chunk in (1, 2 * 64, 10**6):
-            matrix, _ = layer_alti(block, chunk=chunk)
-            assert np.abs(matrix - contributions(*transformed_vectors(block))).max() <= 1e-5
-            assert (np.triu(matrix, k=1) == 0).all()
-
-
 def test_alti_s_own_check_fails_on_a_wrong_block(minilm: attnscope.Model, smollm2: attnscope.Model) -> None:
     """layer_alti's check (the one alti() reports) is not the reference path's: a dropped residual, a LayerNorm
     scale of w - 1 or a swapped W_O fails it."""
@@ -195,3 +181,19 @@ def test_alti_s_own_check_fails_on_a_wrong_block(minilm: attnscope.Model, smollm
             if block.norm is not None:
                 wrong = dataclasses.replace(block.norm, gamma=block.norm.gamma - 1.0)
                 assert layer_alti(dataclasses.replace(block, norm=wrong))[1] > 1e-3
+
+
+def test_the_head_vectors_check_fails_on_a_wrong_f(minilm: attnscope.Model, smollm2: attnscope.Model) -> None:
+    """The kernel's f [head, key, d_model] is checked by its sum over the keys (the block check sums the T's
+    through the context and would not see it): f as layer_alti forms it passes; one head's vectors formed with
+    the next head's W', or f with its keys' vectors permuted along d_model, fail."""
+    for m in (minilm, smollm2):
+        for block in _blocks(m)[:2]:
+            p = parts(block)
+            v, w = p.v.float(), p.w.float()
+            heads, d_head = v.shape[0], v.shape[-1]
+            f = torch.bmm(v, w.view(heads, d_head, -1))  # as layer_alti forms it
+            assert head_vector_error(f, v, w) <= 1e-6
+            shifted = torch.bmm(v, w.view(heads, d_head, -1).roll(1, dims=0))  # each head with another's W'
+            assert head_vector_error(shifted, v, w) > 1e-3
+            assert head_vector_error(f.flip(-1), v, w) > 1e-3

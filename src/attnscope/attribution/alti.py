@@ -31,15 +31,15 @@ aggregated by rollout (LayerMixing.rolled) with no residual added: the residual 
 How it is computed. The block is first rewritten (parts()) so that every norm's per-query scale sits in the
 weights and its centring and gamma in W_O: T_i(x_j) = sum_h alpha'^h_ij f'^h(x_j) + [i == j] r_i (the same maths
 as above, reordered), with sigma_i (rms_i) the statistic of the full sum as the model's own norm received it
-(captured), and y_i the block output captured from the forward pass. The distances are then taken a few keys at a
-time (one batched matmul per chunk of keys, y subtracted inside it, into one reused buffer): T - y for those keys
-and ||y_i - T_i(x_j)||_1, in
-float32, the captured pieces' own precision (float64 costs 1.5x; c_ij moves by < 1e-5, measured 5.5e-07 on MiniLM
-and 5.8e-07 on SmolLM2 against the whole tensor in float64). A decoder's chunk skips the queries before it (their
-weights on it are exactly 0, so T = 0 and the distance is ||y_i||_1). transformed_vectors() builds the whole
-[query, key, d_model] tensor from the same parts: the walkthrough and the tests read it; alti() does not.
-The cost is in the T's themselves: tokens^2 x heads x d_model multiplications per layer (at MiniLM's 128 tokens a
-third of a forward pass's), plus two passes over them (absolute value, sum; the subtraction rides in the matmul).
+(captured), and y_i the block output captured from the forward pass. The distances ||y_i - T_i(x_j)||_1 are then
+taken by one compiled kernel (attribution.alti_kernel, numba): each T_i(x_j) - y_i formed in registers, the product
+over the heads, the difference and the absolute sum in one pass, in float32, the captured pieces' own precision
+(c_ij moves by < 1e-5 against the whole tensor in float64: tested on MiniLM and random GPT-2 and Llama). A
+decoder's key skips the queries before it (their weights on it are exactly 0, so T = 0 and the distance is
+||y_i||_1). transformed_vectors() builds the whole [query, key, d_model] tensor from the same parts: the
+walkthrough and the tests read it; alti() does not.
+The cost is in the T's themselves: tokens^2 x heads x d_model multiply-adds per layer (at MiniLM's 128 tokens a
+third of a forward pass's), plus the absolute sums, fused with them.
 
 The check: per layer, sum_j T_i(x_j) + bias_i equals the block output captured from the real forward pass (the
 LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) * max(1, max |y|):
@@ -58,14 +58,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from attnscope.attribution.alti_kernel import distances
 from attnscope.attribution.blocks import LayerBlock, capture_blocks, merged_context, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
 from attnscope.norms import head_vectors
 from attnscope.placement import dtype_name
 from attnscope.records.check_report import tolerance_for
-
-CHUNK = 3 * 2**17  # float32 values of T per batched matmul (1.5 MiB): 8 keys of MiniLM at 128 tokens (fastest of 2-16)
 
 
 @dataclass(frozen=True)
@@ -96,8 +95,8 @@ def parts(block: LayerBlock) -> Parts:
     if n is None:  # pre-norm: y_i = x_i + attention output, nothing after the sum
         return Parts(block.weights, block.v, block.w_o, x, block.b_o.expand(x.shape[0], -1), block.block_output)
     full = n.received  # [query, d_model]: the full sum, as the model's norm received it
-    spread = full.var(dim=-1, unbiased=False) if n.centred else full.pow(2).mean(dim=-1)  # [query]
-    inv = 1.0 / torch.sqrt(spread + n.eps)  # [query]: the FULL sum's statistic, one per position
+    spread = _centred(full).pow(2).mean(dim=-1) if n.centred else full.pow(2).mean(dim=-1)  # [query]: var, rms^2
+    inv = torch.rsqrt(spread + n.eps)  # [query]: the FULL sum's statistic, one per position
     w_o, b_o = (_centred(block.w_o), _centred(block.b_o)) if n.centred else (block.w_o, block.b_o)
     bias = b_o * n.gamma * inv[:, None] + n.beta  # [query, d_model]
     # sandwich: the residual joins after the norm, untouched
@@ -142,42 +141,30 @@ def _normalised(y: torch.Tensor, distance: torch.Tensor) -> np.ndarray:
     return normalise_rows(closeness.cpu().numpy())
 
 
-def layer_alti(block: LayerBlock, chunk: int = CHUNK) -> tuple[np.ndarray, float]:
-    """One layer's contributions c_ij [query, key] and its check's error (summed_error of the T's used), with
-    the T's built a chunk of keys at a time in float32 (module doc)."""
+def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
+    """One layer's contributions c_ij [query, key] and its check's error (summed_error of the T's used), the
+    distances taken by the compiled kernel in float32 (module doc)."""
     p = parts(block)
     weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
-    by_key = weights.permute(2, 1, 0).contiguous()  # [key, query, head]
-    heads, n, _ = v.shape
-    f = torch.empty(n, heads, w.shape[-1], dtype=w.dtype, device=w.device)  # [key, head, d_model]
-    head_vectors(v, w, out=f.transpose(0, 1))  # written key by key: no copy to turn it
-    absent = (weights.abs().sum(dim=0) == 0).fill_diagonal_(False)  # [query, key]: no weight, T_i(x_j) = 0
-    causal = bool(absent.triu(diagonal=1).all())  # a decoder: no query sees a later key
-    distance = _distances(by_key, f, diagonal, p.resultant.float(), causal, chunk)  # [key, query]
-    # an absent source's distance is ||y_i||_1 exactly (its share 0), not float32's rounding of it
-    norm = p.resultant.double().abs().sum(dim=-1, keepdim=True)  # [query, 1]
-    summed = merged_context(weights, v) @ w + diagonal  # sum_j T_i(x_j), summed over j before W (linearity)
-    return _normalised(p.resultant, torch.where(absent, norm, distance.T)), summed_error(block, summed + p.bias)
+    f = head_vectors(v, w)  # [head, key, d_model]
+    distance, absent = distances(weights, f, diagonal, p.resultant.float())  # [query, key] each
+    norm = np.abs(p.resultant.double().cpu().numpy()).sum(axis=-1, keepdims=True)  # [query, 1]: ||y_i||_1
+    # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
+    closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))  # np.maximum keeps NaN
+    # sum_j T_i(x_j) + bias_i, the T's summed over j before W (linearity): one fused product and sum
+    summed = torch.addmm(diagonal + p.bias.float(), merged_context(weights, v), w)  # [query, d_model], float32
+    return normalise_rows(closeness), max(summed_error(block, summed), head_vector_error(f, v, w))
 
 
-def _distances(by_key: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor, causal: bool,
-               chunk: int) -> torch.Tensor:
-    """||y_i - T_i(x_j)||_1 [key, query], T a few keys at a time: by_key [key, query, head], f [key, head, d_model],
-    diagonal and y [query, d_model]. A decoder's (causal) chunk skips the queries before its first key: their
-    weights on it are 0, and the distance left there is 0 (the caller sets ||y_i||_1)."""
-    n, d = y.shape
-    distance = torch.zeros(n, n, dtype=y.dtype, device=y.device)  # [key, query]
-    step = max(1, chunk // (n * d))
-    buffer = torch.empty(step * n * d, dtype=y.dtype, device=y.device)  # one chunk's T - y, reused
-    minus_y = -y  # [query, d_model]
-    for start in range(0, n, step):
-        end, first = min(n, start + step), start if causal else 0
-        t = buffer[: (end - start) * (n - first) * d].view(end - start, n - first, d)  # [chunk, query, d_model]
-        # T - y in one call: -y_i + [chunk, query, head] @ [chunk, head, d_model] (no separate subtraction pass)
-        torch.baddbmm(minus_y[first:].expand(end - start, -1, -1), by_key[start:end, first:], f[start:end], out=t)
-        t.diagonal(offset=start - first).add_(diagonal[start:end].T)  # + [i == j] r_i: entries (j - start, j - first)
-        torch.sum(t.abs_(), dim=-1, out=distance[start:end, first:])  # ||T_i(x_j) - y_i||_1, written in place
-    return distance
+def head_vector_error(f: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> float:
+    """The head vectors the kernel read, f [head, key, d_model], summed over the keys against the same sum formed
+    from v [head, key, d_head] and W' [head * d_head, d_model] (sum_j v_j W' = sum_j f_j, linearity), in float64:
+    max error relative to max(1, max |sum|). The block check above sums the T's through the context, so without
+    this a wrong f (a head's slice of W', a transpose) would pass it; float32's rounding of f summed over n keys
+    stays near n^0.5 * 2^-24 of its size (~1e-6 here), a wrong f is off by its own size."""
+    ours = f.sum(dim=1, dtype=torch.float64)  # [head, d_model]
+    ref = head_vectors(v.sum(dim=1, keepdim=True, dtype=torch.float64), w.double())[:, 0]  # [head, d_model]
+    return float((ours - ref).abs().max()) / max(1.0, float(ref.abs().max()))
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
@@ -196,9 +183,10 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     where = ("residual + attention output" if norm is None else "LayerNorm output" if not norm.sandwich
              else "residual + RMSNorm(attention output)")
     detail = (f"per layer, the transformed vectors plus biases add up to the block's {where} captured from the "
-              f"forward pass: max error {float(max_error.max()):.1e} relative to max(1, max |y|), bound {bound:.0e}")
+              f"forward pass, and the head vectors summed over the keys equal (sum of v) W': max error "
+              f"{float(max_error.max()):.1e} relative to max(1, max |y|), bound {bound:.0e}")
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
 
 
-__all__ = ["CHUNK", "Parts", "alti", "block_error", "contributions", "layer_alti", "parts", "summed_error",
+__all__ = ["Parts", "alti", "block_error", "contributions", "head_vector_error", "layer_alti", "parts", "summed_error",
            "transformed_vectors"]

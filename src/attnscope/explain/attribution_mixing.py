@@ -31,7 +31,7 @@ from attnscope.maths import expand_kv
 from attnscope.rollout import residual_attention
 
 MIXED_SAME = 1e-9  # a contribution recomputed here in float64 against the module's float64 one
-ALTI_SAME = 1e-5  # ALTI here (float64, whole) against alti() (float32 distances, a chunk of keys at a time)
+ALTI_SAME = 1e-5  # ALTI here (float64, whole) against alti() (float32 distances by the numba kernel)
 ROLLOUT_SAME = 1e-6  # attention rollout: attribute() reads the trace's rollout, rounded to float32
 
 

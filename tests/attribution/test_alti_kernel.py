@@ -1,0 +1,104 @@
+"""ALTI's distance kernel (attribution.alti_kernel): its float32 distances and contributions equal the whole
+[query, key, d_model] tensor in float64; a decoder's unseen pairs are found absent (and skipped) and nothing else;
+more threads give the same bytes; a kernel that drops the residual fails the comparison; without numba, one line
+naming the install."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+import attnscope
+from attnscope.attribution import alti_kernel
+from attnscope.attribution.alti import contributions, layer_alti, parts, transformed_vectors
+from attnscope.attribution.blocks import LayerBlock, capture_blocks
+from attnscope.errors import AttnscopeError
+
+TEXT = ("The capital of France is Paris, and the capital of Italy is Rome; travellers between the two cities often "
+        "take the night train through the Alps, which crosses the border near Modane before dawn.")
+
+
+def _blocks(m: attnscope.Model, text: str = TEXT) -> list[LayerBlock]:
+    return capture_blocks(m, dict(m.tokenizer(text, return_tensors="pt")), whole_block=True)  # float64
+
+
+def _pieces(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel's inputs as layer_alti forms them: weights [head, query, key], f [head, key, d_model], r, y."""
+    p = parts(block)
+    return p.weights.float(), p.f.float(), p.diagonal.float(), p.resultant.float()
+
+
+def _whole_distances(block: LayerBlock) -> torch.Tensor:
+    """||T_i(x_j) - y_i||_1 [query, key] from the whole float64 tensor, y the captured output."""
+    t, _ = transformed_vectors(block)  # [query, key, d_model]
+    return (t - parts(block).resultant[:, None, :]).abs().sum(dim=-1)
+
+
+def _kernel(*pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's distances [query, key] in float64 and its absent pairs [query, key]."""
+    d, absent = alti_kernel.distances(*pieces)
+    return torch.from_numpy(d).double(), torch.from_numpy(absent)
+
+
+def test_the_kernel_s_distances_equal_the_whole_float64_tensor(minilm: attnscope.Model) -> None:
+    """Every pair's distance within 1e-5 of the layer's largest ||y_i||_1 (float32 against float64), and the
+    contributions alti() reports within 1e-5 of the whole tensor's."""
+    for block in _blocks(minilm):
+        d, absent = _kernel(*_pieces(block))
+        whole = _whole_distances(block)
+        assert not absent.any()  # an encoder: every query weighs every key
+        assert (d - whole).abs().max() <= 1e-5 * float(whole.max())  # measured 5e-08 of it
+        matrix, error = layer_alti(block)
+        assert np.abs(matrix - contributions(*transformed_vectors(block))).max() <= 1e-5  # measured 5.5e-07
+        assert error <= 1e-5
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_kernel_skips_only_what_a_decoder_cannot_see(family: str,
+                                                          tiny_model: Callable[[str], attnscope.Model]) -> None:
+    """A causal key's earlier queries are found absent and left 0, and every other pair is computed: the seen pairs
+    equal the whole tensor, and layer_alti's matrix equals the reference's with nothing above the diagonal."""
+    for block in _blocks(tiny_model(family)):
+        d, absent = _kernel(*_pieces(block))  # [query, key]
+        whole = _whole_distances(block)
+        seen = torch.ones_like(whole, dtype=torch.bool).tril()  # query i >= key j
+        assert torch.equal(absent, ~seen)
+        assert (d[~seen] == 0).all()
+        assert (d - whole)[seen].abs().max() <= 1e-5 * float(whole.max())
+        matrix, _ = layer_alti(block)
+        assert np.abs(matrix - contributions(*transformed_vectors(block))).max() <= 1e-5
+        assert (np.triu(matrix, k=1) == 0).all()
+
+
+def test_more_threads_give_the_same_bytes(minilm: attnscope.Model) -> None:
+    """Each pair is summed in the same order whichever thread takes its key."""
+    pieces = _pieces(_blocks(minilm)[0])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _kernel(*pieces)
+        torch.set_num_threads(2)
+        two = _kernel(*pieces)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_a_kernel_without_the_residual_fails_the_comparison(minilm: attnscope.Model) -> None:
+    """The comparison above can fail: dropping r_i (the residual's share at i == j) moves the distances and the
+    contributions far past 1e-5."""
+    block = _blocks(minilm)[0]
+    weights, f, r, y = _pieces(block)
+    wrong, _ = _kernel(weights, f, torch.zeros_like(r), y)
+    assert (wrong - _whole_distances(block)).abs().max() > 1e-2 * float(_whole_distances(block).max())
+
+
+def test_without_numba_alti_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` raises ImportError, as when it is absent
+    with pytest.raises(AttnscopeError, match=r"pip install 'attnscope\[attribute\]'") as err:
+        alti_kernel.compiled.__wrapped__(3)
+    assert "\n" not in str(err.value) and err.value.parameter == "methods"
