@@ -71,7 +71,6 @@ MARKED_PATHS: dict[str, tuple[str, ...]] = {
     "stats/test_stats_cli.py::test_resume_after_a_kill_gives_the_same_numbers": ("slow",),  # 42
     "stats/test_stats_cli.py::test_an_error_part_way_keeps_the_documents_before_it": ("slow",),  # 20
     "stats/test_stats_cli.py::test_ctrl_c_checkpoints_and_says_how_to_continue": ("slow",),  # 16
-    "stats/test_stats_cli.py::test_the_terminal_summary_agrees_with_the_files": ("slow",),  # 7
     "stats/test_norm_metrics.py::test_stats_command_adds_the_norm_columns_with_norms": ("slow",),  # 12
     "stats/test_norm_metrics.py::test_norms_on_the_command_line_are_for_that_run_only": ("slow",),  # 7
     "stats/test_stats_engine.py::test_batching_bucketing_and_padding_do_not_change_numbers": ("slow",),  # 10

@@ -4,6 +4,7 @@ locally) equal to an uninterrupted one, and one-line refusals for what cannot ru
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,11 +52,11 @@ def test_ray_on_two_workers_equals_local_bit_for_bit(local: FaithfulnessResult, 
     same_files(local.outdir, on_ray.outdir)
 
 
-@pytest.mark.parametrize("resume_on", ["ray", "local"])
-@pytest.mark.usefixtures("ray_runtime", "one_torch_thread")
-def test_an_interrupted_ray_run_resumes_to_the_same_rows(resume_on: str, local: FaithfulnessResult, ud_dev: Path,
-                                                         minilm: attnscope.Model, tmp_path: Path) -> None:
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def interrupted(ray_runtime: Any, ud_dev: Path, minilm: attnscope.Model,  # noqa: F811 (the imported fixture)
+                tmp_path_factory: pytest.TempPathFactory, one_torch_thread: None) -> Path:
+    """A Ray run stopped after its second document (read-only): each resume test continues a copy of it."""
+    out = tmp_path_factory.mktemp("interrupted") / "out"
 
     def stop_after_two(p: Progress) -> None:
         if p.documents >= 2:
@@ -64,6 +65,15 @@ def test_an_interrupted_ray_run_resumes_to_the_same_rows(resume_on: str, local: 
     with pytest.raises(Stop):
         faithfulness(ud_dev, out, minilm, engine="ray", workers=2, threads=1, progress=stop_after_two, **KW)
     assert '"documents": 2' in (out / "checkpoint.json").read_text(encoding="utf-8")  # checkpointed in order
+    return out
+
+
+@pytest.mark.parametrize("resume_on", ["ray", "local"])
+@pytest.mark.usefixtures("ray_runtime", "one_torch_thread")
+def test_an_interrupted_ray_run_resumes_to_the_same_rows(resume_on: str, interrupted: Path, local: FaithfulnessResult,
+                                                         ud_dev: Path, minilm: attnscope.Model, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(interrupted, out)
     ray_kw: dict[str, Any] = {"engine": "ray", "workers": 2, "threads": 1} if resume_on == "ray" else {}
     resumed = faithfulness(ud_dev, out, minilm, resume=True, **ray_kw, **KW)
     assert resumed.resumed_from == 2

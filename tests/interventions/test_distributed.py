@@ -4,8 +4,7 @@ random weights), and a run interrupted on Ray resumes from its checkpoint to the
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import islice
 from pathlib import Path
 
@@ -15,26 +14,12 @@ import torch
 import attnscope
 from attnscope.interventions.importance import CHECKPOINT, ImportanceSettings, Sums, accumulate
 from attnscope.stats.sources import Source
+from tests.support.ray_runtime import ray_runtime  # noqa: F401 (the shared Ray runtime fixture)
 
 SETTINGS = ImportanceSettings(batch_size=4, checkpoint_every=1)  # 12 sentences: 3 batches, a checkpoint after each
 SOURCE = {"kind": "test"}
 TOL = 1e-6
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the local baselines on one thread, like each worker
-
-
-@pytest.fixture(scope="module")
-def ray_runtime() -> Iterator[object]:
-    """A local Ray with 2 CPUs, or the one this session already has (tests/stats/distributed starts one per session)."""
-    ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'attnscope[ray]')")
-    if ray.is_initialized():
-        yield ray
-        return
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20,
-             log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +38,8 @@ def _gap(a: Sums, b: Sums) -> float:
     return float((torch.tensor(a.total) - torch.tensor(b.total)).abs().max())
 
 
-def test_ray_equals_local(ray_runtime: object, tiny_model: Callable[[str], attnscope.Model], sentences: list[str],
+@pytest.mark.usefixtures("ray_runtime")
+def test_ray_equals_local(tiny_model: Callable[[str], attnscope.Model], sentences: list[str],
                           tmp_path: Path) -> None:
     m = tiny_model("bert")  # an encoder: forward-mode gradients of the pooled embedding, the heavier path
     local = accumulate(m, sentences, tmp_path / "local", SOURCE, SETTINGS)
@@ -66,7 +52,8 @@ def test_ray_equals_local(ray_runtime: object, tiny_model: Callable[[str], attns
     assert saved["sums"]["documents"] == 12
 
 
-def test_interrupted_ray_run_resumes(ray_runtime: object, lm_heads: Callable[[str], attnscope.Model],
+@pytest.mark.usefixtures("ray_runtime")
+def test_interrupted_ray_run_resumes(lm_heads: Callable[[str], attnscope.Model],
                                      sentences: list[str], tmp_path: Path) -> None:
     """Interrupted on Ray after its first batch, resumed on the local engine (the checkpoint is the same
     format): the numbers of one uninterrupted local run. A causal LM: reverse-mode loss gradients."""

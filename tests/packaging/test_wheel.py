@@ -1,14 +1,25 @@
-"""The wheel on its own: installed into a fresh virtual environment outside the repo, used from another directory."""
+"""The wheel on its own: installed into a fresh virtual environment outside the repo, used from another directory.
+
+The environment holds the wheel and exactly the distributions its Requires-Dist names (with theirs, recursively):
+pip installs the wheel there with --no-index and must find every requirement met. Those distributions are linked
+file by file (their RECORD) from the repo's .venv, which installed the same pins: copying torch, scipy and the
+bundled model again took over a minute and checked nothing more. A dependency the wheel forgets to declare is
+absent there, so the commands below fail on its import.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import subprocess
 import sys
 import venv
+import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 import attnscope
 
@@ -36,14 +47,56 @@ def wheel(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     return wheels[-1]
 
 
+def requirements(wheel: Path) -> list[str]:
+    """The wheel's own Requires-Dist lines (its METADATA, not the installed checkout's)."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        return Parser().parsestr(zf.read(name).decode("utf-8")).get_all("Requires-Dist") or []
+
+
+def closure(lines: list[str]) -> dict[str, md.Distribution]:
+    """The installed distributions these requirements need, with their own requirements, recursively; extras
+    and markers that do not apply here left out. Each installed version must meet every requirement on it."""
+    found: dict[str, md.Distribution] = {}
+    todo = [Requirement(line) for line in lines]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        dist = md.distribution(req.name)
+        assert req.specifier.contains(dist.version, prereleases=True), f"{req} but {dist.version} is installed"
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key not in found:
+            found[key] = dist
+            todo += [Requirement(line) for line in dist.requires or []]
+    return found
+
+
+def link_into(dists: dict[str, md.Distribution], site: Path) -> None:
+    """Every file each distribution installed (its RECORD), symlinked at the same place under `site`."""
+    for dist in dists.values():
+        for file in dist.files or []:
+            if file.parts[0] == "..":  # scripts in bin/: the commands of the dependencies are not used
+                continue
+            target = site / file
+            if not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(Path(str(dist.locate_file(file))).resolve())
+
+
 @pytest.fixture(scope="module")
 def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv (no system packages) with the pinned CPU torch and the wheel: its bin directory."""
+    """A fresh venv (no system packages): the wheel's declared dependencies (linked), then the wheel installed by
+    pip, offline, which checks that they meet its requirements. Its bin directory."""
     env_dir = tmp_path_factory.mktemp("wheel-venv") / "venv"
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)
     py = env_dir / "bin" / "python"
-    _run(py, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, "torch==2.13.0", cwd=env_dir)
-    _run(py, "-m", "pip", "install", "-q", "-c", CONSTRAINTS, wheel, cwd=env_dir)
+    site = Path(_run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=env_dir).stdout.strip())
+    dists = closure(requirements(wheel))
+    assert {"torch", "transformers"} <= dists.keys() and "attnscope" not in dists
+    link_into(dists, site)
+    _run(sys.executable, "-m", "pip", "--python", py, "install", "-q", "--no-index", "-c", CONSTRAINTS, wheel,
+         cwd=env_dir)
     return env_dir / "bin"
 
 

@@ -11,6 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
+# Room for a few shipped MiniLMs (~91 MB each: every run puts the driver's model once): at 96 MB each run spilled the
+# previous one to disk (~1 GB written per session at ~100 MB/s). Shared memory is taken only as objects are stored.
+STORE_BYTES = 384 * 2**20
+
 
 @pytest.fixture(scope="session")
 def ray_runtime() -> Iterator[object]:
@@ -18,8 +22,8 @@ def ray_runtime() -> Iterator[object]:
     if ray.is_initialized():  # another module's fixture started it
         yield ray
         return
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=96 * 2**20, log_to_driver=False,
-             logging_level=logging.WARNING)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=STORE_BYTES,
+             log_to_driver=False, logging_level=logging.WARNING)
     try:
         yield ray
     finally:

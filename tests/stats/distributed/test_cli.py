@@ -15,10 +15,8 @@ from attnscope.cli.main import main
 ARGS = ("--limit", "40", "--batch-size", "16", "--no-progress")
 
 
-def cli(*args: str, block_ray: bool = False) -> subprocess.CompletedProcess[str]:
-    code = ("import sys\n"
-            + ("sys.modules['ray'] = None  # as if the ray extra were not installed\n" if block_ray else "")
-            + "from attnscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n")
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    code = "import sys\nfrom attnscope.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
     return subprocess.run([sys.executable, "-c", code, "stats", *args], capture_output=True, text=True,
                           timeout=300)
 
@@ -28,10 +26,11 @@ def rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def test_without_ray_the_message_says_how_to_install_it(ud_dev: Path, tmp_path: Path) -> None:
-    done = cli(str(ud_dev), "--engine", "ray", "-o", str(tmp_path / "out"), *ARGS, block_ray=True)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
+def test_without_ray_the_message_says_how_to_install_it(ud_dev: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the ray extra were not installed
+    assert main(["stats", str(ud_dev), "--engine", "ray", "-o", str(tmp_path / "out"), *ARGS]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "attnscope: error: --engine ray needs Ray, which is not installed: pip install 'attnscope[ray]'"]
     assert not (tmp_path / "out").exists()
 

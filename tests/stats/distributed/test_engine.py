@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,11 @@ class Stop(KeyboardInterrupt):
     pass
 
 
-@pytest.mark.parametrize("resume_on", ["ray", "local"])
-def test_interrupted_run_resumes_to_the_same_numbers(resume_on: str, minilm: attnscope.Model, ud_dev: Path,
-                                                     local_result: RunResult, tmp_path: Path) -> None:
-    out = tmp_path / "out"
+@pytest.fixture(scope="module")
+def interrupted(ray_runtime: Any, minilm: attnscope.Model, ud_dev: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Ray run stopped midway (read-only): each resume test continues a copy of what it left."""
+    out = tmp_path_factory.mktemp("interrupted") / "out"
 
     def stop_midway(p: Progress) -> None:
         if p.documents >= 30:
@@ -102,6 +104,14 @@ def test_interrupted_run_resumes_to_the_same_numbers(resume_on: str, minilm: att
         run_ray(Source(str(ud_dev)), minilm, SETTINGS, out, progress=stop_midway, workers=2, threads=1)
     checkpoint = (out / "checkpoint.json").read_text(encoding="utf-8")
     assert '"complete": false' in checkpoint
+    return out
+
+
+@pytest.mark.parametrize("resume_on", ["ray", "local"])
+def test_interrupted_run_resumes_to_the_same_numbers(resume_on: str, interrupted: Path, minilm: attnscope.Model,
+                                                     ud_dev: Path, local_result: RunResult, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    shutil.copytree(interrupted, out)
     if resume_on == "ray":
         result = run_ray(Source(str(ud_dev)), minilm, SETTINGS, out, resume=True, workers=2, threads=1)
     else:  # the checkpoint is the local engine's format: either engine continues the other's run
