@@ -40,7 +40,7 @@ def _whole_distances(block: LayerBlock) -> torch.Tensor:
 
 def _kernel(*pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's distances [query, key] in float64 and its absent pairs [query, key]."""
-    d, absent = alti_kernel.distances(*pieces)
+    d, absent, _ = alti_kernel.distances(*pieces)
     return torch.from_numpy(d).double(), torch.from_numpy(absent)
 
 
@@ -72,6 +72,23 @@ def test_the_kernel_skips_only_what_a_decoder_cannot_see(family: str,
         matrix, _ = layer_alti(block)
         assert np.abs(matrix - contributions(*transformed_vectors(block))).max() <= 1e-5
         assert (np.triu(matrix, k=1) == 0).all()
+
+
+def test_the_kernel_sums_the_head_vectors_it_reads(minilm: attnscope.Model) -> None:
+    """f_sum (what alti.head_vector_error checks) is every key's f summed, on one thread and on two: a kernel reading
+    another f than it was given, or skipping a key's rows, would not match the sum taken here."""
+    weights, f, r, y = _pieces(_blocks(minilm)[0])
+    ref = f.double().sum(dim=1).numpy()  # [head, d_model]
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            f_sum = alti_kernel.distances(weights, f, r, y)[2]
+            assert np.abs(f_sum - ref).max() <= 1e-12 * np.abs(ref).max()  # float64, summed in another order
+            skipped = alti_kernel.distances(weights, f.index_fill(1, torch.tensor([5]), 0.0), r, y)[2]
+            assert np.abs(skipped - ref).max() > 1e-3 * np.abs(ref).max()
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_more_threads_give_the_same_bytes(minilm: attnscope.Model) -> None:

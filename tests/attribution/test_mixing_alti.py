@@ -193,7 +193,7 @@ def test_the_head_vectors_check_fails_on_a_wrong_f(minilm: attnscope.Model, smol
             v, w = p.v.float(), p.w.float()
             heads, d_head = v.shape[0], v.shape[-1]
             f = torch.bmm(v, w.view(heads, d_head, -1))  # as layer_alti forms it
-            assert head_vector_error(f, v, w) <= 1e-6
+            assert head_vector_error(f.sum(1, dtype=torch.float64), v, w) <= 1e-6
             shifted = torch.bmm(v, w.view(heads, d_head, -1).roll(1, dims=0))  # each head with another's W'
-            assert head_vector_error(shifted, v, w) > 1e-3
-            assert head_vector_error(f.flip(-1), v, w) > 1e-3
+            assert head_vector_error(shifted.sum(1, dtype=torch.float64), v, w) > 1e-3
+            assert head_vector_error(f.flip(-1).sum(1, dtype=torch.float64), v, w) > 1e-3

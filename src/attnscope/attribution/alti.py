@@ -42,13 +42,13 @@ The cost is in the T's themselves: tokens^2 x heads x d_model multiply-adds per 
 third of a forward pass's), plus the absolute sums, fused with them.
 
 The check: per layer, sum_j T_i(x_j) + bias_i equals the block output captured from the real forward pass (the
-LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) * max(1, max |y|):
-float32's 1e-5 relative to the layer's largest output value, since the model itself rounds each value to 2^-24 of
-its size (a pre-norm residual stream reaches values in the hundreds). The sum over sources is taken from the
-float32 pieces the T's are built from, summed over j before W_O (merged(alpha' v) W'_O + r_i, by linearity, as
-norm-based attention sums its vectors), not by adding up the chunks; the chunks equal the whole tensor (tests).
-A dropped residual, a wrong norm scale or a wrong W_O fails it. Cost: one forward pass of the transformer up to the
-last layer's attention block (attribution.blocks); no backward.
+LayerNorm's output, or what enters the layer's second norm) within tolerance_for(dtype) * max(1, max |y|): float32's
+1e-5 relative to the layer's largest output value, since the model itself rounds each value to 2^-24 of its size (a
+pre-norm residual stream reaches values in the hundreds). The sum over sources is taken from the float32 pieces the T's
+are built from, summed over j before W_O (merged(alpha' v) W'_O + r_i, by linearity, as norm-based attention sums its
+vectors); the head vectors f' the kernel read are summed over j as it reads them and compared with (sum_j v_j) W'
+(head_vector_error), so the kernel's inputs are covered too. A dropped residual, a wrong norm scale or a wrong W_O fails
+it. Cost: one forward pass of the transformer up to the last layer's attention block (attribution.blocks); no backward.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def summed_error(block: LayerBlock, summed: torch.Tensor) -> float:
     assert block.block_output is not None
     y = block.block_output
     scale = max(1.0, float(y.abs().max()))
-    return float((summed.double() - y).abs().max()) / scale
+    # in the wider of the two dtypes: float32 - float32 is exact where they agree within a factor 2 (Sterbenz)
+    return float((summed - y).abs().max()) / scale
 
 
 def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
@@ -147,22 +148,23 @@ def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
     p = parts(block)
     weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
     f = head_vectors(v, w)  # [head, key, d_model]
-    distance, absent = distances(weights, f, diagonal, p.resultant.float())  # [query, key] each
-    norm = np.abs(p.resultant.double().cpu().numpy()).sum(axis=-1, keepdims=True)  # [query, 1]: ||y_i||_1
+    distance, absent, f_sum = distances(weights, f, diagonal, p.resultant.float())  # [query, key] each; [head, d]
+    norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).cpu().numpy()  # [query, 1]: ||y_i||_1
     # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
     closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))  # np.maximum keeps NaN
     # sum_j T_i(x_j) + bias_i, the T's summed over j before W (linearity): one fused product and sum
     summed = torch.addmm(diagonal + p.bias.float(), merged_context(weights, v), w)  # [query, d_model], float32
-    return normalise_rows(closeness), max(summed_error(block, summed), head_vector_error(f, v, w))
+    return normalise_rows(closeness), max(summed_error(block, summed), head_vector_error(f_sum, v, w))
 
 
-def head_vector_error(f: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> float:
-    """The head vectors the kernel read, f [head, key, d_model], summed over the keys against the same sum formed
-    from v [head, key, d_head] and W' [head * d_head, d_model] (sum_j v_j W' = sum_j f_j, linearity), in float64:
-    max error relative to max(1, max |sum|). The block check above sums the T's through the context, so without
-    this a wrong f (a head's slice of W', a transpose) would pass it; float32's rounding of f summed over n keys
-    stays near n^0.5 * 2^-24 of its size (~1e-6 here), a wrong f is off by its own size."""
-    ours = f.sum(dim=1, dtype=torch.float64)  # [head, d_model]
+def head_vector_error(f_sum: np.ndarray | torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> float:
+    """The head vectors the kernel read, summed over the keys in float64 (f_sum [head, d_model]), against the same
+    sum formed from v [head, key, d_head] and W' [head * d_head, d_model] (sum_j v_j W' = sum_j f_j, linearity), in
+    float64: max error relative to max(1, max |sum|). The block check above sums the T's through the context, so
+    without this a wrong f (a head's slice of W', a transpose) would pass it; float32's rounding of each f value
+    (2^-24 of its size), summed over n keys, stays near n^0.5 * 2^-24 of the sum's size (~1e-6 here); a wrong f is
+    off by its own size."""
+    ours = torch.as_tensor(f_sum, dtype=torch.float64)  # [head, d_model]
     ref = head_vectors(v.sum(dim=1, keepdim=True, dtype=torch.float64), w.double())[:, 0]  # [head, d_model]
     return float((ours - ref).abs().max()) / max(1.0, float(ref.abs().max()))
 
