@@ -13,24 +13,34 @@ median of --repeat), plus one forward and T backwards for attention x gradient's
 absolute assertion, the machine is shared.
 
     .venv/bin/python benchmarks/bench_attribute.py [--threads 1] [--repeat 3] [--ig-steps 64] [--only minilm]
-        [--methods alti,norm]
+        [--methods alti,norm] [--alti-steps]
+
+--alti-steps: after ALTI's row, where its time goes, per layer (medians of --repeat x layers): each step of
+alti.layer_alti timed alone, on the blocks of one capture, and the capture beside one forward.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 
 import attnscope
+from attnscope.attribution import alti as alti_module
+from attnscope.attribution.alti_kernel import distances
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.attention import trace_check, trace_of
+from attnscope.attribution.blocks import capture_blocks, merged_context
 from attnscope.attribution.methods import METHODS, Settings
+from attnscope.attribution.mixing import normalise_rows
 from attnscope.attribution.objective import Objective, build_objective
 from attnscope.attribution.record import MethodScores
+from attnscope.norms import head_vectors
 
 TEXT = ("The capital of France is Paris, and the capital of Italy is Rome; travellers between the two cities "
         "often take the night train through the Alps, which crosses the border near Modane before dawn. ") * 4
@@ -99,7 +109,7 @@ def method_seconds(obj: Objective, name: str, settings: Settings, repeat: int,
     return out[0], statistics.median(seconds[1:]), statistics.median(forwards)
 
 
-def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None:
+def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None, alti_steps: bool = False) -> None:
     name, n = CASES[case]
     m = attnscope.load_model(name)
     obj = build_objective(m, TEXT, max_length=n)
@@ -126,6 +136,56 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None) -> None
             vectors, rest = alti_share(obj)
             print(f"{'':24} (its transformed vectors alone: {vectors:.2f} of a forward's multiply-adds, formed and "
                   f"summed in registers by one numba kernel; the head vectors and the check's sum: {rest:.2f} more)")
+            if alti_steps:
+                print(alti_breakdown(obj, repeat))
+
+
+def alti_breakdown(obj: Objective, repeat: int) -> str:
+    """alti.layer_alti's steps one by one, each timed alone on every layer's block (ms, medians), the same calls in
+    the same order as layer_alti; then the capture against one forward (medians of repeat, paired)."""
+    m, inputs = obj.model, obj.inputs()
+    steps: dict[str, list[float]] = {}
+
+    @contextlib.contextmanager
+    def step(name: str) -> Iterator[None]:
+        start = clock()
+        yield
+        steps.setdefault(name, []).append(clock() - start)
+
+    with torch.no_grad():
+        forwards, captures = [], []
+        for _ in range(repeat + 1):
+            forwards.append(timed(lambda: m.model(**inputs)))
+            with step("capture"):
+                blocks = capture_blocks(m, inputs, whole_block=True, dtype=torch.float32)
+            for block in blocks:
+                with step("the norm's rewrite (parts)"):
+                    p = alti_module.parts(block)
+                weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
+                with step("head vectors f = v W'"):
+                    f = head_vectors(v, w)
+                with step("kernel"):
+                    distance, absent, f_sum = distances(weights, f, diagonal, p.resultant.float())
+                with step("||y||_1"):
+                    norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).numpy()
+                with step("clip"):
+                    closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))
+                with step("check: merged(alpha v) W'"):
+                    summed = torch.addmm(diagonal + p.bias.float(), merged_context(weights, v), w)
+                with step("check: its maximum"):
+                    alti_module.summed_error(block, summed)
+                with step("check: the head vectors"):
+                    alti_module.head_vector_error(f_sum, v, w)
+                with step("normalise"):
+                    normalise_rows(closeness)
+    t_f = statistics.median(forwards[1:])
+    captures = steps.pop("capture")
+    lines = [f"{'':24} per layer, ms (and x forward for all {m.n_layers} layers); the capture "
+             f"{statistics.median(captures[1:]) / t_f:.2f}x the forward ({t_f * 1e3:.1f} ms):"]
+    for name, times in steps.items():
+        ms = statistics.median(times[m.n_layers:])  # the first capture's layers warm up
+        lines.append(f"{'':26}{name:30} {ms * 1e3:6.3f} ms  {m.n_layers * ms / t_f:.3f}x")
+    return "\n".join(lines)
 
 
 def alti_share(obj: Objective) -> tuple[float, float]:
@@ -164,6 +224,8 @@ def main() -> None:
                         help="wall time, or this process's CPU time (steadier on a shared machine, one thread)")
     parser.add_argument("--methods", default=None,
                         help="comma-separated method names (default: every one that applies)")
+    parser.add_argument("--alti-steps", action="store_true",
+                        help="after ALTI's row, where its time goes per layer (alti.layer_alti's steps)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     blas_threads(args.threads)
@@ -172,7 +234,7 @@ def main() -> None:
     import captum.attr  # noqa: F401  # imported once before timing: the first method to use it would pay ~1 s
     only = args.methods.split(",") if args.methods else None
     for case in [args.only] if args.only else list(CASES):
-        bench(case, args.repeat, args.ig_steps, only)
+        bench(case, args.repeat, args.ig_steps, only, args.alti_steps)
 
 
 if __name__ == "__main__":
