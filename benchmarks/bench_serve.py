@@ -36,13 +36,19 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   arrays "shown") and in the others; then in the page: the Neuron tab opened (and two more heads chosen there) and
   three matrix cells of the last clicked, then one of a head not shown before, each until drawn (page clock).
 
-    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4] [--part all|throughput|hardening|long]
-        [--long-tokens 2048] [--long-model smollm2]
+--part long-phases: where the server's long trace goes, in this process (the server's own Service, threads and
+  allocator settings, no HTTP): the forward pass with the capture, the recompute and check, the lazy payload (maps
+  quantised to uint8, their overviews, the x kept for later answers), each in CPU and wall seconds and as a
+  fraction of the eager forward of the same text timed after them (the faster of two).
+
+    .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4]
+        [--part all|throughput|hardening|long|long-phases] [--long-tokens 2048] [--long-model smollm2]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import re
@@ -50,6 +56,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -140,7 +147,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="--part binary: server workers (default 2, serve's)")
     ap.add_argument("--repeats", type=int, default=3,
                     help="--part long: page loads and switches; --part binary: rounds (default 3)")
-    ap.add_argument("--part", choices=("all", "throughput", "hardening", "binary", "long"), default="all")
+    ap.add_argument("--part", default="all",
+                    choices=("all", "throughput", "hardening", "binary", "long", "long-phases"))
     ap.add_argument("--long-tokens", type=int, default=2048, help="--part long: tokens (default 2048)")
     ap.add_argument("--long-model", default="smollm2", help="--part long: the model (default smollm2)")
     ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
@@ -156,6 +164,8 @@ def main() -> None:
         binary_transport(args)
     if args.part in ("all", "long"):
         long_context(args)
+    if args.part == "long-phases":
+        long_phases(args)
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -393,6 +403,54 @@ def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float
         if page.evaluate("() => document.getElementById('sv-explain').dataset.state") != "ready":
             raise SystemExit("the explanation failed: " + page.text_content("#sv-explain"))
     return neuron, built_ms, explained
+
+
+def long_phases(args: argparse.Namespace) -> None:
+    """The server's long trace split into its phases, as Service.entry and Service.lazy_payload run them."""
+
+    from attnscope.serve import memory
+    from attnscope.serve.api import TraceRequest
+    from attnscope.serve.cache import Entry
+    from attnscope.serve.service import Service
+    from attnscope.serve.settings import Settings
+    from attnscope.tracing.one_pass import forward_pass
+
+    tokens, name = args.long_tokens, args.long_model
+    settings = Settings(models=(name,), max_tokens=tokens, max_chars=200_000, threads=2,
+                        cache_bytes=2048 * 2**20, max_memory_bytes=20_000 * 2**20)
+    memory.tune()  # as `attnscope serve` does
+    torch.set_num_threads(2)
+    service = Service(settings)
+    req = TraceRequest(text="", pair=None, model=name, max_length=None, truncate=True, stages=(),
+                       encoding="base64", payload=True, sources=(), maps="lazy")
+    m = service.model(name)
+    req = dataclasses.replace(req, text=texts_of(1, tokens + 16, m.tokenizer, 0)[0])
+    key = service.key(req)[1]
+    times: dict[str, tuple[float, float]] = {}
+
+    def timed_phase(label: str, fn: Callable[[], Any]) -> Any:
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = fn()
+        times[label] = (time.process_time() - cpu, time.perf_counter() - wall)
+        return out
+
+    def phases() -> None:  # its trace is freed on return, before the eager forward
+        with torch.no_grad():
+            pending = timed_phase("forward pass with the capture", lambda: forward_pass(
+                req.text, None, model=m, max_length=key[3], truncate=True))
+            tr = timed_phase("recompute and check", lambda: pending.finish()[0])
+            e = Entry(tr, tr.check().to_dict())
+            timed_phase("lazy payload (uint8 maps, overviews, x)", lambda: service.lazy_payload(e, (), key))
+
+    phases()
+    wall, cpu = eager_forward(m, req.text, tokens, threads=2)
+    print(f"{name} at {tokens} tokens, the server's trace in this process (2 threads; CPU seconds, wall seconds, "
+          f"CPU as a fraction of the eager forward's {cpu:.1f} s CPU, {wall:.1f} s wall):")
+    for label, (c, w) in times.items():
+        print(f"  {label:42} {c:6.1f} s CPU {w:6.1f} s wall  {c / cpu:.2f}x")
+    total_cpu, total_wall = sum(c for c, _ in times.values()), sum(w for _, w in times.values())
+    print(f"  {'all':42} {total_cpu:6.1f} s CPU {total_wall:6.1f} s wall  {total_cpu / cpu:.2f}x "
+          f"(wall {total_wall / wall:.2f}x)")
 
 
 def long_context(args: argparse.Namespace) -> None:
