@@ -177,7 +177,9 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
                 with step("check: the head vectors"):
                     alti_module.head_vector_error(f_sum, v, w)
                 with step("normalise"):
-                    normalise_rows(closeness)
+                    matrix = normalise_rows(closeness)
+            if not np.array_equal(matrix, alti_module.layer_alti(block)[0]):  # the same steps, or this measures others
+                raise SystemExit("alti_breakdown no longer runs layer_alti's steps: update it beside alti.py")
     t_f = statistics.median(forwards[1:])
     captures = steps.pop("capture")
     lines = [f"{'':24} per layer, ms (and x forward for all {m.n_layers} layers); the capture "

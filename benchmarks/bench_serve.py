@@ -48,7 +48,6 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import re
@@ -407,7 +406,6 @@ def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float
 
 def long_phases(args: argparse.Namespace) -> None:
     """The server's long trace split into its phases, as Service.entry and Service.lazy_payload run them."""
-
     from attnscope.serve import memory
     from attnscope.serve.api import TraceRequest
     from attnscope.serve.cache import Entry
@@ -421,10 +419,9 @@ def long_phases(args: argparse.Namespace) -> None:
     memory.tune()  # as `attnscope serve` does
     torch.set_num_threads(2)
     service = Service(settings)
-    req = TraceRequest(text="", pair=None, model=name, max_length=None, truncate=True, stages=(),
-                       encoding="base64", payload=True, sources=(), maps="lazy")
     m = service.model(name)
-    req = dataclasses.replace(req, text=texts_of(1, tokens + 16, m.tokenizer, 0)[0])
+    req = TraceRequest(text=texts_of(1, tokens + 16, m.tokenizer, 0)[0], pair=None, model=name, max_length=None,
+                       truncate=True, stages=(), encoding="base64", payload=True, sources=(), maps="lazy")
     key = service.key(req)[1]
     times: dict[str, tuple[float, float]] = {}
 

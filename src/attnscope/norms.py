@@ -52,13 +52,13 @@ def layer_norms(v: np.ndarray, weights: np.ndarray, w_o: npt.ArrayLike) -> tuple
 
 def head_vectors(v: torch.Tensor, w_o: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """f^h(x_j) = v^h_j W_O^h in the tensors' dtype: v [..., head, key, d_head], W_O [head * d_head, d_model] (x @ W)
-    -> [..., head, key, d_model]. out: where to write one layer's [head, key, d_model], any strides (ALTI writes
-    it key by key)."""
+    -> [..., head, key, d_model]. out: where to write one layer's [head, key, d_model], any strides (norm-based
+    attention writes it key by key)."""
     heads, d_head = v.shape[-3], v.shape[-1]
     # W_O read in place: nn.Linear's is a transposed view, whose head blocks BLAS takes as transposed matrices (the
     # same bits as a contiguous copy, and faster without the copy: MiniLM 0.42 vs 0.52 ms, SmolLM2 32 tokens 0.25 vs
     # 0.43 ms, float32, one thread)
-    w = w_o.view(heads, d_head, -1)  # [head, d_head, d_model]: head h owns rows h*d_head..
+    w = w_o.reshape(heads, d_head, -1)  # [head, d_head, d_model]: head h owns rows h*d_head.. (a view where it can be)
     if out is not None:
         return torch.bmm(v.contiguous(), w, out=out)
     return torch.matmul(v.contiguous(), w)

@@ -5,8 +5,9 @@ naming the install."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -36,6 +37,17 @@ def _whole_distances(block: LayerBlock) -> torch.Tensor:
     """||T_i(x_j) - y_i||_1 [query, key] from the whole float64 tensor, y the captured output."""
     t, _ = transformed_vectors(block)  # [query, key, d_model]
     return (t - parts(block).resultant[:, None, :]).abs().sum(dim=-1)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch (and so the kernel's thread count) on n threads inside, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _kernel(*pieces: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,29 +91,21 @@ def test_the_kernel_sums_the_head_vectors_it_reads(minilm: attnscope.Model) -> N
     another f than it was given, or skipping a key's rows, would not match the sum taken here."""
     weights, f, r, y = _pieces(_blocks(minilm)[0])
     ref = f.double().sum(dim=1).numpy()  # [head, d_model]
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with torch_threads(threads):
             f_sum = alti_kernel.distances(weights, f, r, y)[2]
-            assert np.abs(f_sum - ref).max() <= 1e-12 * np.abs(ref).max()  # float64, summed in another order
             skipped = alti_kernel.distances(weights, f.index_fill(1, torch.tensor([5]), 0.0), r, y)[2]
-            assert np.abs(skipped - ref).max() > 1e-3 * np.abs(ref).max()
-    finally:
-        torch.set_num_threads(before)
+        assert np.abs(f_sum - ref).max() <= 1e-12 * np.abs(ref).max()  # float64, summed in another order
+        assert np.abs(skipped - ref).max() > 1e-3 * np.abs(ref).max()
 
 
 def test_more_threads_give_the_same_bytes(minilm: attnscope.Model) -> None:
     """Each pair is summed in the same order whichever thread takes its key."""
     pieces = _pieces(_blocks(minilm)[0])
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one = _kernel(*pieces)
-        torch.set_num_threads(2)
+    with torch_threads(2):
         two = _kernel(*pieces)
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
 
 
