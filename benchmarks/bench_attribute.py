@@ -35,7 +35,7 @@ from attnscope.attribution import alti as alti_module
 from attnscope.attribution.alti_kernel import distances
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.attention import trace_check, trace_of
-from attnscope.attribution.blocks import capture_blocks, merged_context
+from attnscope.attribution.blocks import capture_blocks
 from attnscope.attribution.methods import METHODS, Settings
 from attnscope.attribution.mixing import normalise_rows
 from attnscope.attribution.objective import Objective, build_objective
@@ -135,7 +135,8 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None, alti_st
         if method.name == "alti":
             vectors, rest = alti_share(obj)
             print(f"{'':24} (its transformed vectors alone: {vectors:.2f} of a forward's multiply-adds, formed and "
-                  f"summed in registers by one numba kernel; the head vectors and the check's sum: {rest:.2f} more)")
+                  f"summed in registers by one numba kernel, which sums them for the check too; the head vectors: "
+                  f"{rest:.2f} more)")
             if alti_steps:
                 print(alti_breakdown(obj, repeat))
 
@@ -164,18 +165,14 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
                 weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
                 with step("head vectors f = v W'"):
                     f = head_vectors(v, w)
-                with step("kernel"):
-                    distance, absent, f_sum = distances(weights, f, diagonal, p.resultant.float())
+                with step("kernel (distances and the check's sum)"):
+                    distance, absent, summed = distances(weights, f, diagonal, p.resultant.float())
                 with step("||y||_1"):
                     norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).numpy()
                 with step("clip"):
                     closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))
-                with step("check: merged(alpha v) W'"):
-                    summed = torch.addmm(diagonal + p.bias.float(), merged_context(weights, v), w)
                 with step("check: its maximum"):
-                    alti_module.summed_error(block, summed)
-                with step("check: the head vectors"):
-                    alti_module.head_vector_error(f_sum, v, w)
+                    alti_module.summed_error(block, torch.from_numpy(summed).add_(p.bias.to("cpu", torch.float64)))
                 with step("normalise"):
                     matrix = normalise_rows(closeness)
             if not np.array_equal(matrix, alti_module.layer_alti(block)[0]):  # the same steps, or this measures others
@@ -193,14 +190,14 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
 def alti_share(obj: Objective) -> tuple[float, float]:
     """ALTI's multiply-adds beside its one forward, as fractions of the forward pass's (every linear layer's weights
     x tokens, plus 2 tokens^2 d_model per layer for q k^T and weights v): the transformed vectors (tokens^2 x heads x
-    d_model per layer, the T_i(x_j) in the distance kernel), then the head vectors f = v W_O (tokens x d_model^2)
-    and the check's sum merged(alpha v) W_O (tokens^2 x d_model + tokens x d_model^2). The part no batching removes."""
+    d_model per layer, the T_i(x_j) in the distance kernel, which also sums them for the check), then the head
+    vectors f = v W_O (tokens x d_model^2). The part no batching removes."""
     m, n = obj.model, obj.n_tokens
     config = getattr(m.model.config, "text_config", None) or m.model.config
     heads, d = int(config.num_attention_heads), int(config.hidden_size)
     linear = sum(mod.weight.numel() for mod in m.model.modules() if isinstance(mod, torch.nn.Linear))
     forward = linear * n + m.n_layers * 2 * n * n * d
-    rest = m.n_layers * (2 * n * d * d + n * n * d)
+    rest = m.n_layers * n * d * d
     return m.n_layers * n * n * heads * d / forward, rest / forward
 
 

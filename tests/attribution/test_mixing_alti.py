@@ -15,11 +15,12 @@ from attnscope.attribution.alti import (
     alti,
     block_error,
     contributions,
-    head_vector_error,
     layer_alti,
     parts,
+    summed_error,
     transformed_vectors,
 )
+from attnscope.attribution.alti_kernel import distances
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
 from attnscope.attribution.mixing import LayerMixing
 from attnscope.errors import AttnscopeError
@@ -183,17 +184,23 @@ def test_alti_s_own_check_fails_on_a_wrong_block(minilm: attnscope.Model, smollm
                 assert layer_alti(dataclasses.replace(block, norm=wrong))[1] > 1e-3
 
 
-def test_the_head_vectors_check_fails_on_a_wrong_f(minilm: attnscope.Model, smollm2: attnscope.Model) -> None:
-    """The kernel's f [head, key, d_model] is checked by its sum over the keys (the block check sums the T's
-    through the context and would not see it): f as layer_alti forms it passes; one head's vectors formed with
-    the next head's W', or f with its keys' vectors permuted along d_model, fail."""
+def test_the_check_fails_on_a_wrong_f(minilm: attnscope.Model, smollm2: attnscope.Model) -> None:
+    """The check reads the kernel's own sum of the T's it measured, so the head vectors f [head, key, d_model] it was
+    given are checked too: f as layer_alti forms it passes; one head's vectors formed with the next head's W', or
+    f with its keys' vectors permuted along d_model, fail."""
     for m in (minilm, smollm2):
         for block in _blocks(m)[:2]:
             p = parts(block)
             v, w = p.v.float(), p.w.float()
             heads, d_head = v.shape[0], v.shape[-1]
             f = torch.bmm(v, w.view(heads, d_head, -1))  # as layer_alti forms it
-            assert head_vector_error(f.sum(1, dtype=torch.float64), v, w) <= 1e-6
-            shifted = torch.bmm(v, w.view(heads, d_head, -1).roll(1, dims=0))  # each head with another's W'
-            assert head_vector_error(shifted.sum(1, dtype=torch.float64), v, w) > 1e-3
-            assert head_vector_error(f.flip(-1).sum(1, dtype=torch.float64), v, w) > 1e-3
+            assert _kernel_check(block, f) <= 1e-5
+            assert _kernel_check(block, torch.bmm(v, w.view(heads, d_head, -1).roll(1, dims=0))) > 1e-3  # another W'
+            assert _kernel_check(block, f.flip(-1).contiguous()) > 1e-3
+
+
+def _kernel_check(block: LayerBlock, f: torch.Tensor) -> float:
+    """layer_alti's check with these head vectors given to the kernel: the error of its sum of the T's."""
+    p = parts(block)
+    summed = distances(p.weights.float(), f, p.diagonal.float(), p.resultant.float())[2]
+    return summed_error(block, torch.from_numpy(summed) + p.bias.double())
