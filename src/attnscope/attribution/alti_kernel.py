@@ -89,7 +89,7 @@ def _source(heads: int) -> Kernel:
                     if weighed and q < first:
                         first = q
                 # one query at a time: its weights in registers, one chain of multiply-adds per 8 values (measured
-                # against two queries sharing each load of f: 15-20% faster, the same bytes)
+                # against two queries sharing each load of f: 15-20% faster)
                 for i in range(first, n):
                     a, share, yi, row = by_key[i], own[i] if i == j else zero, y[i], summed[i]
                     s = np.float32(0.0)
