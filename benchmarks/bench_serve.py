@@ -41,8 +41,14 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   quantised to uint8, their overviews, the x kept for later answers), each in CPU and wall seconds and as a
   fraction of the eager forward of the same text timed after them (the faster of two).
 
+--part long-retention: what keeping every layer's attention weights costs the forward pass, in this process: the
+  transformer's eager forward (no LM head), the same forward through attnscope's attention function keeping
+  nothing, and keeping each layer's weights (as the capture does, 151 MB a layer for SmolLM2 at 2,048 tokens),
+  interleaved for --repeats rounds, wall and CPU seconds and the process's minor page faults.
+
     .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4]
-        [--part all|throughput|hardening|long|long-phases] [--long-tokens 2048] [--long-model smollm2]
+        [--part all|throughput|hardening|long|long-phases|long-retention] [--long-tokens 2048]
+        [--long-model smollm2]
 """
 
 from __future__ import annotations
@@ -147,7 +153,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3,
                     help="--part long: page loads and switches; --part binary: rounds (default 3)")
     ap.add_argument("--part", default="all",
-                    choices=("all", "throughput", "hardening", "binary", "long", "long-phases"))
+                    choices=("all", "throughput", "hardening", "binary", "long", "long-phases", "long-retention"))
     ap.add_argument("--long-tokens", type=int, default=2048, help="--part long: tokens (default 2048)")
     ap.add_argument("--long-model", default="smollm2", help="--part long: the model (default smollm2)")
     ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
@@ -165,6 +171,8 @@ def main() -> None:
         long_context(args)
     if args.part == "long-phases":
         long_phases(args)
+    if args.part == "long-retention":
+        long_retention(args)
 
 
 def throughput(args: argparse.Namespace) -> None:
@@ -448,6 +456,52 @@ def long_phases(args: argparse.Namespace) -> None:
     total_cpu, total_wall = sum(c for c, _ in times.values()), sum(w for _, w in times.values())
     print(f"  {'all':42} {total_cpu:6.1f} s CPU {total_wall:6.1f} s wall  {total_cpu / cpu:.2f}x "
           f"(wall {total_wall / wall:.2f}x)")
+
+
+def long_retention(args: argparse.Namespace) -> None:
+    """The forward pass with the weights kept against the same forward keeping nothing (module doc)."""
+    import resource
+
+    from attnscope.capture import AttentionCall, recording
+    from attnscope.tokens import encode
+
+    tokens, name = args.long_tokens, args.long_model
+    torch.set_num_threads(2)
+    m = attnscope.load_model(name)
+    inputs = encode(m.tokenizer, [texts_of(1, tokens + 16, m.tokenizer, 0)[0]], None, tokens, True).inputs
+
+    class Keeper:
+        def __init__(self, keep: bool) -> None:
+            self.keep = keep
+            self.weights: list[torch.Tensor] = []
+
+        def on_attention(self, call: AttentionCall) -> None:
+            if self.keep:
+                self.weights.append(call.weights)
+
+    def eager() -> None:
+        m.base(**inputs)
+
+    def through(keep: bool) -> Callable[[], None]:
+        def run() -> None:
+            with recording(m.model, Keeper(keep)):
+                m.base(**inputs)  # the Keeper and what it kept are dropped on return
+        return run
+
+    runs = {"eager forward (no LM head)": eager, "attnscope's attention function, nothing kept": through(False),
+            "the same, every layer's weights kept": through(True)}
+    times: dict[str, list[tuple[float, float, int]]] = {label: [] for label in runs}
+    with torch.no_grad():
+        for _ in range(args.repeats):
+            for label, fn in runs.items():
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                wall, cpu = time.perf_counter(), time.process_time()
+                fn()
+                times[label].append((time.perf_counter() - wall, time.process_time() - cpu,
+                                     resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+    print(f"{name} at {tokens} tokens, 2 threads, {args.repeats} rounds interleaved (wall s, CPU s, minor faults):")
+    for label, rows in times.items():
+        print(f"  {label:48} " + "; ".join(f"{w:5.1f} {c:5.1f} {f / 1e6:.2f}M" for w, c, f in rows))
 
 
 def long_context(args: argparse.Namespace) -> None:
