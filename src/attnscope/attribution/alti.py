@@ -152,8 +152,8 @@ def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
     norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).cpu().numpy()  # [query, 1]: ||y_i||_1
     # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
     closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))  # np.maximum keeps NaN
-    # sum_j T_i(x_j) + bias_i, the kernel's own sum of the T's it read
-    error = summed_error(block, torch.from_numpy(summed).add_(p.bias.to("cpu", torch.float64)))
+    # sum_j T_i(x_j) + bias_i, the kernel's own sum of the T's it read, beside y on the model's device
+    error = summed_error(block, torch.from_numpy(summed).to(p.bias.device).add_(p.bias.double()))
     return normalise_rows(closeness), error
 
 
