@@ -172,7 +172,7 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
                 with step("clip"):
                     closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))
                 with step("check: its maximum"):
-                    alti_module.summed_error(block, torch.from_numpy(summed).add_(p.bias.to("cpu", torch.float64)))
+                    alti_module.kernel_sum_error(block, p.bias, summed)
                 with step("normalise"):
                     matrix = normalise_rows(closeness)
             if not np.array_equal(matrix, alti_module.layer_alti(block)[0]):  # the same steps, or this measures others

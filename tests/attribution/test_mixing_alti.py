@@ -15,9 +15,9 @@ from attnscope.attribution.alti import (
     alti,
     block_error,
     contributions,
+    kernel_sum_error,
     layer_alti,
     parts,
-    summed_error,
     transformed_vectors,
 )
 from attnscope.attribution.alti_kernel import distances
@@ -203,4 +203,4 @@ def _kernel_check(block: LayerBlock, f: torch.Tensor) -> float:
     """layer_alti's check with these head vectors given to the kernel: the error of its sum of the T's."""
     p = parts(block)
     summed = distances(p.weights.float(), f, p.diagonal.float(), p.resultant.float())[2]
-    return summed_error(block, torch.from_numpy(summed) + p.bias.double())
+    return kernel_sum_error(block, p.bias, summed)

@@ -129,6 +129,12 @@ def summed_error(block: LayerBlock, summed: torch.Tensor) -> float:
     return float((summed - y).abs().max()) / scale
 
 
+def kernel_sum_error(block: LayerBlock, bias: torch.Tensor, summed: np.ndarray) -> float:
+    """summed_error of the kernel's sum of the T's (alti_kernel.distances: [query, d_model] float64 on the host)
+    plus the biases [query, d_model], beside y on the model's device; summed is not written to."""
+    return summed_error(block, torch.from_numpy(summed).to(bias.device) + bias.double())
+
+
 def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
     """The paper's c_ij: max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised. [query, key]"""
     y = t.sum(dim=1) + bias  # [query, d_model]
@@ -152,9 +158,7 @@ def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
     norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).cpu().numpy()  # [query, 1]: ||y_i||_1
     # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
     closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))  # np.maximum keeps NaN
-    # sum_j T_i(x_j) + bias_i, the kernel's own sum of the T's it read, beside y on the model's device
-    error = summed_error(block, torch.from_numpy(summed).to(p.bias.device).add_(p.bias.double()))
-    return normalise_rows(closeness), error
+    return normalise_rows(closeness), kernel_sum_error(block, p.bias, summed)  # the kernel's own sum of its T's
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
@@ -178,5 +182,5 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
 
 
-__all__ = ["Parts", "alti", "block_error", "contributions", "layer_alti", "parts", "summed_error",
-           "transformed_vectors"]
+__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_sum_error", "layer_alti", "parts",
+           "summed_error", "transformed_vectors"]
