@@ -40,7 +40,6 @@ from attnscope.attribution.methods import METHODS, Settings
 from attnscope.attribution.mixing import normalise_rows
 from attnscope.attribution.objective import Objective, build_objective
 from attnscope.attribution.record import MethodScores
-from attnscope.norms import head_vectors
 
 TEXT = ("The capital of France is Paris, and the capital of Italy is Rome; travellers between the two cities "
         "often take the night train through the Alps, which crosses the border near Modane before dawn. ") * 4
@@ -164,7 +163,7 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
                     p = alti_module.parts(block)
                 weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
                 with step("head vectors f = v W'"):
-                    f = head_vectors(v, w)
+                    f = alti_module.kernel_f(v, w)
                 with step("kernel (distances and the check's sum)"):
                     distance, absent, summed = distances(weights, f, diagonal, p.resultant.float())
                 with step("||y||_1"):

@@ -105,6 +105,28 @@ def test_the_kernel_sums_the_transformed_vectors_it_measures(minilm: attnscope.M
             assert np.abs(skipped - ref).max() > 1e-3 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize(("d_model", "causal"), [(64, False), (64, True), (36, False)])
+def test_the_tiles_and_the_one_query_path_agree_with_the_whole_tensor(d_model: int, causal: bool) -> None:
+    """The kernel's two paths on random pieces: d_model 64 takes the tiles (two queries at a time; 13 queries leave
+    the last one and each key's own query to the one-query path), 36 (not a multiple of alti_numba.STEP) the
+    one-query path alone. Distances and the sum within float32's rounding of the whole float64 tensor's."""
+    g = torch.Generator().manual_seed(d_model + causal)
+    heads, n = 3, 13
+    scores = torch.randn(heads, n, n, generator=g)
+    if causal:
+        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    weights, f = scores.softmax(dim=-1), torch.randn(heads, n, d_model, generator=g)
+    r, y = torch.randn(n, d_model, generator=g), torch.randn(n, d_model, generator=g)
+    t = torch.einsum("hqk,hkd->qkd", weights.double(), f.double())  # [query, key, d_model]
+    t[torch.arange(n), torch.arange(n)] += r.double()
+    whole = (t - y.double()[:, None, :]).abs().sum(dim=-1)  # [query, key]
+    d, absent, summed = alti_kernel.distances(weights, f, r, y)
+    seen = ~torch.from_numpy(absent)
+    assert torch.equal(seen, torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n).bool())
+    assert (torch.from_numpy(d).double() - whole)[seen].abs().max() <= 1e-6 * float(whole.max())
+    assert np.abs(summed - t.sum(dim=1).numpy()).max() <= 1e-6 * float(t.sum(dim=1).abs().max())
+
+
 def test_more_threads_give_the_same_bytes(minilm: attnscope.Model) -> None:
     """Each pair is summed in the same order whichever thread takes its key."""
     pieces = _pieces(_blocks(minilm)[0])

@@ -148,12 +148,19 @@ def _normalised(y: torch.Tensor, distance: torch.Tensor) -> np.ndarray:
     return normalise_rows(closeness.cpu().numpy())
 
 
+def kernel_f(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """f'^h(x_j) = v^h_j W'^h [head, key, d_model] (v [head, key, d_head], W' [head * d_head, d_model]), stored as
+    [key, head, d_model], each key's rows together, as alti_kernel reads it (so it takes f without a copy)."""
+    heads, n, d = v.shape[0], v.shape[1], w.shape[-1]
+    return head_vectors(v, w, out=torch.empty(n, heads, d, dtype=v.dtype, device=v.device).transpose(0, 1))
+
+
 def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
     """One layer's contributions c_ij [query, key] and its check's error (summed_error of the T's the distances
     read, summed by the kernel), the distances taken by the compiled kernel in float32 (module doc)."""
     p = parts(block)
     weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
-    f = head_vectors(v, w)  # [head, key, d_model]
+    f = kernel_f(v, w)  # [head, key, d_model]
     distance, absent, summed = distances(weights, f, diagonal, p.resultant.float())  # [query, key] x2, [query, d]
     norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).cpu().numpy()  # [query, 1]: ||y_i||_1
     # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
@@ -182,5 +189,5 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
 
 
-__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_sum_error", "layer_alti", "parts",
+__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_f", "kernel_sum_error", "layer_alti", "parts",
            "summed_error", "transformed_vectors"]
