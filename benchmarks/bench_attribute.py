@@ -32,12 +32,11 @@ import torch
 
 import attnscope
 from attnscope.attribution import alti as alti_module
-from attnscope.attribution.alti_kernel import distances
+from attnscope.attribution import alti_kernel
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.attention import trace_check, trace_of
 from attnscope.attribution.blocks import capture_blocks
 from attnscope.attribution.methods import METHODS, Settings
-from attnscope.attribution.mixing import normalise_rows
 from attnscope.attribution.objective import Objective, build_objective
 from attnscope.attribution.record import MethodScores
 
@@ -165,15 +164,9 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
                 with step("head vectors f = v W'"):
                     f = alti_module.kernel_f(v, w)
                 with step("kernel (distances and the check's sum)"):
-                    distance, absent, summed = distances(weights, f, diagonal, p.resultant.float())
-                with step("||y||_1"):
-                    norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).numpy()
-                with step("clip"):
-                    closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))
-                with step("check: its maximum"):
-                    alti_module.kernel_sum_error(block, p.bias, summed)
-                with step("normalise"):
-                    matrix = normalise_rows(closeness)
+                    results = alti_kernel.run(weights, f, diagonal, p.resultant.float())
+                with step("finish (contributions and the check)"):
+                    matrix, _ = alti_kernel.finished(*results, p.resultant.float(), p.bias.float())
             if not np.array_equal(matrix, alti_module.layer_alti(block)[0]):  # the same steps, or this measures others
                 raise SystemExit("alti_breakdown no longer runs layer_alti's steps: update it beside alti.py")
     t_f = statistics.median(forwards[1:])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ import torch
 
 import attnscope
 from attnscope.attribution import alti_kernel
-from attnscope.attribution.alti import contributions, layer_alti, parts, transformed_vectors
+from attnscope.attribution.alti import contributions, layer_alti, parts, summed_error, transformed_vectors
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
+from attnscope.attribution.mixing import normalise_rows
 from attnscope.errors import AttnscopeError
 
 TEXT = ("The capital of France is Paris, and the capital of Italy is Rome; travellers between the two cities often "
@@ -125,6 +127,33 @@ def test_the_tiles_and_the_one_query_path_agree_with_the_whole_tensor(d_model: i
     assert torch.equal(seen, torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n).bool())
     assert (torch.from_numpy(d).double() - whole)[seen].abs().max() <= 1e-6 * float(whole.max())
     assert np.abs(summed - t.sum(dim=1).numpy()).max() <= 1e-6 * float(t.sum(dim=1).abs().max())
+
+
+def test_the_finish_equals_the_steps_it_fuses(minilm: attnscope.Model,
+                                              tiny_model: Callable[[str], attnscope.Model]) -> None:
+    """alti_kernel.finished (one compiled pass) against the same steps in numpy and torch: ||y_i||_1, the clip at
+    0, a decoder's absent pairs at 0, rows normalised (mixing.normalise_rows), and the check's error
+    (alti.summed_error of the kernel's sum plus the biases); then a NaN in y stays NaN in the error and its row, and
+    a row with nothing left after the clip stays 0 (not NaN, not uniform)."""
+    for block in [_blocks(minilm)[1], _blocks(tiny_model("llama"))[1]]:
+        weights, f, r, y = _pieces(block)
+        bias = parts(block).bias.float()
+        out, absent, summed = alti_kernel.run(weights, f, r, y)
+        matrix, error = alti_kernel.finished(out, absent, summed, y, bias)
+        norm = y.double().abs().sum(dim=-1, keepdim=True).numpy()  # [query, 1]
+        steps = normalise_rows(np.where(absent.T, 0.0, np.maximum(norm - out.T, 0.0)))
+        assert np.abs(matrix - steps).max() <= 1e-12
+        whole = summed_error(replace(block, block_output=y.double()),
+                             torch.from_numpy(summed.sum(axis=0, dtype=np.float64)) + bias.double())
+        assert abs(error - whole) <= 1e-12 and error <= 1e-5
+        broken = y.clone()
+        broken[3, 7] = float("nan")
+        matrix, error = alti_kernel.finished(out, absent, summed, broken, bias)
+        assert np.isnan(error) and np.isnan(matrix[3]).all() and not np.isnan(np.delete(matrix, 3, axis=0)).any()
+        far = out.copy()
+        far[:, 5] = 1e30  # every key of query 5 farther from y_5 than the origin: the clip leaves nothing
+        matrix, _ = alti_kernel.finished(far, absent, summed, y, bias)
+        assert (matrix[5] == 0).all()
 
 
 def test_more_threads_give_the_same_bytes(minilm: attnscope.Model) -> None:

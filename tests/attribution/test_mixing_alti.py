@@ -11,16 +11,15 @@ import pytest
 import torch
 
 import attnscope
+from attnscope.attribution import alti_kernel
 from attnscope.attribution.alti import (
     alti,
     block_error,
     contributions,
-    kernel_sum_error,
     layer_alti,
     parts,
     transformed_vectors,
 )
-from attnscope.attribution.alti_kernel import distances
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
 from attnscope.attribution.mixing import LayerMixing
 from attnscope.errors import AttnscopeError
@@ -202,5 +201,4 @@ def test_the_check_fails_on_a_wrong_f(minilm: attnscope.Model, smollm2: attnscop
 def _kernel_check(block: LayerBlock, f: torch.Tensor) -> float:
     """layer_alti's check with these head vectors given to the kernel: the error of its sum of the T's."""
     p = parts(block)
-    summed = distances(p.weights.float(), f, p.diagonal.float(), p.resultant.float())[2]
-    return kernel_sum_error(block, p.bias, summed)
+    return alti_kernel.layer(p.weights.float(), f, p.diagonal.float(), p.resultant.float(), p.bias.float())[1]

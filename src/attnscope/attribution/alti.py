@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnscope.attribution.alti_kernel import distances
+from attnscope.attribution.alti_kernel import layer
 from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
@@ -129,12 +129,6 @@ def summed_error(block: LayerBlock, summed: torch.Tensor) -> float:
     return float((summed - y).abs().max()) / scale
 
 
-def kernel_sum_error(block: LayerBlock, bias: torch.Tensor, summed: np.ndarray) -> float:
-    """summed_error of the kernel's sum of the T's (alti_kernel.distances: [query, d_model] float64 on the host)
-    plus the biases [query, d_model], beside y on the model's device; summed is not written to."""
-    return summed_error(block, torch.from_numpy(summed).to(bias.device) + bias.double())
-
-
 def contributions(t: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
     """The paper's c_ij: max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1), rows normalised. [query, key]"""
     y = t.sum(dim=1) + bias  # [query, d_model]
@@ -160,12 +154,7 @@ def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
     read, summed by the kernel), the distances taken by the compiled kernel in float32 (module doc)."""
     p = parts(block)
     weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
-    f = kernel_f(v, w)  # [head, key, d_model]
-    distance, absent, summed = distances(weights, f, diagonal, p.resultant.float())  # [query, key] x2, [query, d]
-    norm = p.resultant.abs().sum(dim=-1, keepdim=True, dtype=torch.float64).cpu().numpy()  # [query, 1]: ||y_i||_1
-    # the method's clip; an absent source (T_i(x_j) = 0) is exactly ||y_i||_1 = ||y_i - 0||_1 away: closeness 0
-    closeness = np.where(absent, 0.0, np.maximum(norm - distance, 0.0))  # np.maximum keeps NaN
-    return normalise_rows(closeness), kernel_sum_error(block, p.bias, summed)  # the kernel's own sum of its T's
+    return layer(weights, kernel_f(v, w), diagonal, p.resultant.float(), p.bias.float())  # [query, key], error
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
@@ -189,5 +178,5 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
 
 
-__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_f", "kernel_sum_error", "layer_alti", "parts",
+__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_f", "layer_alti", "parts",
            "summed_error", "transformed_vectors"]

@@ -63,17 +63,31 @@ SIGNATURE = "void(f4[:, :, ::1], f4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::
 FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; NaN and infinities kept
 
 
+def _jit(fn: Callable[..., Any], signature: str, fastmath: set[str] | bool) -> Any:
+    """fn compiled by numba for signature, cached on disk where numba finds a writable place."""
+    numba = _numba()
+    options = {"nogil": True, "fastmath": fastmath}
+    try:
+        return numba.njit(signature, cache=True, **options)(fn)
+    except RuntimeError:  # numba found no writable cache directory: compile without one
+        return numba.njit(signature, cache=False, **options)(fn)
+
+
 @functools.cache
 def compiled(heads: int) -> Kernel:
     """The kernel for `heads` heads, compiled once per process (loaded from numba's cache when it has it)."""
-    numba = _numba()
+    _numba()
     from attnscope.attribution.alti_numba import source
 
-    options = {"nogil": True, "fastmath": FASTMATH}
-    try:
-        return numba.njit(SIGNATURE, cache=True, **options)(source(heads))  # type: ignore[no-any-return]
-    except RuntimeError:  # numba found no writable cache directory: compile without one
-        return numba.njit(SIGNATURE, cache=False, **options)(source(heads))  # type: ignore[no-any-return]
+    return _jit(source(heads), SIGNATURE, FASTMATH)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def _finish() -> Callable[..., float]:
+    _numba()
+    from attnscope.attribution.alti_numba import FINISH_SIGNATURE, finish
+
+    return _jit(finish, FINISH_SIGNATURE, False)  # type: ignore[no-any-return]  # strict: NaN and order kept
 
 
 def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
@@ -82,6 +96,33 @@ def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
     i != j, so T_i(x_j) = 0 (its distance is the caller's to set: ||y_i||_1 exactly; left 0 where skipped); and
     sum_j T_i(x_j) [query, d_model] float64, the T's the distances read, summed (alti.layer_alti checks it).
     weights [head, query, key], f [head, key, d_model], diagonal (r_i) and y [query, d_model]."""
+    out, absent, summed = run(weights, f, diagonal, y)
+    return out.T, absent.T, summed.sum(axis=0, dtype=np.float64)
+
+
+def layer(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor,
+          bias: torch.Tensor) -> tuple[np.ndarray, float]:
+    """One layer's ALTI contributions c_ij [query, key] float64 and its check's error (alti.layer_alti): run(), then
+    finished() over its results. bias [query, d_model]; the rest as distances()."""
+    return finished(*run(weights, f, diagonal, y), y, bias)
+
+
+def finished(out: np.ndarray, absent: np.ndarray, summed: np.ndarray, y: torch.Tensor,
+             bias: torch.Tensor) -> tuple[np.ndarray, float]:
+    """run()'s results made into the contributions [query, key] float64 and the check's error, in one compiled pass
+    (alti_numba.finish: ||y_i||_1, the clip, absent pairs at 0, rows normalised; max |sum_j T_i(x_j) + bias_i - y_i|
+    relative to max(1, max |y|), the sum the kernel's own; y and bias as the kernel reads them, in float32)."""
+    n = out.shape[0]
+    contributions = np.empty((n, n), dtype=np.float64)
+    y_, bias_ = (t.detach().to("cpu", torch.float32).contiguous().numpy() for t in (y, bias))
+    error = _finish()(out, absent, y_, summed, bias_, contributions)
+    return contributions, float(error)
+
+
+def run(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
+        y: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel's own results, as distances() takes its inputs: the distances out and absent [key, query], and
+    summed [thread, query, d_model] float32, each thread's sum of the T's."""
     heads, n, d = (int(s) for s in f.shape)
     if weights.shape != (heads, n, n) or diagonal.shape != (n, d) or y.shape != (n, d):  # the kernel reads unchecked
         raise ValueError(f"ALTI's kernel: weights {tuple(weights.shape)}, f {tuple(f.shape)}, diagonal "
@@ -101,7 +142,6 @@ def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
     else:  # keys dealt round-robin; each thread writes its own rows of out and absent, and its own summed[t]
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda t: kernel(*arrays, out, absent, summed[t], t, threads), range(threads)))
-    return out.T, absent.T, summed.sum(axis=0, dtype=np.float64)
+    return out, absent, summed
 
-
-__all__ = ["INSTALL", "compiled", "distances"]
+__all__ = ["INSTALL", "compiled", "distances", "finished", "layer", "run"]

@@ -202,4 +202,42 @@ def source(heads: int) -> Kernel:
     return kernel
 
 
-__all__ = ["BLOCK", "QUERIES", "STEP", "source", "tile"]
+def finish(out: np.ndarray, absent: np.ndarray, y: np.ndarray, summed: np.ndarray, bias: np.ndarray,
+           contributions: np.ndarray) -> float:
+    """The layer's contributions and its check in one pass over the kernel's results (alti.layer_alti reads both).
+
+    out, absent [key, query]: the kernel's distances and absent pairs; y, bias [query, d_model]; summed [thread,
+    query, d_model]: the threads' sums of the T's. Writes contributions [query, key] float64: the paper's c_ij =
+    max(0, ||y_i||_1 - d_ij), 0 where absent (T = 0 is exactly ||y_i||_1 away), rows divided by their sums (a row
+    summing to 0 left as it is: mixing.normalise_rows). Returns the check's error: max |sum_t summed[t] + bias - y|
+    over the layer, in float64, relative to max(1, max |y|) (alti.summed_error). A NaN anywhere stays NaN (the
+    comparisons below are written so it wins), and nothing is clipped but the method's own clip at 0."""
+    n, d = y.shape
+    error, largest = 0.0, 0.0
+    for i in range(n):
+        norm = 0.0  # ||y_i||_1
+        for k in range(d):
+            yk = np.float64(y[i, k])
+            norm += abs(yk)
+            largest = abs(yk) if abs(yk) > largest or yk != yk else largest  # a NaN, once in, stays
+            total = np.float64(0.0)
+            for t in range(summed.shape[0]):
+                total += summed[t, i, k]
+            gap = abs(total + np.float64(bias[i, k]) - yk)
+            error = gap if gap > error or gap != gap else error  # a NaN, once in, stays
+        row = 0.0
+        for j in range(n):
+            close = 0.0 if absent[j, i] else norm - np.float64(out[j, i])
+            close = 0.0 if close < 0.0 else close  # the method's clip; NaN kept
+            contributions[i, j] = close
+            row += close
+        if row != 0.0:
+            for j in range(n):
+                contributions[i, j] /= row
+    return error / (largest if largest > 1.0 or largest != largest else 1.0)
+
+
+FINISH_SIGNATURE = "f8(f4[:, ::1], b1[:, ::1], f4[:, ::1], f4[:, :, ::1], f4[:, ::1], f8[:, ::1])"
+
+
+__all__ = ["BLOCK", "FINISH_SIGNATURE", "QUERIES", "STEP", "finish", "source", "tile"]
