@@ -151,12 +151,13 @@ def capturing(model: PreTrainedModel) -> Iterator[LayerCapture]:
 
 @contextlib.contextmanager
 def hooked(model: PreTrainedModel, recorder: Recorder, on_x: Callable[[torch.Tensor], None],
-           on_output: Callable[[torch.Tensor], None]) -> Iterator[None]:
+           on_output: Callable[[torch.Tensor], None], modules: list[nn.Module] | None = None) -> Iterator[None]:
     """Attention calls go to the recorder; each layer's attention input x [batch, token, d_model] to on_x and,
-    where the family is known, its output projection's result [batch, token, d_model] to on_output (detached)."""
+    where the family is known, its output projection's result [batch, token, d_model] to on_output (detached).
+    modules: the model's attention modules, each once, where the caller has found them (else searched here)."""
     handles = []
     fam = family_of(model)
-    for mod in attention_modules(model):
+    for mod in attention_modules(model) if modules is None else modules:
         handles.append(mod.register_forward_pre_hook(_x_hook(on_x), with_kwargs=True))
         if fam is not None:
             proj = fam.out_proj(model, mod)

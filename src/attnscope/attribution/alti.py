@@ -142,19 +142,23 @@ def _normalised(y: torch.Tensor, distance: torch.Tensor) -> np.ndarray:
     return normalise_rows(closeness.cpu().numpy())
 
 
-def kernel_f(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def kernel_f(v: torch.Tensor, w: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """f'^h(x_j) = v^h_j W'^h [head, key, d_model] (v [head, key, d_head], W' [head * d_head, d_model]), stored as
-    [key, head, d_model], each key's rows together, as alti_kernel reads it (so it takes f without a copy)."""
+    [key, head, d_model], each key's rows together, as alti_kernel reads it (so it takes f without a copy). into:
+    a [key, head, d_model] float32 buffer to write it in (alti() reuses one for every layer), else a new one."""
     heads, n, d = v.shape[0], v.shape[1], w.shape[-1]
-    return head_vectors(v, w, out=torch.empty(n, heads, d, dtype=v.dtype, device=v.device).transpose(0, 1))
+    if into is None or into.shape != (n, heads, d) or into.dtype != v.dtype or into.device != v.device:
+        into = torch.empty(n, heads, d, dtype=v.dtype, device=v.device)
+    return head_vectors(v, w, out=into.transpose(0, 1))
 
 
-def layer_alti(block: LayerBlock) -> tuple[np.ndarray, float]:
+def layer_alti(block: LayerBlock, into: torch.Tensor | None = None) -> tuple[np.ndarray, float]:
     """One layer's contributions c_ij [query, key] and its check's error (summed_error of the T's the distances
-    read, summed by the kernel), the distances taken by the compiled kernel in float32 (module doc)."""
+    read, summed by the kernel), the distances taken by the compiled kernel in float32 (module doc). into: a buffer
+    for f (kernel_f)."""
     p = parts(block)
     weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
-    return layer(weights, kernel_f(v, w), diagonal, p.resultant.float(), p.bias.float())  # [query, key], error
+    return layer(weights, kernel_f(v, w, into), diagonal, p.resultant.float(), p.bias.float())  # [query, key], error
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
@@ -163,8 +167,10 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     one_text(inputs, "alti")
     blocks = capture_blocks(m, inputs, whole_block=True, dtype=torch.float32)
     matrices, errors = [], []
+    heads, n, d = blocks[0].v.shape[0], blocks[0].v.shape[1], blocks[0].w_o.shape[-1]
+    into = torch.empty(n, heads, d, device=blocks[0].v.device)  # f's buffer, written again by each layer
     for block in blocks:
-        matrix, error = layer_alti(block)
+        matrix, error = layer_alti(block, into)
         matrices.append(matrix)
         errors.append(error)
     bound = tolerance_for(dtype_name(m.dtype))
