@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from attnscope.attribution.alti_kernel import layer
-from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
+from attnscope.attribution.blocks import LayerBlock, Norm, map_blocks, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
 from attnscope.norms import head_vectors
@@ -165,17 +165,20 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     """ALTI's per-layer contributions for one text (inputs: a tokenizer's tensors, batch of one)."""
     refuse_unsupported(m, "alti", whole_block=True)
     one_text(inputs, "alti")
-    blocks = capture_blocks(m, inputs, whole_block=True, dtype=torch.float32)
-    matrices, errors = [], []
-    heads, n, d = blocks[0].v.shape[0], blocks[0].v.shape[1], blocks[0].w_o.shape[-1]
-    into = torch.empty(n, heads, d, device=blocks[0].v.device)  # f's buffer, written again by each layer
-    for block in blocks:
-        matrix, error = layer_alti(block, into)
-        matrices.append(matrix)
-        errors.append(error)
+    into: list[torch.Tensor] = []  # f's buffer, made by the first layer and written again by the next
+    norms: list[Norm | None] = []
+
+    def one(block: LayerBlock) -> tuple[np.ndarray, float]:  # each layer as the forward pass captures it
+        if not into:
+            heads, n, d = block.v.shape[0], block.v.shape[1], block.w_o.shape[-1]
+            into.append(torch.empty(n, heads, d, device=block.v.device))
+            norms.append(block.norm)
+        return layer_alti(block, into[0])
+
+    matrices, errors = zip(*map_blocks(m, inputs, whole_block=True, fn=one, dtype=torch.float32), strict=True)
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
-    norm = blocks[0].norm
+    norm = norms[0]
     where = ("residual + attention output" if norm is None else "LayerNorm output" if not norm.sandwich
              else "residual + RMSNorm(attention output)")
     detail = (f"per layer, the transformed vectors plus biases add up to the block's {where} captured from the "

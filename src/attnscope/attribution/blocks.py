@@ -20,9 +20,9 @@ Two block shapes are decomposed (ALTI needs the whole block; norm-based attentio
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -35,6 +35,7 @@ from attnscope.maths import expand_kv
 from attnscope.models import Model
 from attnscope.norms import head_vectors
 
+T = TypeVar("T")
 BLOCK_FAMILIES = tuple(sorted(name for name, fam in FAMILIES.items() if fam.block_norms is not None))
 LAYER_ALONE = {"value_zeroing"}  # methods that call each layer module alone (not one shared module: ALBERT)
 
@@ -106,6 +107,11 @@ class _Kept:
         self.weights.append(call.weights)
         self.v.append(call.v)
 
+    def drop(self, layer: int) -> None:
+        """Let go of one layer's pieces (map_blocks has given them to its function)."""
+        for kept in (self.weights, self.v, self.x, self.output):
+            kept[layer] = _GONE
+
 
 @dataclass
 class _Extra:
@@ -115,6 +121,14 @@ class _Extra:
     block_output: list[torch.Tensor] = field(default_factory=list)
     norm_in: list[torch.Tensor] = field(default_factory=list)
     norm_out: list[torch.Tensor] = field(default_factory=list)
+
+    def drop(self, layer: int) -> None:
+        for kept in (self.residual, self.block_output, self.norm_in, self.norm_out):
+            if layer < len(kept):  # the lists whole_block fills
+                kept[layer] = _GONE
+
+
+_GONE = torch.empty(0)  # in place of a layer's piece once let go
 
 
 def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
@@ -147,25 +161,34 @@ def one_text(inputs: dict[str, torch.Tensor], method: str) -> int:
     return int(ids.shape[1])
 
 
-@torch.no_grad()
 def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
                    dtype: torch.dtype = torch.float64) -> list[LayerBlock]:
     """Run the model once on one text, up to the last layer's attention block, and return each layer's block
     (whole_block: with residual, block output and norm, for ALTI), its tensors in dtype (float64 to read and
     recompute; the methods take float32, the captured pieces' own precision, where float64's small batched
     products cost several times more)."""
+    return map_blocks(m, inputs, whole_block, lambda block: block, dtype)
+
+
+@torch.no_grad()
+def map_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool, fn: Callable[[LayerBlock], T],
+               dtype: torch.dtype = torch.float64) -> list[T]:
+    """fn of each layer's block (as capture_blocks gives it), called inside the forward pass as soon as the layer's
+    block is captured, in layer order; the captured pieces are let go once fn returns. A method that keeps only
+    fn's result holds one layer's pieces at a time: the forward pass reuses their memory, where kept whole the
+    pieces of every layer take fresh pages (MiniLM at 128 tokens: ~1,000 page faults a call, each several
+    microseconds on a virtual machine)."""
     cap, extra = _Kept(), _Extra()
     mods = layer_modules(m.model)  # found once: each search walks every module of the model
     unique = list(dict.fromkeys(mods))  # the attention modules, each once (ALBERT: one for every layer)
     lns = _post_norms(m.model, mods, _norms_of(m)) if whole_block and _norms_of(m).kind == "post" else None
-    with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append, unique),
-          _extra_hooks(m, extra, whole_block, lns, len(unique)),
-          _stop_when_captured(m, mods, lns, cap, extra, whole_block)):
-        m.base(**inputs)  # the transformer alone: the decomposition needs no logits (an LM head costs a layer or more)
     fam = family_of(m.model)
     assert fam is not None
-    blocks = []
-    for layer, (weights, kv, mod) in enumerate(zip(cap.weights, cap.v, mods, strict=True)):
+    results: list[T] = []
+
+    def emit() -> None:  # the next layer's block, complete
+        layer = len(results)
+        weights, kv, mod = cap.weights[layer], cap.v[layer], mods[layer]
         p = fam.params(m.model, mod, layer)
         heads = weights.shape[1]
         v = expand_kv(kv[0].to(dtype), heads // kv.shape[1])  # [head, key, d_head]
@@ -173,8 +196,15 @@ def capture_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool,
         b_o = p.b_o.to(dtype) if p.b_o is not None else torch.zeros(w_o.shape[-1], dtype=dtype)
         block = LayerBlock(weights[0].to(dtype), v, w_o, b_o, cap.output[layer][0].to(dtype))
         ln = lns[layer] if lns is not None else None
-        blocks.append(_whole(m, block, layer, ln, cap, extra, dtype) if whole_block else block)
-    return blocks
+        results.append(fn(_whole(m, block, layer, ln, cap, extra, dtype) if whole_block else block))
+        cap.drop(layer)
+        extra.drop(layer)
+
+    with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append, unique),
+          _extra_hooks(m, extra, whole_block, lns, len(unique)),
+          _each_layer(m, mods, lns, whole_block, emit)):
+        m.base(**inputs)  # the transformer alone: the decomposition needs no logits (an LM head costs a layer or more)
+    return results
 
 
 def _norms_of(m: Model) -> BlockNorms:
@@ -234,34 +264,40 @@ class _Enough(Exception):
 
 
 @contextlib.contextmanager
-def _stop_when_captured(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, cap: _Kept,
-                        extra: _Extra, whole_block: bool) -> Iterator[None]:
-    """End the forward pass as soon as the last layer's block is captured: the last layer's MLP and the final norm
-    compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128 tokens). A hook registered
-    after the capturing ones, on the module that captures last; it counts, for ALBERT's one shared module."""
+def _each_layer(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, whole_block: bool,
+                emit: Callable[[], None]) -> Iterator[None]:
+    """emit() each time a layer's block is complete, then end the forward pass once the last one is: the last
+    layer's MLP and the final norm compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128
+    tokens). A hook registered after the capturing ones on the module that captures last in each layer (the output
+    projection, the post-norm LayerNorm or what takes the block output); ALBERT's one shared module calls it once
+    per layer."""
     n = len(mods)
-    taken: list[torch.Tensor]
+    modules: list[nn.Module]
     if not whole_block:  # the output projection's result is the last piece norm-based attention reads
         fam = family_of(m.model)
         assert fam is not None
-        module, taken, pre = fam.out_proj(m.model, mods[-1]), cap.output, False
+        modules, pre = [fam.out_proj(m.model, mod) for mod in mods], False
     elif lns is not None:
-        module, taken, pre = lns[-1], extra.norm_out, False
+        modules, pre = list(lns), False
     else:
         where = _norms_of(m).block_output
         assert where is not None
-        module = base_of(m.model).get_submodule(where.format(layer=n - 1))
-        taken, pre = extra.block_output, True
+        modules, pre = [base_of(m.model).get_submodule(where.format(layer=layer)) for layer in range(n)], True
+    emitted = [0]
 
-    def stop(*_args: Any) -> None:
-        if len(taken) >= n:
+    def done(*_args: Any) -> None:
+        emit()
+        emitted[0] += 1
+        if emitted[0] >= n:
             raise _Enough
 
-    handle = module.register_forward_pre_hook(stop) if pre else module.register_forward_hook(stop)
+    handles = [mod.register_forward_pre_hook(done) if pre else mod.register_forward_hook(done)
+               for mod in dict.fromkeys(modules)]
     try:
         yield
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
 
 
 def _post_norms(model: nn.Module, mods: list[nn.Module], where: BlockNorms) -> list[nn.LayerNorm]:
@@ -291,4 +327,5 @@ def _take_both(extra: _Extra) -> Any:
     return hook
 
 
-__all__ = ["BLOCK_FAMILIES", "LayerBlock", "Norm", "capture_blocks", "merged_context", "one_text", "refuse_unsupported"]
+__all__ = ["BLOCK_FAMILIES", "LayerBlock", "Norm", "capture_blocks", "map_blocks", "merged_context", "one_text",
+           "refuse_unsupported"]
