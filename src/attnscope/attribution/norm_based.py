@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnscope.attribution.blocks import LayerBlock, capture_blocks, one_text, refuse_unsupported
+from attnscope.attribution.blocks import LayerBlock, map_blocks, one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
 from attnscope.models import Model
 from attnscope.norms import head_vectors, summed_norms
@@ -54,10 +54,11 @@ def norm_based(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     """Norm-based attention per layer for one text, rows normalised (inputs: a tokenizer's tensors)."""
     refuse_unsupported(m, "norm", whole_block=False)
     one_text(inputs, "norm")
-    matrices, errors = [], []
-    for block in capture_blocks(m, inputs, whole_block=False, dtype=torch.float32):
-        errors.append(output_error(block, block.attention_sum()))
-        matrices.append(normalise_rows(layer_norms(block).cpu().numpy()))
+
+    def one(block: LayerBlock) -> tuple[np.ndarray, float]:  # each layer as the forward pass captures it
+        return normalise_rows(layer_norms(block).cpu().numpy()), output_error(block, block.attention_sum())
+
+    matrices, errors = zip(*map_blocks(m, inputs, whole_block=False, fn=one, dtype=torch.float32), strict=True)
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
     detail = (f"per layer, the vectors alpha f(x_j) whose norms are taken add up with b_O to the output "
