@@ -16,7 +16,7 @@ absolute assertion, the machine is shared.
         [--methods alti,norm] [--alti-steps]
 
 --alti-steps: after ALTI's row, where its time goes, per layer (medians of --repeat x layers): each step of
-alti.layer_alti timed alone, on the blocks of one capture, and the capture beside one forward.
+alti.layer_alti timed alone, on each block as the forward pass hands it over, and the capture beside one forward.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from attnscope.attribution import alti as alti_module
 from attnscope.attribution import alti_kernel
 from attnscope.attribution.api import attribute_objective, make_settings
 from attnscope.attribution.attention import trace_check, trace_of
-from attnscope.attribution.blocks import capture_blocks
+from attnscope.attribution.blocks import LayerBlock, map_blocks
 from attnscope.attribution.methods import METHODS, Settings
 from attnscope.attribution.objective import Objective, build_objective
 from attnscope.attribution.record import MethodScores
@@ -139,9 +139,13 @@ def bench(case: str, repeat: int, ig_steps: int, only: list[str] | None, alti_st
                 print(alti_breakdown(obj, repeat))
 
 
+COMPARED = "(layer_alti, compared)"
+
+
 def alti_breakdown(obj: Objective, repeat: int) -> str:
-    """alti.layer_alti's steps one by one, each timed alone on every layer's block (ms, medians), the same calls in
-    the same order as layer_alti; then the capture against one forward (medians of repeat, paired)."""
+    """alti.layer_alti's steps one by one, each timed alone on every layer's block as alti() takes it, inside the
+    forward pass (blocks.map_blocks; ms, medians), the same calls in the same order as layer_alti; then the capture
+    (that forward pass less the steps' time) against one forward (medians of repeat, paired)."""
     m, inputs = obj.model, obj.inputs()
     steps: dict[str, list[float]] = {}
 
@@ -151,27 +155,36 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
         yield
         steps.setdefault(name, []).append(clock() - start)
 
+    def one(block: LayerBlock) -> tuple[np.ndarray, np.ndarray]:  # layer_alti's steps, each timed
+        with step("the norm's rewrite (parts)"):
+            p = alti_module.parts(block)
+        weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
+        with step("head vectors f = v W'"):
+            f = alti_module.kernel_f(v, w, into)
+        with step("kernel (distances and the check's sum)"):
+            results = alti_kernel.run(weights, f, diagonal, p.resultant.float())
+        with step("finish (contributions and the check)"):
+            matrix, _ = alti_kernel.finished(*results, p.resultant.float(), p.bias.float())
+        with step(COMPARED):  # the same steps as layer_alti's, or this measures others (left out of the report)
+            theirs = alti_module.layer_alti(block)[0]
+        return matrix, theirs
+
+    into = torch.empty(0)  # kernel_f makes it once, as alti() does
     with torch.no_grad():
         forwards, captures = [], []
         for _ in range(repeat + 1):
             forwards.append(timed(lambda: m.model(**inputs)))
-            with step("capture"):
-                blocks = capture_blocks(m, inputs, whole_block=True, dtype=torch.float32)
-            for block in blocks:
-                with step("the norm's rewrite (parts)"):
-                    p = alti_module.parts(block)
-                weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
-                with step("head vectors f = v W'"):
-                    f = alti_module.kernel_f(v, w)
-                with step("kernel (distances and the check's sum)"):
-                    results = alti_kernel.run(weights, f, diagonal, p.resultant.float())
-                with step("finish (contributions and the check)"):
-                    matrix, _ = alti_kernel.finished(*results, p.resultant.float(), p.bias.float())
-            if not np.array_equal(matrix, alti_module.layer_alti(block)[0]):  # the same steps, or this measures others
+            before = {name: sum(times) for name, times in steps.items()}
+            start = clock()
+            pairs = map_blocks(m, inputs, True, one, torch.float32)  # as alti() runs: each layer in the forward
+            spent = sum(sum(times) - before.get(name, 0.0) for name, times in steps.items())
+            captures.append(clock() - start - spent)
+            if not all(np.array_equal(mine, theirs) for mine, theirs in pairs):
                 raise SystemExit("alti_breakdown no longer runs layer_alti's steps: update it beside alti.py")
     t_f = statistics.median(forwards[1:])
-    captures = steps.pop("capture")
-    lines = [f"{'':24} per layer, ms (and x forward for all {m.n_layers} layers); the capture "
+    steps.pop(COMPARED)
+    lines = [f"{'':24} per layer, ms (and x forward for all {m.n_layers} layers); the capture (the forward pass "
+             f"the steps run inside, less their time) "
              f"{statistics.median(captures[1:]) / t_f:.2f}x the forward ({t_f * 1e3:.1f} ms):"]
     for name, times in steps.items():
         ms = statistics.median(times[m.n_layers:])  # the first capture's layers warm up
