@@ -144,10 +144,17 @@ def _normalised(y: torch.Tensor, distance: torch.Tensor) -> np.ndarray:
     return normalise_rows(closeness.cpu().numpy())
 
 
+def f_buffer(block: LayerBlock) -> torch.Tensor:
+    """Where kernel_f writes one layer's f: [key, head, d_model] float32 on the block's device (alti() makes one per
+    text and every layer writes it again)."""
+    heads, n, d = block.v.shape[0], block.v.shape[1], block.w_o.shape[-1]
+    return torch.empty(n, heads, d, device=block.v.device)
+
+
 def kernel_f(v: torch.Tensor, w: torch.Tensor, into: torch.Tensor | None = None) -> torch.Tensor:
     """f'^h(x_j) = v^h_j W'^h [head, key, d_model] (v [head, key, d_head], W' [head * d_head, d_model]), stored as
     [key, head, d_model], each key's rows together, as alti_kernel reads it (so it takes f without a copy). into:
-    a [key, head, d_model] float32 buffer to write it in (alti() reuses one for every layer), else a new one."""
+    the buffer to write it in (f_buffer), else a new one (also where into does not fit)."""
     heads, n, d = v.shape[0], v.shape[1], w.shape[-1]
     if into is None or into.shape != (n, heads, d) or into.dtype != v.dtype or into.device != v.device:
         into = torch.empty(n, heads, d, dtype=v.dtype, device=v.device)
@@ -167,20 +174,18 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     """ALTI's per-layer contributions for one text (inputs: a tokenizer's tensors, batch of one)."""
     refuse_unsupported(m, "alti", whole_block=True)
     one_text(inputs, "alti")
-    into: list[torch.Tensor] = []  # f's buffer, made by the first layer and written again by the next
-    norms: list[Norm | None] = []
+    into: torch.Tensor | None = None  # f's buffer, made at the first layer and written again by the next
+    norm: Norm | None = None  # the first layer's (the text below names the block's output by it)
 
     def one(block: LayerBlock) -> tuple[np.ndarray, float]:  # each layer as the forward pass captures it
-        if not into:
-            heads, n, d = block.v.shape[0], block.v.shape[1], block.w_o.shape[-1]
-            into.append(torch.empty(n, heads, d, device=block.v.device))
-            norms.append(block.norm)
-        return layer_alti(block, into[0])
+        nonlocal into, norm
+        if into is None:
+            into, norm = f_buffer(block), block.norm
+        return layer_alti(block, into)
 
     matrices, errors = zip(*map_blocks(m, inputs, whole_block=True, fn=one, dtype=torch.float32), strict=True)
     bound = tolerance_for(dtype_name(m.dtype))
     max_error = np.asarray(errors, dtype=np.float64)
-    norm = norms[0]
     where = ("residual + attention output" if norm is None else "LayerNorm output" if not norm.sandwich
              else "residual + RMSNorm(attention output)")
     detail = (f"per layer, the transformed vectors plus biases add up to the block's {where} captured from the "
@@ -189,5 +194,5 @@ def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:
     return LayerMixing("alti", np.stack(matrices), max_error, bound, verdict(max_error, bound), detail, 1)
 
 
-__all__ = ["Parts", "alti", "block_error", "contributions", "kernel_f", "layer_alti", "parts",
+__all__ = ["Parts", "alti", "block_error", "contributions", "f_buffer", "kernel_f", "layer_alti", "parts",
            "summed_error", "transformed_vectors"]

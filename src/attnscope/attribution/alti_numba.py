@@ -177,10 +177,10 @@ def source(heads: int) -> Kernel:
                     if weighed and q < first:
                         first = q
                 fj = f[j]  # [head, d_model]
+                key_f = flat_f[j * heads * d:(j + 1) * heads * d]  # the same, flat, as the tile reads it
                 i = first
                 while i < n:
                     if tiled and i + QUERIES <= n and not i <= j < i + QUERIES:  # QUERIES queries at once
-                        key_f = flat_f[j * heads * d:]  # f[j] [head, d_model], flat
                         found: tuple[float, ...] = tile(  # type: ignore[call-arg]  # numba passes typingctx
                             flat, (b * n + i) * heads, heads, key_f, y, i, summed, d)
                         for q in range(QUERIES):

@@ -29,7 +29,14 @@ from torch import nn
 
 from attnscope.capture import AttentionCall, hooked
 from attnscope.errors import AttnscopeError
-from attnscope.families import base_of, family_of, is_encoder_decoder, layer_modules, pre_attention
+from attnscope.families import (
+    base_of,
+    family_of,
+    has_attention_modules,
+    is_encoder_decoder,
+    layer_modules,
+    pre_attention,
+)
 from attnscope.families.adapters import FAMILIES, BlockNorms, module_name
 from attnscope.maths import expand_kv
 from attnscope.models import Model
@@ -138,8 +145,7 @@ def refuse_unsupported(m: Model, method: str, whole_block: bool) -> None:
     if is_encoder_decoder(m.model):
         raise AttnscopeError(f"{method} does not support encoder-decoder models ({kind}): use a decoder-only or "
                              "encoder-only model", parameter="methods")
-    if fam is None or not any(type(mod).__name__ in fam.attention_classes for mod in m.model.modules()):  # stops
-        # at the first (a whole search walks every module: a third of a millisecond on MiniLM, each method's call)
+    if fam is None or not has_attention_modules(m.model):
         raise AttnscopeError(f"{method} needs a model family attnscope has an adapter for; {kind!r} has none",
                              parameter="methods")
     if method in LAYER_ALONE and fam.shared_layers:
@@ -186,7 +192,7 @@ def map_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool, fn:
     assert fam is not None
     results: list[T] = []
 
-    def emit() -> None:  # the next layer's block, complete
+    def emit(*_hook_args: Any) -> None:  # the next layer's block, complete (a forward hook on _each_layer's modules)
         layer = len(results)
         weights, kv, mod = cap.weights[layer], cap.v[layer], mods[layer]
         p = fam.params(m.model, mod, layer)
@@ -199,6 +205,8 @@ def map_blocks(m: Model, inputs: dict[str, torch.Tensor], whole_block: bool, fn:
         results.append(fn(_whole(m, block, layer, ln, cap, extra, dtype) if whole_block else block))
         cap.drop(layer)
         extra.drop(layer)
+        if len(results) == len(mods):
+            raise _Enough  # the rest of the forward pass is not read
 
     with (contextlib.suppress(_Enough), hooked(m.model, cap, cap.x.append, cap.output.append, unique),
           _extra_hooks(m, extra, whole_block, lns, len(unique)),
@@ -265,13 +273,12 @@ class _Enough(Exception):
 
 @contextlib.contextmanager
 def _each_layer(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None, whole_block: bool,
-                emit: Callable[[], None]) -> Iterator[None]:
-    """emit() each time a layer's block is complete, then end the forward pass once the last one is: the last
-    layer's MLP and the final norm compute nothing the decomposition reads (MiniLM: a tenth of its forward at 128
-    tokens). A hook registered after the capturing ones on the module that captures last in each layer (the output
-    projection, the post-norm LayerNorm or what takes the block output); ALBERT's one shared module calls it once
-    per layer."""
-    n = len(mods)
+                emit: Callable[..., None]) -> Iterator[None]:
+    """emit() each time a layer's block is complete; emit ends the forward pass (raises _Enough) once the last one
+    is: the last layer's MLP and the final norm compute nothing the decomposition reads (MiniLM: a tenth of its
+    forward at 128 tokens). A hook registered after the capturing ones on the module that captures last in each
+    layer (the output projection, the post-norm LayerNorm or what takes the block output); ALBERT's one shared
+    module calls it once per layer."""
     modules: list[nn.Module]
     if not whole_block:  # the output projection's result is the last piece norm-based attention reads
         fam = family_of(m.model)
@@ -282,16 +289,9 @@ def _each_layer(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None,
     else:
         where = _norms_of(m).block_output
         assert where is not None
-        modules, pre = [base_of(m.model).get_submodule(where.format(layer=layer)) for layer in range(n)], True
-    emitted = [0]
-
-    def done(*_args: Any) -> None:
-        emit()
-        emitted[0] += 1
-        if emitted[0] >= n:
-            raise _Enough
-
-    handles = [mod.register_forward_pre_hook(done) if pre else mod.register_forward_hook(done)
+        modules = [base_of(m.model).get_submodule(where.format(layer=layer)) for layer in range(len(mods))]
+        pre = True
+    handles = [mod.register_forward_pre_hook(emit) if pre else mod.register_forward_hook(emit)
                for mod in dict.fromkeys(modules)]
     try:
         yield
