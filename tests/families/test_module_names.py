@@ -1,4 +1,5 @@
-"""adapters.module_name: one walk of the model cached per model, used only while it still names the module."""
+"""adapters.module_name: one walk of the model cached per model, used only while it still names the module; and
+adapters.submodule, get_submodule read along the registered children."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import transformers as T
 from torch import nn
 
 from attnscope.families import attention_modules, family_of
-from attnscope.families.adapters import module_name
+from attnscope.families.adapters import module_name, submodule
 
 
 def _bert() -> nn.Module:
@@ -54,3 +55,18 @@ def test_a_replaced_module_is_found_not_the_cached_one() -> None:
 def test_a_module_outside_the_model_is_refused() -> None:
     with pytest.raises(LookupError, match="is not part of"):
         module_name(_bert(), nn.Linear(2, 2))
+
+
+def test_submodule_is_get_submodule() -> None:
+    """Every name of a walk gives the very module get_submodule gives; a missing name, a name through an attribute
+    that is not a child, and a child set to None fail as get_submodule fails (AttributeError)."""
+    model = _bert()
+    for name, mod in model.named_modules():
+        assert submodule(model, name) is model.get_submodule(name) is mod
+    model.encoder.layer[0].attention.output.dense = None  # type: ignore[assignment]
+    for name in ["encoder.layer.9", "encoder.layer.0.nothing", "encoder.layer.0.attention.output.dense.weight",
+                 "encoder.layer.0.attention.output.dense"]:
+        with pytest.raises(AttributeError):
+            model.get_submodule(name)
+        with pytest.raises(AttributeError):
+            submodule(model, name)

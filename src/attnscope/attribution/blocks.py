@@ -37,7 +37,7 @@ from attnscope.families import (
     layer_modules,
     pre_attention,
 )
-from attnscope.families.adapters import FAMILIES, BlockNorms, module_name
+from attnscope.families.adapters import FAMILIES, BlockNorms, module_name, submodule
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 from attnscope.norms import head_vectors
@@ -232,7 +232,7 @@ def _whole(m: Model, block: LayerBlock, layer: int, ln: nn.LayerNorm | None, cap
     residual, output = extra.residual[layer][0].to(dtype), extra.block_output[layer][0].to(dtype)
     if where.kind == "sandwich":
         assert where.attention_norm is not None
-        rms: Any = base_of(m.model).get_submodule(where.attention_norm.format(layer=layer))
+        rms: Any = submodule(base_of(m.model), where.attention_norm.format(layer=layer))
         gamma = rms.weight.detach().to(dtype) + (1.0 if where.unit_offset else 0.0)  # Gemma's RMSNorm: 1 + w
         norm = Norm(gamma, torch.zeros_like(gamma), float(rms.eps), extra.norm_in[layer][0].to(dtype),
                     extra.norm_out[layer][0].to(dtype), centred=False, sandwich=True)
@@ -255,10 +255,10 @@ def _extra_hooks(m: Model, extra: _Extra, whole_block: bool, lns: list[nn.LayerN
                 before = pre_attention(m.model, layer)
                 assert before is not None and where.block_output is not None
                 handles.append(before.register_forward_pre_hook(_take_input(extra.residual)))
-                after = base.get_submodule(where.block_output.format(layer=layer))
+                after = submodule(base, where.block_output.format(layer=layer))
                 handles.append(after.register_forward_pre_hook(_take_input(extra.block_output)))
                 if where.attention_norm is not None:
-                    rms = base.get_submodule(where.attention_norm.format(layer=layer))
+                    rms = submodule(base, where.attention_norm.format(layer=layer))
                     handles.append(rms.register_forward_hook(_take_both(extra)))
     try:
         yield
@@ -289,7 +289,7 @@ def _each_layer(m: Model, mods: list[nn.Module], lns: list[nn.LayerNorm] | None,
     else:
         where = _norms_of(m).block_output
         assert where is not None
-        modules = [base_of(m.model).get_submodule(where.format(layer=layer)) for layer in range(len(mods))]
+        modules = [submodule(base_of(m.model), where.format(layer=layer)) for layer in range(len(mods))]
         pre = True
     handles = [mod.register_forward_pre_hook(emit) if pre else mod.register_forward_hook(emit)
                for mod in dict.fromkeys(modules)]
@@ -309,7 +309,7 @@ def _post_norms(model: nn.Module, mods: list[nn.Module], where: BlockNorms) -> l
     for attention in mods:
         name = module_name(model, attention)
         parent = name.rsplit(".", 1)[0] if "." in name else ""
-        ln = model.get_submodule(f"{parent}.{where.post_norm}" if parent else where.post_norm)
+        ln = submodule(model, f"{parent}.{where.post_norm}" if parent else where.post_norm)
         assert isinstance(ln, nn.LayerNorm)
         lns.append(ln)
     return lns

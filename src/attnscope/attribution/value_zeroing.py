@@ -44,7 +44,7 @@ from transformers import Cache
 from attnscope.attribution.blocks import one_text, refuse_unsupported
 from attnscope.attribution.mixing import LayerMixing, normalise_rows
 from attnscope.capture import LayerCapture, capturing, intervening
-from attnscope.families import attention_modules
+from attnscope.families import attention_modules, submodule
 from attnscope.maths import expand_kv
 from attnscope.models import Model
 
@@ -209,7 +209,7 @@ def layer_modules_of(model: nn.Module) -> list[nn.Module]:
     for mod in attention_modules(model):
         parts = names[id(mod)].split(".")
         index = next(i for i, p in enumerate(parts) if p.isdigit())
-        layers.append(model.get_submodule(".".join(parts[:index + 1])))
+        layers.append(submodule(model, ".".join(parts[:index + 1])))
     return layers
 
 

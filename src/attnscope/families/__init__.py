@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnscope.families.adapters import FAMILIES, SCALED_ROPE, Family, Unsupported, _head_dim, text_config
+from attnscope.families.adapters import FAMILIES, SCALED_ROPE, Family, Unsupported, _head_dim, submodule, text_config
 from attnscope.maths import AttentionParams, RelativeBias, Rope, Window
 
 
@@ -105,7 +105,7 @@ def pre_attention(model: nn.Module, layer: int, stack: str = "encoder") -> nn.Mo
     fam = family_of(model)
     if fam is None or fam.pre_attention is None:
         return None
-    return base_of(model).get_submodule(fam.pre_attention.format(layer=layer, stack=stack))
+    return submodule(base_of(model), fam.pre_attention.format(layer=layer, stack=stack))
 
 
 def is_encoder_decoder(model: nn.Module) -> bool:
@@ -219,4 +219,4 @@ def layer_ropes(config: Any, n_positions: int) -> list[Rope]:
 __all__ = ["FAMILIES", "SCALED_ROPE", "Family", "Unsupported", "attention_kind", "attention_modules", "base_of",
            "eager_attention", "family_of", "has_attention_modules", "is_causal", "is_encoder_decoder", "layer_modules",
            "layer_params", "layer_ropes", "max_positions", "n_heads", "n_layers", "pre_attention", "rope",
-           "seq2seq_modules", "seq2seq_params", "text_config", "why_unsupported"]
+           "seq2seq_modules", "seq2seq_params", "submodule", "text_config", "why_unsupported"]
