@@ -163,11 +163,12 @@ def alti_breakdown(obj: Objective, repeat: int) -> str:
             into = alti_module.f_buffer(block)
         with step("the norm's rewrite (parts)"):
             p = alti_module.parts(block)
-        weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()
+        alpha, v, w, diagonal = p.alpha.float(), p.v.float(), p.w.float(), p.diagonal.float()
+        scale = None if p.scale is None else p.scale.float()
         with step("head vectors f = v W'"):
             f = alti_module.kernel_f(v, w, into)
         with step("kernel (distances and the check's sum)"):
-            results = alti_kernel.run(weights, f, diagonal, p.resultant.float())
+            results = alti_kernel.run(alpha, f, diagonal, p.resultant.float(), scale)
         with step("finish (contributions and the check)"):
             matrix, _ = alti_kernel.finished(*results, p.resultant.float(), p.bias.float())
         with step(COMPARED):  # the same steps as layer_alti's, or this measures others (left out of the report)

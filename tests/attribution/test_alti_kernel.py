@@ -127,6 +127,13 @@ def test_the_tiles_and_the_one_query_path_agree_with_the_whole_tensor(d_model: i
     assert torch.equal(seen, torch.ones(n, n, dtype=torch.bool).tril() if causal else torch.ones(n, n).bool())
     assert (torch.from_numpy(d).double() - whole)[seen].abs().max() <= 1e-6 * float(whole.max())
     assert np.abs(summed - t.sum(dim=1).numpy()).max() <= 1e-6 * float(t.sum(dim=1).abs().max())
+    # a per-query scale (a norm's 1 / sigma_i, alti.Parts.scale) read with the weights: the same bytes as the
+    # weights scaled before (both one float32 product per weight)
+    scale = torch.rand(n, generator=g) + 0.5
+    scaled = alti_kernel.distances(weights * scale[None, :, None], f, r, y)
+    for mine, theirs in zip(alti_kernel.distances(weights, f, r, y, scale), scaled, strict=True):
+        assert np.array_equal(mine, theirs)
+    assert not np.array_equal(alti_kernel.distances(weights, f, r, y, scale.flip(0))[0], scaled[0])
 
 
 def test_the_finish_equals_the_steps_it_fuses(minilm: attnscope.Model,

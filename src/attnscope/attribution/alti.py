@@ -28,17 +28,17 @@ The clip at 0 is part of the method (a source whose transformed vector is farthe
 is contributes nothing), as in the authors' code (normalize_contributions, scaling="min_sum"). Layers are
 aggregated by rollout (LayerMixing.rolled) with no residual added: the residual is inside T already.
 
-How it is computed. The block is first rewritten (parts()) so that every norm's per-query scale sits in the
-weights and its centring and gamma in W_O: T_i(x_j) = sum_h alpha'^h_ij f'^h(x_j) + [i == j] r_i (the same maths
-as above, reordered), with sigma_i (rms_i) the statistic of the full sum as the model's own norm received it
-(captured), and y_i the block output captured from the forward pass. The distances ||y_i - T_i(x_j)||_1 are then
-taken by one compiled kernel (attribution.alti_kernel, numba, its tile LLVM IR in attribution.alti_numba): each
-T_i(x_j) - y_i formed in registers, the product over the heads, the difference and the absolute sum in one pass, in
-float32, the captured pieces' own precision
-(c_ij moves by < 1e-5 against the whole tensor in float64: tested on MiniLM and random GPT-2 and Llama). A
-decoder's key skips the queries before it (their weights on it are exactly 0, so T = 0 and the distance is
-||y_i||_1). transformed_vectors() builds the whole [query, key, d_model] tensor from the same parts: the
-walkthrough and the tests read it; alti() does not.
+How it is computed. The block is first rewritten (parts()) so that every norm's centring and gamma sit in W_O and
+its per-query scale is one number per query: T_i(x_j) = s_i sum_h alpha^h_ij f'^h(x_j) + [i == j] r_i (the same
+maths as above, reordered), with s_i = 1 / sigma_i (1 / rms_i) of the full sum as the model's own norm received it
+(captured), and y_i the block output captured from the forward pass. The kernel multiplies each weight by s_i as it
+gathers the weights (the same float32 product as scaling them first, without a [head, query, key] copy). The
+distances ||y_i - T_i(x_j)||_1 are then taken by one compiled kernel (attribution.alti_kernel, numba, its tile LLVM
+IR in attribution.alti_numba): each T_i(x_j) - y_i formed in registers, the product over the heads, the difference
+and the absolute sum in one pass, in float32, the captured pieces' own precision (c_ij moves by < 1e-5 against the
+whole tensor in float64: tested on MiniLM and random GPT-2 and Llama). A decoder's key skips the queries before it
+(their weights on it are exactly 0, so T = 0 and the distance is ||y_i||_1). transformed_vectors() builds the whole
+[query, key, d_model] tensor from the same parts: the walkthrough and the tests read it; alti() does not.
 The cost is in the T's themselves: tokens^2 x heads x d_model multiply-adds per layer (at MiniLM's 128 tokens a
 third of a forward pass's), plus the absolute sums, fused with them.
 
@@ -72,14 +72,20 @@ from attnscope.records.check_report import tolerance_for
 
 @dataclass(frozen=True)
 class Parts:
-    """One layer's block as T_i(x_j) = sum_h weights[h, i, j] (v[h, j] W[h]) + [i == j] diagonal[i]."""
+    """One layer's block as T_i(x_j) = scale[i] sum_h alpha[h, i, j] (v[h, j] W[h]) + [i == j] diagonal[i]."""
 
-    weights: torch.Tensor  # [head, query, key]: alpha^h_ij / sigma_i (/ rms_i) where a norm follows the sum
+    alpha: torch.Tensor  # [head, query, key]: the attention weights, as captured
+    scale: torch.Tensor | None  # [query]: 1 / sigma_i (1 / rms_i) where a norm follows the sum, else None (1)
     v: torch.Tensor  # [head, key, d_head]
     w: torch.Tensor  # [head * d_head, d_model]: W_O, centred over d_model and times gamma where a LayerNorm follows
     diagonal: torch.Tensor  # [query, d_model]: the residual's share, through the norm as the block takes it
     bias: torch.Tensor  # [query, d_model]
     resultant: torch.Tensor  # [query, d_model]: y_i, the block output captured (= sum_j T_i(x_j) + bias_i: checked)
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """alpha^h_ij scale_i [head, query, key] (the kernel forms the same products as it gathers the weights)."""
+        return self.alpha if self.scale is None else self.alpha * self.scale[None, :, None]
 
     @property
     def f(self) -> torch.Tensor:
@@ -96,7 +102,8 @@ def parts(block: LayerBlock) -> Parts:
     assert block.residual is not None and block.block_output is not None
     n, x = block.norm, block.residual
     if n is None:  # pre-norm: y_i = x_i + attention output, nothing after the sum
-        return Parts(block.weights, block.v, block.w_o, x, block.b_o.expand(x.shape[0], -1), block.block_output)
+        return Parts(block.weights, None, block.v, block.w_o, x, block.b_o.expand(x.shape[0], -1),
+                     block.block_output)
     full = n.received  # [query, d_model]: the full sum, as the model's norm received it
     spread = _centred(full).pow(2).mean(dim=-1) if n.centred else full.pow(2).mean(dim=-1)  # [query]: var, rms^2
     inv = torch.rsqrt(spread + n.eps)  # [query]: the FULL sum's statistic, one per position
@@ -104,7 +111,7 @@ def parts(block: LayerBlock) -> Parts:
     bias = b_o * n.gamma * inv[:, None] + n.beta  # [query, d_model]
     # sandwich: the residual joins after the norm, untouched
     diagonal = x if n.sandwich else (_centred(x) if n.centred else x) * n.gamma * inv[:, None]
-    return Parts(block.weights * inv[None, :, None], block.v, w_o * n.gamma, diagonal, bias, block.block_output)
+    return Parts(block.weights, inv, block.v, w_o * n.gamma, diagonal, bias, block.block_output)
 
 
 def transformed_vectors(block: LayerBlock) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,8 +173,10 @@ def layer_alti(block: LayerBlock, into: torch.Tensor | None = None) -> tuple[np.
     read, summed by the kernel), the distances taken by the compiled kernel in float32 (module doc). into: a buffer
     for f (kernel_f)."""
     p = parts(block)
-    weights, v, w, diagonal = p.weights.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
-    return layer(weights, kernel_f(v, w, into), diagonal, p.resultant.float(), p.bias.float())  # [query, key], error
+    alpha, v, w, diagonal = p.alpha.float(), p.v.float(), p.w.float(), p.diagonal.float()  # as T is built
+    scale = None if p.scale is None else p.scale.float()
+    f = kernel_f(v, w, into)
+    return layer(alpha, f, diagonal, p.resultant.float(), p.bias.float(), scale)  # [query, key], error
 
 
 def alti(m: Model, inputs: dict[str, torch.Tensor]) -> LayerMixing:

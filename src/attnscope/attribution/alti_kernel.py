@@ -1,20 +1,20 @@
 """ALTI's distances in one pass: d_ij = ||T_i(x_j) - y_i||_1 for every key j and query i, with T_i(x_j) =
-sum_h weights[h, i, j] f[h, j] + [i == j] r_i (attribution.alti.Parts), and the T's summed over the keys (the check's
-sum), compiled by numba.
+s_i sum_h weights[h, i, j] f[h, j] + [i == j] r_i (attribution.alti.Parts; s_i a norm's per-query scale, 1 where
+there is none), and the T's summed over the keys (the check's sum), compiled by numba.
 
 Why a kernel: the distances need n^2 x d_model values per layer, each a sum over the heads (inner dimension 12 on
-MiniLM), and then their absolute sums. As torch calls (one batched matmul per chunk of keys into a reused buffer, then
-abs and sum) every value is written to memory and read back, and a matmul with an inner dimension of 12 runs at a
-fraction of its speed. Here each value is formed in a register and nothing of size [query, key, d_model] exists: for
-one key, two queries at a time (alti_numba's tile, vector code written as LLVM IR) keep their sums over the heads
-for 32 values of d_model in eight vector registers, each head's vectors of f read once for both queries; each value
-is then added to its query's row of the check's sum and its distance from y_i to the absolute sum. The key's own
-query (where the residual joins) and a last odd query take a one-query path in numba's loops, as does every query
-when d_model is not a multiple of 32. The weights of BLOCK keys are gathered together into [key, query, head]
-(read along the keys, so each cache line of weights is loaded once per block rather than once per key), and f is
-read as [key, head, d_model] (each key's rows together: 12 rows a layer apart share their cache sets). MiniLM at
-128 tokens, one layer on one thread: 2.6-2.8 ms, against 4.0-4.4 ms for numba's loops alone and about 3 times that
-for the torch calls (docs/attribution.md, Cost).
+MiniLM), and then their absolute sums. As torch calls (one batched matmul per chunk of keys into a reused buffer,
+then abs and sum) every value is written to memory and read back, and a matmul with an inner dimension of 12 runs at
+a fraction of its speed. Here each value is formed in a register and nothing of size [query, key, d_model] exists:
+for one key, two queries at a time (alti_numba's tile, vector code written as LLVM IR) keep their sums over the
+heads for 32 values of d_model in eight vector registers, each head's vectors of f read once for both queries; each
+value is then added to its query's row of the check's sum and its distance from y_i to the absolute sum. The key's
+own query (where the residual joins) and a last odd query take a one-query path in numba's loops, as does every
+query when d_model is not a multiple of 32. The weights of BLOCK keys are gathered together into [key, query, head],
+each times s_i, (read along the keys, so each cache line of weights is loaded once per block rather than once per
+key), and f is read as [key, head, d_model] (each key's rows together: 12 rows a layer apart share their cache
+sets). MiniLM at 128 tokens, one layer on one thread: 2.6-2.8 ms, against 4.0-4.4 ms for numba's loops alone and
+about 3 times that for the torch calls (docs/attribution.md, Cost).
 
 The sum: summed[i] = sum_j T_i(x_j), the very values whose distances were taken, added up in float32 key after key
 (each thread its own rows, added in float64 at the end), so alti.layer_alti's check (summed_i + bias_i against the
@@ -59,7 +59,8 @@ def _numba() -> Any:
     return numba
 
 
-SIGNATURE = "void(f4[:, :, ::1], f4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], b1[:, ::1], f4[:, ::1], i8, i8)"
+SIGNATURE = ("void(f4[:, :, ::1], f4[::1], f4[:, :, ::1], f4[:, ::1], f4[:, ::1], f4[:, ::1], b1[:, ::1], f4[:, ::1], "
+             "i8, i8)")
 FASTMATH = {"reassoc", "contract"}  # vectorised sums and fused multiply-adds; NaN and infinities kept
 
 
@@ -90,21 +91,22 @@ def _finish() -> Callable[..., float]:
     return _jit(finish, FINISH_SIGNATURE, False)  # type: ignore[no-any-return]  # strict: NaN and order kept
 
 
-def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
-              y: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor,
+              scale: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """||T_i(x_j) - y_i||_1 [query, key] float32 on the CPU; absent [query, key]: no head weighs key j for query
     i != j, so T_i(x_j) = 0 (its distance is the caller's to set: ||y_i||_1 exactly; left 0 where skipped); and
     sum_j T_i(x_j) [query, d_model] float64, the T's the distances read, summed (alti.layer_alti checks it).
-    weights [head, query, key], f [head, key, d_model], diagonal (r_i) and y [query, d_model]."""
-    out, absent, summed = run(weights, f, diagonal, y)
+    weights [head, query, key], f [head, key, d_model], diagonal (r_i) and y [query, d_model]; scale [query]: each
+    query's weights times scale_i as the kernel reads them (alti.Parts.scale; None: 1)."""
+    out, absent, summed = run(weights, f, diagonal, y, scale)
     return out.T, absent.T, summed.sum(axis=0, dtype=np.float64)
 
 
-def layer(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor,
-          bias: torch.Tensor) -> tuple[np.ndarray, float]:
+def layer(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor, bias: torch.Tensor,
+          scale: torch.Tensor | None = None) -> tuple[np.ndarray, float]:
     """One layer's ALTI contributions c_ij [query, key] float64 and its check's error (alti.layer_alti): run(), then
     finished() over its results. bias [query, d_model]; the rest as distances()."""
-    return finished(*run(weights, f, diagonal, y), y, bias)
+    return finished(*run(weights, f, diagonal, y, scale), y, bias)
 
 
 def finished(out: np.ndarray, absent: np.ndarray, summed: np.ndarray, y: torch.Tensor,
@@ -119,20 +121,23 @@ def finished(out: np.ndarray, absent: np.ndarray, summed: np.ndarray, y: torch.T
     return contributions, float(error)
 
 
-def run(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor,
-        y: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def run(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor,
+        scale: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The kernel's own results, as distances() takes its inputs: the distances out and absent [key, query], and
     summed [thread, query, d_model] float32, each thread's sum of the T's."""
     heads, n, d = (int(s) for s in f.shape)
-    if weights.shape != (heads, n, n) or diagonal.shape != (n, d) or y.shape != (n, d):  # the kernel reads unchecked
+    if scale is None:
+        scale = torch.ones(n)
+    if (weights.shape != (heads, n, n) or diagonal.shape != (n, d) or y.shape != (n, d)
+            or scale.shape != (n,)):  # the kernel reads unchecked
         raise ValueError(f"ALTI's kernel: weights {tuple(weights.shape)}, f {tuple(f.shape)}, diagonal "
-                         f"{tuple(diagonal.shape)} and y {tuple(y.shape)} do not fit "
-                         "[head, query, key], [head, key, d_model] and [query, d_model]")
+                         f"{tuple(diagonal.shape)}, y {tuple(y.shape)} and scale {tuple(scale.shape)} do not fit "
+                         "[head, query, key], [head, key, d_model], [query, d_model] and [query]")
     kernel = compiled(heads)
     from attnscope.attribution.alti_numba import BLOCK  # numba is there: compiled() found it
 
     by_key = f.transpose(0, 1)  # [key, head, d_model]: a copy unless f was written so (alti.layer_alti's is)
-    arrays = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in (weights, by_key, diagonal, y)]
+    arrays = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in (weights, scale, by_key, diagonal, y)]
     out = np.zeros((n, n), dtype=np.float32)  # [key, query]
     absent = np.zeros((n, n), dtype=np.bool_)  # [key, query]
     threads = max(1, min(torch.get_num_threads(), -(-n // BLOCK)))  # at most one per block

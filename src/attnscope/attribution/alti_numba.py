@@ -146,9 +146,10 @@ Kernel = Callable[..., None]
 def source(heads: int) -> Kernel:
     """The kernel's Python source for `heads` heads (a closure constant: numba unrolls the one-query heads' loop)."""
 
-    def kernel(weights: np.ndarray, f: np.ndarray, own: np.ndarray, y: np.ndarray, out: np.ndarray,
-               absent: np.ndarray, summed: np.ndarray, start: int, step: int) -> None:
-        # weights [head, query, key], f [key, head, d_model] (one key's rows together), own = r and y [query,
+    def kernel(weights: np.ndarray, scale: np.ndarray, f: np.ndarray, own: np.ndarray, y: np.ndarray,
+               out: np.ndarray, absent: np.ndarray, summed: np.ndarray, start: int, step: int) -> None:
+        # weights [head, query, key], read times scale [query] (alti.Parts.scale: a norm's 1 / sigma_i, folded in
+        # as the weights are gathered), f [key, head, d_model] (one key's rows together), own = r and y [query,
         # d_model], out [key, query]: d_ij for this thread's keys; absent [key, query]: no head weighs key j for
         # query i != j (T_i(x_j) = 0); a key's absent queries before the first that weighs it are skipped (a
         # decoder's); summed [query, d_model] float32: this thread's T_i(x_j) summed over its keys; start, step:
@@ -164,7 +165,7 @@ def source(heads: int) -> Kernel:
             for h in range(heads):  # read along the keys, BLOCK at a time (key by key, each load was a cache line)
                 for q in range(n):
                     for b in range(width):
-                        block[b, q, h] = weights[h, q, j0 + b]
+                        block[b, q, h] = weights[h, q, j0 + b] * scale[q]
             for b in range(width):
                 j = j0 + b
                 by_key = block[b]  # [query, head]
