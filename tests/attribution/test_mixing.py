@@ -1,10 +1,16 @@
-"""LayerMixing (attribution.mixing): rollout of per-layer matrices, the verdict and the row normalisation."""
+"""LayerMixing (attribution.mixing): rollout of per-layer matrices, the verdict and the row normalisation; the
+rolled rows a target reads (attribution.attention.rolled_rows)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+import attnscope
+from attnscope.attribution.attention import rolled_rows, rows
 from attnscope.attribution.mixing import LayerMixing, normalise_rows, verdict
+from attnscope.attribution.objective import ENCODER, build_objective
 from attnscope.rollout import residual_attention, rollout
 
 
@@ -35,3 +41,19 @@ def test_verdict_and_row_normalisation() -> None:
     assert verdict(np.array([np.nan, np.nan]), 1e-5) is None and verdict(np.array([]), 1e-5) is None
     rows = normalise_rows(np.array([[1.0, 3.0], [0.0, 0.0]]))
     assert (rows == np.array([[0.25, 0.75], [0.0, 0.0]])).all()  # an all-zero row stays zero, not NaN
+
+
+def test_rolled_rows_are_the_rolled_matrix_rows(minilm: attnscope.Model,
+                                                tiny_lm: Callable[[str], attnscope.Model]) -> None:
+    """attention.rolled_rows (top layer down, a row block at a time) against rows() of the whole rolled matrix:
+    an encoder's mean of the rows and a causal model's predicting positions (a target of two tokens), within float64
+    rounding; the layers taken in the other order differ."""
+    rng = np.random.default_rng(1)
+    for obj in (build_objective(minilm, "Paris is the capital of France."),
+                build_objective(tiny_lm("gpt2"), "The capital of France is", " Paris city")):
+        n = obj.n_tokens
+        matrices = normalise_rows(rng.random((4, n, n)))  # [layer, query, key]
+        whole = rows(obj, mixing(matrices).rolled())
+        assert whole.shape == (len(obj.positions) if obj.kind != ENCODER else 1, n)
+        assert np.abs(rolled_rows(obj, matrices) - whole).max() <= 1e-12
+        assert np.abs(rolled_rows(obj, matrices[::-1]) - whole).max() > 1e-3

@@ -4,7 +4,8 @@ attention (attribution.norm_based) and value zeroing (attribution.value_zeroing)
 Each gives one token-to-token mixing matrix per layer (attribution.mixing.LayerMixing), rolled out over the layers
 (the product, the last layer on the left). A target's scores are the rolled matrix's row of the position that
 predicts it; for an encoder's pooled embedding, the mean of the rows (as mean pooling weighs them), as for raw
-attention and rollout (attribution.attention.rows). The check is the method's own, per layer: ALTI's and norm's
+attention and rollout (attribution.attention.rows), taken from the top layer down without forming the rolled
+matrix (attribution.attention.rolled_rows). The check is the method's own, per layer: ALTI's and norm's
 vectors add up to the captured attention-block output; value zeroing's unzeroed forward equals the model's.
 """
 
@@ -14,7 +15,7 @@ import importlib
 
 import numpy as np
 
-from attnscope.attribution.attention import rows
+from attnscope.attribution.attention import rolled_rows
 from attnscope.attribution.blocks import refuse_unsupported
 from attnscope.attribution.methods import Context
 from attnscope.attribution.objective import Objective
@@ -46,7 +47,7 @@ def _run(ctx: Context, name: str) -> MethodScores:
     worst = float(np.nanmax(errors)) if np.isfinite(errors).any() else float("nan")
     check = MethodCheck(name="decomposition", value=worst, bound=float(mixing.bound), verified=mixing.verified,
                         detail=mixing.detail)
-    return MethodScores(method=name, scores=rows(obj, mixing.rolled()), unit=UNITS[name], check=check,
+    return MethodScores(method=name, scores=rolled_rows(obj, mixing.matrices), unit=UNITS[name], check=check,
                         cost=Cost(forwards=max(1, int(mixing.forwards)), backwards=0, seconds=0.0),
                         settings={"layers": int(mixing.matrices.shape[0])})
 
