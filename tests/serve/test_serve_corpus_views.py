@@ -263,3 +263,55 @@ def test_the_page_draws_both_panels_escapes_hover_text_and_a_head_click_opens_it
         page.locator("#sv-heads").screenshot(path=str(ARTIFACTS / "heads-panel.png"))
     assert errors == []
     assert all(u.startswith(explored.url) or u.startswith("data:") for u in requests), requests
+
+
+# Every element of a panel whose right edge passes the panel's, unless a scroll box of its own inside the panel
+# holds it; and how far the panel and the page scroll sideways.
+SPILLS = """(id) => {
+  const panel = document.getElementById(id);
+  const right = panel.getBoundingClientRect().right;
+  const out = [];
+  for (const e of panel.querySelectorAll("*")) {
+    const r = e.getBoundingClientRect();
+    if (!r.width || r.right <= right + 1) continue;
+    let held = false;
+    for (let p = e.parentElement; p && p !== panel; p = p.parentElement) {
+      if (["auto", "scroll"].includes(getComputedStyle(p).overflowX) && p.getBoundingClientRect().right <= right + 1) {
+        held = true;
+        break;
+      }
+    }
+    if (!held) out.push(`${e.tagName}.${e.getAttribute("class")} +${Math.round(r.right - right)}px`);
+  }
+  return { spills: out.slice(0, 5), sideways: panel.scrollWidth - panel.clientWidth,
+           page: document.documentElement.scrollWidth - window.innerWidth };
+}"""
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_heads_and_map_panels_fit_the_page(explored: Server, width: int) -> None:
+    """At 1280 and 1920 px, with the heads drawn and a query/key map of two heads open: nothing in either panel runs
+    past its right edge (but inside a scroll box of its own), the page does not scroll sideways, and the heads'
+    picture (dendrogram and map) needs no sideways scroll of its own either."""
+    from attnscope.views.browser import chromium
+
+    with chromium() as b:
+        page = b.new_page(viewport={"width": width, "height": 1000})
+        page.goto(explored.url)
+        page.wait_for_selector("#sv-heads-status[data-kind=ok]", timeout=60_000)
+        page.select_option("#sv-qkmap-layer", "5")
+        page.select_option("#sv-qkmap-head", "")
+        page.fill("#sv-qkmap-limit", "300")
+        page.click("#sv-qkmap-go")
+        page.wait_for_selector("#sv-qkmap-status[data-kind=ok]", timeout=60_000)
+        for panel in ("sv-heads", "sv-qkmap"):
+            found = page.evaluate(SPILLS, panel)
+            assert found == {"spills": [], "sideways": 0, "page": 0}, (width, panel, found)
+        # the heads' picture needs no sideways scroll of its own: the map goes below the dendrogram where both do not
+        # fit side by side (1280), beside it where they do (1920)
+        box = page.evaluate("""() => { const f = document.querySelector('#sv-heads-out .as-hd-figure');
+          const d = f.querySelector('.as-hd-dendrogram').getBoundingClientRect();
+          const m = f.querySelector('.as-hd-map').getBoundingClientRect();
+          return [f.scrollWidth - f.clientWidth, m.top >= d.bottom - 1]; }""")
+        assert box == [0, width < 1500], (width, box)
+        page.screenshot(path=str(ARTIFACTS / f"corpus-panels-{width}.png"), full_page=True)

@@ -74,9 +74,11 @@
       `<circle cx="${i * 110 + 5}" cy="${y - 4}" r="5" fill="${colour}"/>` + F.text(i * 110 + 14, y, label)).join("\n");
   }
 
-  function layout(data) {
+  // room: the width the picture has (the page's panel); the map goes below the dendrogram where both do not fit side
+  // by side, and in a figure (no room given) where the dendrogram is wide (many heads)
+  function layout(data, room) {
     const den = dendrogramBody(data);
-    const beside = den.width <= 1000; // a wide dendrogram (many heads) puts the map below it
+    const beside = room ? den.width + 30 + MAP + 10 <= room : den.width <= 1000;
     const [mapX, mapY] = beside ? [den.width + 30, 0] : [0, den.height + 30];
     const height = (beside ? Math.max(den.height, MAP + 40) : mapY + MAP + 40) + 30;
     const body = [`<g transform="translate(0 14)">`, den.body, mapBody(data, mapX, mapY), "</g>",
@@ -120,7 +122,7 @@
 
   A.renderHeads = function (element, data, onPick) {
     const pick = onPick || (() => {});
-    const l = layout(data);
+    const l = layout(data, Math.max(0, element.clientWidth - 24)); // .as-hd's margins; 0 (not laid out): a figure's
     const picture = svgElement(l.body, l.width, l.height);
     const picked = el("p", { class: "as-hd-picked", "aria-live": "polite" });
     picture.addEventListener("click", (e) => {
