@@ -1,7 +1,8 @@
 """ALTI's distance kernel (attribution.alti_kernel): its float32 distances and contributions equal the whole
 [query, key, d_model] tensor in float64, and so does its sum of the T's over the keys (what the check reads); a
 decoder's unseen pairs are found absent (and skipped) and nothing else; more threads give the same bytes; a kernel
-that drops the residual fails the comparison; without numba, one line naming the install."""
+that drops the residual fails the comparison; the compiled rewrite of the block (kernel_parts) equals parts(); without
+numba, one line naming the install."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import torch
 
 import attnscope
 from attnscope.attribution import alti_kernel
-from attnscope.attribution.alti import contributions, layer_alti, parts, summed_error, transformed_vectors
+from attnscope.attribution.alti import contributions, kernel_parts, layer_alti, parts, summed_error, transformed_vectors
 from attnscope.attribution.blocks import LayerBlock, capture_blocks
 from attnscope.attribution.mixing import normalise_rows
 from attnscope.errors import AttnscopeError
+from tests.support.families import build_model, modern_configs
 
 TEXT = ("The capital of France is Paris, and the capital of Italy is Rome; travellers between the two cities often "
         "take the night train through the Alps, which crosses the border near Modane before dawn.")
@@ -187,3 +189,23 @@ def test_without_numba_alti_says_how_to_install(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(AttnscopeError, match=r"pip install 'attnscope\[attribute\]'") as err:
         alti_kernel.compiled.__wrapped__(3)
     assert "\n" not in str(err.value) and err.value.parameter == "methods"
+
+
+def test_the_compiled_rewrite_equals_parts(minilm: attnscope.Model) -> None:
+    """alti.kernel_parts (the norm's rewrite in one compiled pass, what layer_alti runs) against parts() in float64:
+    a post-norm LayerNorm (MiniLM, every layer) and a sandwich RMSNorm (a random Gemma 3): W', the diagonal, the bias,
+    the per-query scale and so the scaled weights, each within float32's rounding of its size; a rewrite that
+    forgets the centring or the scale is far off."""
+    gemma = attnscope.load_model(build_model(modern_configs()["gemma3_text"](), head="ForCausalLM"),
+                                 tokenizer=minilm.tokenizer)
+    for block in _blocks(minilm) + _blocks(gemma):
+        assert block.norm is not None
+        want, got = parts(block), kernel_parts(block)
+        assert got.w.dtype == torch.float32 and got.scale is not None and want.scale is not None
+        for name, a, b in [("w", want.w, got.w), ("diagonal", want.diagonal, got.diagonal),
+                           ("bias", want.bias, got.bias), ("scale", want.scale, got.scale),
+                           ("weights", want.weights, got.weights)]:
+            assert a.shape == b.shape, name
+            assert (a - b.double()).abs().max() <= 2**-22 * max(1.0, float(a.abs().max())), name
+        assert (want.w - (block.w_o * block.norm.gamma)).abs().max() > 1e-3 or not block.norm.centred
+        assert (want.weights - block.weights).abs().max() > 1e-3

@@ -91,6 +91,31 @@ def _finish() -> Callable[..., float]:
     return _jit(finish, FINISH_SIGNATURE, False)  # type: ignore[no-any-return]  # strict: NaN and order kept
 
 
+@functools.cache
+def _rewrite() -> Callable[..., None]:
+    _numba()
+    from attnscope.attribution.alti_numba import REWRITE_SIGNATURE, rewrite
+
+    return _jit(rewrite, REWRITE_SIGNATURE, FASTMATH)  # type: ignore[no-any-return]
+
+
+def rewritten(x: torch.Tensor, received: torch.Tensor, w_o: torch.Tensor, b_o: torch.Tensor, gamma: torch.Tensor,
+              beta: torch.Tensor, eps: float, centred: bool,
+              sandwich: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """alti.parts' rewrite of a block with a norm after the attention sum, compiled (alti_numba.rewrite), float32 on
+    the CPU: W' [head * d_head, d_model] (a transposed view, as nn.Linear's W_O is), the diagonal and the bias
+    [query, d_model], and the scale [query]. x, received [query, d_model]; w_o [head * d_head, d_model]; b_o, gamma,
+    beta [d_model]."""
+    n, d = x.shape
+    w_t = w_o.transpose(0, 1)  # [d_model, head * d_head]: nn.Linear's own layout (no copy for a Linear's W_O)
+    arrays = [t.detach().to("cpu", torch.float32).contiguous().numpy() for t in (x, received, w_t, b_o, gamma, beta)]
+    w_out = np.empty_like(arrays[2])
+    diagonal, bias = np.empty((n, d), dtype=np.float32), np.empty((n, d), dtype=np.float32)
+    scale = np.empty(n, dtype=np.float32)
+    _rewrite()(*arrays, float(eps), centred, sandwich, w_out, diagonal, bias, scale)
+    return torch.from_numpy(w_out).T, torch.from_numpy(diagonal), torch.from_numpy(bias), torch.from_numpy(scale)
+
+
 def distances(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch.Tensor,
               scale: torch.Tensor | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """||T_i(x_j) - y_i||_1 [query, key] float32 on the CPU; absent [query, key]: no head weighs key j for query
@@ -149,4 +174,4 @@ def run(weights: torch.Tensor, f: torch.Tensor, diagonal: torch.Tensor, y: torch
             list(pool.map(lambda t: kernel(*arrays, out, absent, summed[t], t, threads), range(threads)))
     return out, absent, summed
 
-__all__ = ["INSTALL", "compiled", "distances", "finished", "layer", "run"]
+__all__ = ["INSTALL", "compiled", "distances", "finished", "layer", "rewritten", "run"]

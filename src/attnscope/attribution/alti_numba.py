@@ -241,4 +241,58 @@ def finish(out: np.ndarray, absent: np.ndarray, y: np.ndarray, summed: np.ndarra
 FINISH_SIGNATURE = "f8(f4[:, ::1], b1[:, ::1], f4[:, ::1], f4[:, :, ::1], f4[:, ::1], f8[:, ::1])"
 
 
-__all__ = ["BLOCK", "FINISH_SIGNATURE", "QUERIES", "STEP", "finish", "source", "tile"]
+def rewrite(x: np.ndarray, received: np.ndarray, w_t: np.ndarray, b_o: np.ndarray, gamma: np.ndarray,
+            beta: np.ndarray, eps: float, centred: bool, sandwich: bool, w_out: np.ndarray, diagonal: np.ndarray,
+            bias: np.ndarray, scale: np.ndarray) -> None:
+    """alti.parts' rewrite of a block whose norm follows the attention sum, in one compiled pass per array
+    (alti.layer_alti's float32 path; parts() itself stays the definition, and a test holds the two together).
+
+    x, received [query, d_model]: the residual and what the norm received; w_t [d_model, head * d_head]: W_O as
+    nn.Linear stores it (W_O transposed); b_o, gamma, beta [d_model]. Writes w_out [d_model, head * d_head]: W'
+    transposed, W_O centred over d_model (a LayerNorm's) times gamma; diagonal, bias [query, d_model]; scale [query]:
+    1 / sigma_i of the full sum (1 / rms_i). Sums in float64, results rounded to float32 once; NaN kept."""
+    n, d = x.shape
+    inner = w_t.shape[1]
+    means = np.zeros(inner, dtype=np.float64)  # W_O's mean over d_model, one per row of W_O
+    if centred:
+        for c in range(d):
+            for e in range(inner):
+                means[e] += w_t[c, e]
+        for e in range(inner):
+            means[e] /= d
+    for c in range(d):
+        for e in range(inner):
+            w_out[c, e] = np.float32((w_t[c, e] - means[e]) * gamma[c])
+    b_mean = 0.0
+    if centred:
+        for c in range(d):
+            b_mean += b_o[c]
+        b_mean /= d
+    for i in range(n):
+        mean = 0.0
+        if centred:
+            for c in range(d):
+                mean += received[i, c]
+            mean /= d
+        spread = 0.0
+        for c in range(d):
+            gap = received[i, c] - mean
+            spread += gap * gap
+        inv = 1.0 / np.sqrt(spread / d + eps)
+        scale[i] = np.float32(inv)
+        x_mean = 0.0
+        if centred and not sandwich:
+            for c in range(d):
+                x_mean += x[i, c]
+            x_mean /= d
+        for c in range(d):
+            bias[i, c] = np.float32((b_o[c] - b_mean) * gamma[c] * inv + beta[c])
+            diagonal[i, c] = x[i, c] if sandwich else np.float32((x[i, c] - x_mean) * gamma[c] * inv)
+
+
+REWRITE_SIGNATURE = ("void(f4[:, ::1], f4[:, ::1], f4[:, ::1], f4[::1], f4[::1], f4[::1], f8, b1, b1, f4[:, ::1], "
+                     "f4[:, ::1], f4[:, ::1], f4[::1])")
+
+
+__all__ = ["BLOCK", "FINISH_SIGNATURE", "QUERIES", "REWRITE_SIGNATURE", "STEP", "finish", "rewrite", "source",
+           "tile"]
