@@ -123,8 +123,8 @@ def kernel_parts(block: LayerBlock) -> Parts:
     if n is None:
         return parts(block)
     assert block.residual is not None and block.block_output is not None
-    w, diagonal, bias, scale = rewritten(block.residual, n.received, block.w_o, block.b_o, n.gamma, n.beta, n.eps,
-                                         n.centred, n.sandwich)
+    w, diagonal, bias, scale = (t.to(block.v.device) for t in rewritten(  # computed on the CPU; f is the block's
+        block.residual, n.received, block.w_o, block.b_o, n.gamma, n.beta, n.eps, n.centred, n.sandwich))
     return Parts(block.weights, scale, block.v, w, diagonal, bias, block.block_output)
 
 
