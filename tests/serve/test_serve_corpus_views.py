@@ -23,6 +23,7 @@ from attnscope.corpus.store import CorpusIndex
 from attnscope.serve.corpus_views import POINT_SECONDS, START_SECONDS
 from attnscope.views.heads import heads_payload
 from attnscope.views.qkmap import qkmap_payload
+from tests.support.pages import spills
 from tests.support.random_models import save_random_bert
 from tests.support.serve import ARTIFACTS, Server, serve_command, served
 from tests.support.serve_explore import HEADS, HOSTILE, LAYERS, corpus, explore_heads, explore_index
@@ -265,29 +266,6 @@ def test_the_page_draws_both_panels_escapes_hover_text_and_a_head_click_opens_it
     assert all(u.startswith(explored.url) or u.startswith("data:") for u in requests), requests
 
 
-# Every element of a panel whose right edge passes the panel's, unless a scroll box of its own inside the panel
-# holds it; and how far the panel and the page scroll sideways.
-SPILLS = """(id) => {
-  const panel = document.getElementById(id);
-  const right = panel.getBoundingClientRect().right;
-  const out = [];
-  for (const e of panel.querySelectorAll("*")) {
-    const r = e.getBoundingClientRect();
-    if (!r.width || r.right <= right + 1) continue;
-    let held = false;
-    for (let p = e.parentElement; p && p !== panel; p = p.parentElement) {
-      if (["auto", "scroll"].includes(getComputedStyle(p).overflowX) && p.getBoundingClientRect().right <= right + 1) {
-        held = true;
-        break;
-      }
-    }
-    if (!held) out.push(`${e.tagName}.${e.getAttribute("class")} +${Math.round(r.right - right)}px`);
-  }
-  return { spills: out.slice(0, 5), sideways: panel.scrollWidth - panel.clientWidth,
-           page: document.documentElement.scrollWidth - window.innerWidth };
-}"""
-
-
 @pytest.mark.parametrize("width", [1280, 1920])
 def test_the_heads_and_map_panels_fit_the_page(explored: Server, width: int) -> None:
     """At 1280 and 1920 px, with the heads drawn and a query/key map of two heads open: nothing in either panel runs
@@ -305,7 +283,7 @@ def test_the_heads_and_map_panels_fit_the_page(explored: Server, width: int) -> 
         page.click("#sv-qkmap-go")
         page.wait_for_selector("#sv-qkmap-status[data-kind=ok]", timeout=60_000)
         for panel in ("sv-heads", "sv-qkmap"):
-            found = page.evaluate(SPILLS, panel)
+            found = spills(page, panel)
             assert found == {"spills": [], "sideways": 0, "page": 0}, (width, panel, found)
         # the heads' picture needs no sideways scroll of its own: the map goes below the dendrogram where both do not
         # fit side by side (1280), beside it where they do (1920)

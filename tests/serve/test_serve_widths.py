@@ -9,30 +9,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.pages import spills
 from tests.support.serve import Server, start_server
 
 TEXT = ("In the spring of that year the river rose above the old stone bridge, and the people of the town "
         "carried their books and their bread up to the church on the hill, where they waited for the water")
-# Every element of the views' pane whose right edge passes the pane's, unless a scroll box of its own holds it.
-SPILLS = """() => {
-  const pane = document.getElementById("sv-views");
-  const right = pane.getBoundingClientRect().right;
-  const out = [];
-  for (const e of pane.querySelectorAll("*")) {
-    const r = e.getBoundingClientRect();
-    if (!r.width || r.right <= right + 1) continue;
-    let held = false;
-    for (let p = e.parentElement; p && p !== pane; p = p.parentElement) {
-      if (["auto", "scroll"].includes(getComputedStyle(p).overflowX) && p.getBoundingClientRect().right <= right + 1) {
-        held = true;
-        break;
-      }
-    }
-    if (!held) out.push(`${e.tagName}.${e.className} +${Math.round(r.right - right)}px`);
-  }
-  return { spills: out.slice(0, 5), sideways: pane.scrollWidth - pane.clientWidth,
-           page: document.documentElement.scrollWidth - window.innerWidth };
-}"""
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +46,7 @@ def test_every_view_fits_its_pane(two_models: Server, width: int) -> None:
                 page.select_option("#sv-view", view)
                 page.wait_for_selector(f"#sv-views .as-panel[data-view={view}]", timeout=60_000)
                 page.wait_for_timeout(300)  # the view settles (fit, lazy maps)
-                fit = page.evaluate(SPILLS)
+                fit = spills(page, "sv-views")
                 assert fit == {"spills": [], "sideways": 0, "page": 0}, (model, view, fit)
                 if view == "model":  # every head's column drawn inside the pane, none cut or scrolled away
                     right = page.evaluate("() => document.getElementById('sv-views').getBoundingClientRect().right")

@@ -82,3 +82,33 @@ def click_matrix_cell(page: Any, query: int, key: int) -> None:
     canvas = page.locator("#sv-views canvas.as-matrix")
     cell, label = (float(canvas.get_attribute(f"data-{k}")) for k in ("cell", "label"))
     canvas.click(position={"x": label + (key + 0.5) * cell, "y": label + (query + 0.5) * cell})
+
+
+# Every element of a box whose right edge passes the box's, unless a scroll box of its own inside it holds it; and
+# how far the box and the page scroll sideways.
+_SPILLS = """(id) => {
+  const box = document.getElementById(id);
+  const right = box.getBoundingClientRect().right;
+  const out = [];
+  for (const e of box.querySelectorAll("*")) {
+    const r = e.getBoundingClientRect();
+    if (!r.width || r.right <= right + 1) continue;
+    let held = false;
+    for (let p = e.parentElement; p && p !== box; p = p.parentElement) {
+      if (["auto", "scroll"].includes(getComputedStyle(p).overflowX) && p.getBoundingClientRect().right <= right + 1) {
+        held = true;
+        break;
+      }
+    }
+    if (!held) out.push(`${e.tagName}.${e.getAttribute("class")} +${Math.round(r.right - right)}px`);
+  }
+  return { spills: out.slice(0, 5), sideways: box.scrollWidth - box.clientWidth,
+           page: document.documentElement.scrollWidth - window.innerWidth };
+}"""
+
+
+def spills(page: Any, element_id: str) -> dict[str, Any]:
+    """What runs past the right edge of the element with this id (the first five, named), how far it scrolls
+    sideways and how far the page does: {"spills": [], "sideways": 0, "page": 0} where everything fits."""
+    found: dict[str, Any] = page.evaluate(_SPILLS, element_id)
+    return found
