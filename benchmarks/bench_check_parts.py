@@ -32,7 +32,7 @@ from bench_trace import long_texts
 
 SPENT: collections.defaultdict[str, float] = collections.defaultdict(float)
 PARTS = [(tracing, "encode", "tokenize"), (check, "verify_batch", "check (verify_batch)"),
-         (tracing, "_model_outputs", "model outputs (x from hidden states)"), (tracing, "layer_params", "layer_params"),
+         (tracing, "model_outputs", "model outputs (x from hidden states)"), (tracing, "layer_params", "layer_params"),
          *((maths, f, f"  maths.{f}") for f in ("project", "softmax", "dot_scores", "scale", "attend", "merge_heads",
                                                "rotate")),
          *((check.ErrorTable, f, f"  check.{f}") for f in ("add_rows", "add_scores", "add_output", "add",

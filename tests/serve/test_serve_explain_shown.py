@@ -115,7 +115,9 @@ def test_binary_neuron_block_is_the_json_block(service: Service, layer: int, hea
 
 def test_binary_neuron_block_from_the_kept_x_is_the_full_traces() -> None:
     service = Service(Settings(max_tokens=128))
-    service.trace_body(TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy"), STOP)
+    req = TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy")
+    service.trace_body(req, STOP)  # streamed (attnscope.tracing.streamed): its maps and x are kept, not the trace
+    service.entry(req, STOP)  # the full trace, cached
     cached = neuron_pair(service, 2, 5)[1]
     service.cache.clear()  # as a long trace: only the maps and the kept x stay
     misses = service.cache.misses

@@ -79,7 +79,9 @@ def test_a_row_block_is_the_whole_blocks_row(service: Service, layer: int, head:
 
 def test_a_row_block_from_the_kept_x_is_the_cached_traces_row() -> None:
     service = Service(Settings(max_tokens=128))
-    service.trace_body(TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy"), STOP)
+    req = TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy")
+    service.trace_body(req, STOP)  # streamed (attnscope.tracing.streamed): its maps and x are kept, not the trace
+    service.entry(req, STOP)  # the exact trace, cached
     whole = binary_block(service, 2, 5, None)[1]
     service.cache.clear()  # as a long trace: only the maps and the kept x stay
     misses = service.cache.misses
@@ -120,7 +122,9 @@ def test_a_recomputed_head_is_reused_and_lets_its_trace_go(monkeypatch: pytest.M
     from attnscope.serve import rows
 
     service = Service(Settings(max_tokens=128))
-    service.trace_body(TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy"), STOP)
+    req = TraceRequest(TEXT, None, None, None, True, (), "base64", True, (), maps="lazy")
+    service.trace_body(req, STOP)  # streamed: its maps and x are kept
+    service.entry(req, STOP)
     whole = binary_block(service, 1, 2, None)[1]  # from the cached exact trace
     service.cache.clear()
     made: list[tuple[int, int]] = []

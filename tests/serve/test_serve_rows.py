@@ -42,20 +42,21 @@ def answers(service: Service, n: int, picks: list[tuple[int, int, int | None]], 
 
 def same_from_rows(service: Service, n: int, picks: list[tuple[int, int, int | None]],
                    model: str | None = None, mode: str = "auto") -> tuple[float, float]:
-    """Trace lazily, answer from the cached full trace, then with the trace evicted from the kept x: the same bytes,
-    and no forward pass. Returns the seconds of the trace and of the slowest neuron answer from x."""
+    """Trace lazily (streamed: only its maps and x stay), answer from the kept x with no forward pass, then trace the
+    whole text and answer from the cached full trace: the same bytes. Returns the seconds of the trace and of the
+    slowest neuron answer from x."""
     req = trace_request(n, model, mode=mode)
     t0 = time.perf_counter()
     service.trace_body(req, threading.Event())
     traced = time.perf_counter() - t0
     key = service.key(req)[1]
     kept = service.maps.get(maps.trace_id(key))
-    assert kept is not None and kept.rows is not None and service.cache.peek(key)
-    full, _ = answers(service, n, picks, model)
-    service.cache.clear()  # as a long trace over --cache-size: only its maps and x stay
+    assert kept is not None and kept.rows is not None and not service.cache.peek(key)
     misses = service.cache.misses
     recomputed, took = answers(service, n, picks, model)
     assert service.cache.misses == misses and not service.cache.peek(key)  # no forward pass ran
+    service.entry(req, threading.Event())
+    full, _ = answers(service, n, picks, model)
     for a, b in zip(full, recomputed, strict=True):
         assert a == b
     return traced, took
@@ -71,7 +72,8 @@ def test_minilm_512_neuron_and_explain_from_x_equal_the_full_trace_bit_for_bit()
 def test_a_bad_layer_or_head_on_the_rows_path_is_the_full_paths_error() -> None:
     service = Service(Settings(max_tokens=512, cache_bytes=1024 * MIB))
     stop = threading.Event()
-    service.trace_body(trace_request(512), stop)
+    service.trace_body(trace_request(512), stop)  # streamed: its maps and x kept
+    service.entry(trace_request(512), stop)  # the full trace, cached
     errors = []
     for cached in (True, False):
         if not cached:

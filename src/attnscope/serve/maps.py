@@ -159,20 +159,47 @@ def _mib(size: int) -> int:
 def compact(trace: Trace, names: list[str], key: CacheKey) -> MapSet:
     """Quantize each source one layer at a time (attnscope.serve.quantize), reading a stage still in the forward
     pass's batch where it is (no [layer, head, query, key] copy), and form each layer's overview meanwhile."""
-    import torch  # the server's threads (--threads) share the maps of a layer
-
-    threads = torch.get_num_threads()
     out: dict[str, Source] = {}
     for name in names:
-        axes = ARRAY_AXES[name]
-        per_layer, per_head = "layer" in axes, "head" in axes
-        layers = [m if per_head else m[None] for m in (_layers(trace, name) if per_layer else [trace.arrays[name]])]
-        codes = np.empty((len(layers), *layers[0].shape), dtype=np.uint8)  # [layer, head, query, key]
-        # one layer at a time -> [head, query, key] codes and [head] scales (one map where the source has no head)
-        scales = np.stack([quantize.quantize_layer(name, i, m, threads, codes[i])[1] for i, m in enumerate(layers)])
-        view = np.stack([quantize.overview(c, OVERVIEW) for c in codes])  # [layer, head, s_q, s_k]
-        out[name] = Source(name, codes, scales, per_layer, per_head, view)
+        per_layer = "layer" in ARRAY_AXES[name]
+        layers = _layers(trace, name) if per_layer else [trace.arrays[name]]
+        kept = Compactor(name, len(layers))
+        for i, m in enumerate(layers):
+            kept.add(i, m)
+        out[name] = kept.source()
     return MapSet(trace_id(key), key, out, words=word_level(trace))
+
+
+class Compactor:
+    """One source's Source built a layer at a time, in any order: each layer's maps quantized into the codes
+    (attnscope.serve.quantize, on the server's torch threads) and pooled into its overview as it comes; what a
+    streamed trace hands on inside the forward pass (attnscope.tracing.streamed) and what compact() runs."""
+
+    def __init__(self, name: str, n_layers: int) -> None:
+        import torch  # the server's threads (--threads) share the maps of a layer
+
+        axes = ARRAY_AXES[name]
+        self.name, self.n_layers, self.threads = name, n_layers, torch.get_num_threads()
+        self.per_layer, self.per_head = "layer" in axes, "head" in axes
+        self.codes: np.ndarray | None = None  # [layer, head, query, key], made with the first layer
+        self.scales: list[np.ndarray | None] = [None] * n_layers  # [head] each: the max of each map
+        self.views: list[np.ndarray | None] = [None] * n_layers  # [head, s_q, s_k] each
+
+    def add(self, layer: int, maps: Any) -> None:
+        """One layer's maps: [head, query, key] (or [query, key] where the source has no head), numpy or a CPU
+        tensor, read where it is."""
+        m = np.asarray(maps) if self.per_head else np.asarray(maps)[None]  # [head, query, key]
+        if self.codes is None:
+            self.codes = np.empty((self.n_layers, *m.shape), dtype=np.uint8)
+        self.scales[layer] = quantize.quantize_layer(self.name, layer, m, self.threads, self.codes[layer])[1]
+        self.views[layer] = quantize.overview(self.codes[layer], OVERVIEW)
+
+    def source(self) -> Source:
+        missing = [i for i, s in enumerate(self.scales) if s is None]
+        if self.codes is None or missing:
+            raise RuntimeError(f"{self.name}: layers {missing} were never added")
+        return Source(self.name, self.codes, np.stack(self.scales), self.per_layer, self.per_head,  # type: ignore[arg-type]
+                      np.stack(self.views))  # type: ignore[arg-type]
 
 
 def stand_ins(trace: Trace, names: list[str], optional: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -184,12 +211,12 @@ def stand_ins(trace: Trace, names: list[str], optional: tuple[str, ...]) -> dict
              "kv_head": trace.model.get("kv_heads") or trace.model.get("heads"),
              "d_head": trace.model.get("d_head"), "d_model": trace.model.get("d_model")}
     out = {}
-    for k in trace.arrays:
+    for k in dict.fromkeys([*trace.arrays, *names]):  # a streamed trace's maps are not among its arrays
         if k in DERIVED and k not in optional:
             continue
         found = [sizes.get(a, 0) for a in ARRAY_AXES.get(k, ())]
         dims = [d for d in found if isinstance(d, int)]
-        if not dims or len(dims) < len(found):
+        if (not dims or len(dims) < len(found)) and k in trace.arrays:
             out[k] = trace.arrays[k]  # unknown axes: as it is
         elif k in names:
             out[k] = np.zeros((*dims[:-2], 1, 1), np.float32)

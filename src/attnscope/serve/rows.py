@@ -50,14 +50,16 @@ class Rows:
         return sum(int(a.nbytes) for a in self.trace.arrays.values())
 
 
-def keep(trace: Trace) -> Rows | None:
+def keep(trace: Trace, stages: tuple[str, ...] | None = None) -> Rows | None:
     """What a head's recompute needs: the trace without its arrays but x [layer, token, d_model], and context
     [layer, head, token, d_head] and output [layer, token, d_model] for the explanation's merged and output steps
     (copies, so the batch they were captured in can go). None when the trace has no recompute (no x, an
-    unsupported family)."""
+    unsupported family). stages: the layered stages the trace had, where its arrays no longer say (a streamed
+    trace's weights, attnscope.tracing.streamed); by default, its arrays'."""
     if "x" not in trace.arrays or trace.unsupported is not None or not trace.comparisons:
         return None
-    stages = tuple(s for s in trace.arrays if ARRAY_AXES.get(s, ("",))[0] == "layer")
+    if stages is None:
+        stages = tuple(s for s in trace.arrays if ARRAY_AXES.get(s, ("",))[0] == "layer")
     kept = {s: np.ascontiguousarray(trace.arrays[s], dtype=np.float32) for s in KEPT if s in trace.arrays}
     return Rows(dataclasses.replace(trace, arrays=kept, output_projection=None), stages)
 

@@ -27,6 +27,7 @@ from attnscope.serve.seq2seq import is_seq2seq, seq2seq_body
 from attnscope.serve.settings import Settings
 from attnscope.stages import ARRAY_AXES, DERIVED, SOURCES
 from attnscope.tokens import encode
+from attnscope.tracing import streamed
 from attnscope.tracing.one_pass import Trace, forward_pass
 from attnscope.views import neuron_block, payload
 from attnscope.views.payload import NEURON_STAGES
@@ -117,6 +118,8 @@ class Service:
             return kept.answers[(req.maps, *optional)]
         if plain:
             self.check_fit(req, optional)  # before minutes of tracing: maps that cannot be kept are refused
+            if self.streams(req, optional):
+                return self.streamed_body(req, stop)
         _m, e = self.entry(req, stop, follow_up=req.payload)  # the page asks again about what it shows
         tr = e.trace
         lazy = req.maps == "lazy" or (req.maps == "auto" and maps.is_large(tr))
@@ -149,11 +152,56 @@ class Service:
         m, key = self.key(req)
         if self.cache.peek(key):
             return
-        n = int(encode(m.tokenizer, [req.text], [req.pair], key[3], req.truncate).inputs["input_ids"].shape[1])
+        n = self.token_count(req)
         if req.maps == "auto" and m.n_layers * m.n_heads * n * n <= maps.LAZY_FROM:
             return  # inline maps: the trace cache bounds them
         sizes = maps.map_bytes(m.n_layers, m.n_heads, n, ("weights", *optional))
         maps.validate_fit(sizes, self.maps.max_bytes, n, rows.x_bytes(m, n))
+
+    def token_count(self, req: TextRequest) -> int:
+        """How many tokens the request's text traces to (special tokens and its pair included)."""
+        m, key = self.key(req)
+        return int(encode(m.tokenizer, [req.text], [req.pair], key[3], req.truncate).inputs["input_ids"].shape[1])
+
+    def streams(self, req: TraceRequest, optional: tuple[str, ...]) -> bool:
+        """Whether the page's request for this trace is answered from a streamed trace (attnscope.tracing.streamed:
+        each layer checked and quantized inside the forward pass, its float32 weights let go): its maps go lazily,
+        it asks for no derived source (those read every layer's weights), the trace is not cached and the model
+        is one attnscope recomputes."""
+        m, key = self.key(req)
+        if optional or self.cache.peek(key) or not streamed.can_stream(m):
+            return False
+        if req.maps == "lazy":
+            return True
+        n = self.token_count(req)
+        return req.maps == "auto" and m.n_layers * m.n_heads * n * n > maps.LAZY_FROM  # maps.is_large's count
+
+    def streamed_body(self, req: TraceRequest, stop: threading.Event) -> bytes:
+        """trace_body for the page's lazy request, from a streamed trace: the same answer, byte for byte, as from
+        the whole trace (tests/serve/test_serve_streamed.py), without holding every layer's float32 weights (SmolLM2
+        at 2,048 tokens: 4.5 GB) or reading them again to check them. The trace itself is not cached: an exact map
+        or a request for its stages traces the text again, as once a long trace has left the cache."""
+        m, key = self.key(req)
+        weights = maps.Compactor("weights", m.n_layers)
+        with self._locks[id(m)]:  # the forward pass, with every layer's check, has the model to itself
+            checkpoint(stop)
+            st = streamed.streamed_trace(req.text, req.pair, m, key[3], req.truncate, weights.add)
+        checkpoint(stop)
+        tr = st.trace
+        kept = maps.MapSet(maps.trace_id(key), key, {"weights": weights.source()}, words=maps.word_level(tr))
+        kept.rows = rows.keep(tr, st.stages)
+        payload_json = self.lazy_answer(tr, kept, (), all(s in st.stages for s in NEURON_STAGES))
+        self.budget.validate({}, req.encoding, len(payload_json))
+        checkpoint(stop)
+        body: dict[str, Any] = {
+            "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
+            "tokens": [t.to_dict() for t in tr.tokens], "check": tr.check().to_dict(), "arrays": {},
+        }
+        out = to_json(body)
+        out = out[:-1] + b',"payload":' + payload_json + b"}"
+        modes = ("lazy", "auto") if maps.is_large(tr) else (req.maps,)
+        self.maps.remember(kept.id, [(mode,) for mode in modes], out)
+        return out
 
     def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
         """The views' payload without maps (attnscope.serve.maps), its maps kept as uint8 in self.maps."""
@@ -163,17 +211,23 @@ class Service:
             names = [n for n in payload_sources(e.trace) if n not in DERIVED or n in optional]
             kept = maps.compact(e.trace, names, key)
             kept.rows = rows.keep(e.trace)  # x of every layer: one layer's answers without the exact trace
-            if kept.rows is not None and kept.nbytes > self.maps.max_bytes:
-                kept.rows = None  # the maps alone fit: those answers trace the text again
-            # the payload's own fields from stand-ins (maps 1 x 1, then replaced): no quantizing twice, no layout
-            small = maps.stand_ins(e.trace, names, optional)
-            p = payload(dataclasses.replace(e.trace, arrays=small), neuron="none")
-            p["neuron"]["available"] = all(s in e.trace.arrays for s in NEURON_STAGES)
-            p["sources"] = maps.lazy_sources(kept, p)
-            p["maps"] = {"trace": kept.id, "url": f"/api/trace/{kept.id}/map", "stored": self.maps.put(kept)}
-            wordmaps.add_words(p, kept, e.trace)  # word_level, and the words' own lazy payload
-            e.payloads[("lazy", *optional)] = to_json(p)
+            neuron = all(s in e.trace.arrays for s in NEURON_STAGES)
+            e.payloads[("lazy", *optional)] = self.lazy_answer(e.trace, kept, optional, neuron)
         return e.payloads[("lazy", *optional)]
+
+    def lazy_answer(self, trace: Trace, kept: maps.MapSet, optional: tuple[str, ...], neuron: bool) -> bytes:
+        """The lazy payload's JSON for a trace whose maps are `kept` (stored here, with its rows where they fit).
+        neuron: whether the Neuron tab can be shown (the trace had its stages)."""
+        if kept.rows is not None and kept.nbytes > self.maps.max_bytes:
+            kept.rows = None  # the maps alone fit: those answers trace the text again
+        # the payload's own fields from stand-ins (maps 1 x 1, then replaced): no quantizing twice, no layout
+        small = maps.stand_ins(trace, list(kept.sources), optional)
+        p = payload(dataclasses.replace(trace, arrays=small), neuron="none")
+        p["neuron"]["available"] = neuron
+        p["sources"] = maps.lazy_sources(kept, p)
+        p["maps"] = {"trace": kept.id, "url": f"/api/trace/{kept.id}/map", "stored": self.maps.put(kept)}
+        wordmaps.add_words(p, kept, trace)  # word_level, and the words' own lazy payload
+        return to_json(p)
 
     def exact_map(self, req: tuple[maps.MapSet, maps.MapQuery], stop: threading.Event) -> bytes:
         """float32 or float16 of a stored trace's map from its exact trace (cached, else traced again)."""

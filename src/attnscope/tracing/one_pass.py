@@ -106,6 +106,25 @@ def forward_pass(
 ) -> ForwardPass:
     """The part of `trace` that runs the model (same arguments): tokenize, capture in one forward pass, read
     the layers' weights and the model's own outputs. `trace` is forward_pass(...).finish()."""
+    m, texts, pairs, enc = prepare(text, text_pair, model, max_length, truncate, tokenizer, device, dtype)
+    with torch.no_grad(), capturing(m.model) as cap:
+        inputs = {k: v.to(m.device) for k, v in enc.inputs.items()}
+        # the transformer without its LM head: a trace needs no logits ([batch, token, vocab], 200 MB for SmolLM2)
+        out = m.base(**inputs, output_attentions=recompute, output_hidden_states=recompute)
+    require_calls(m, cap)
+    layers = on_host(per_layer(cap))  # stage -> [batch, ...] per layer
+    params = on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
+    reference = on_host(model_outputs(m, out, len(cap.calls))) if recompute else None
+    return ForwardPass(texts, pairs, enc, layers, params, reference, model_info(m, cap, params),
+                   [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
+
+
+def prepare(
+    text: str | Sequence[str], text_pair: str | Sequence[str | None] | None, model: ModelLike,
+    max_length: int | None, truncate: bool, tokenizer: PreTrainedTokenizerBase | None = None,
+    device: DeviceLike = None, dtype: DtypeLike = None,
+) -> tuple[Model, list[str], list[str | None] | None, Encoded]:
+    """forward_pass's first step (same arguments): the model loaded, the texts and pairs as lists, tokenized."""
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
         raise AttnscopeError("no text given: pass a sentence or a non-empty list of sentences")
@@ -120,16 +139,7 @@ def forward_pass(
                              "with attnscope.trace_seq2seq(source, target=...)")
     max_length = _usable_max_length(m, max_length, pairs is not None and any(p is not None for p in pairs))
     enc = encode(m.tokenizer, texts, pairs, max_length, truncate)
-    with torch.no_grad(), capturing(m.model) as cap:
-        inputs = {k: v.to(m.device) for k, v in enc.inputs.items()}
-        # the transformer without its LM head: a trace needs no logits ([batch, token, vocab], 200 MB for SmolLM2)
-        out = m.base(**inputs, output_attentions=recompute, output_hidden_states=recompute)
-    _require_calls(m, cap)
-    layers = on_host(_per_layer(cap))  # stage -> [batch, ...] per layer
-    params = on_host(layer_params(m.model, int(enc.inputs["input_ids"].shape[1]))) if recompute else None
-    reference = on_host(_model_outputs(m, out, len(cap.calls))) if recompute else None
-    return ForwardPass(texts, pairs, enc, layers, params, reference, _model_info(m, cap, params),
-                   [c.scaling for c in cap.calls], _why_unverified(m, recompute, params, layers))
+    return m, texts, pairs, enc
 
 
 def _usable_max_length(m: Model, max_length: int | None, paired: bool) -> int:
@@ -139,7 +149,7 @@ def _usable_max_length(m: Model, max_length: int | None, paired: bool) -> int:
     return validate_max_length(m.tokenizer, max_length, pair=paired, positions=m.max_positions, model=m.name)
 
 
-def _require_calls(m: Model, cap: LayerCapture) -> None:
+def require_calls(m: Model, cap: LayerCapture) -> None:
     """A model whose attention bypasses transformers' attention registry leaves nothing to trace."""
     if not cap.calls:
         raise AttnscopeError(
@@ -158,7 +168,7 @@ def _why_unverified(m: Model, requested: bool, params: list[AttentionParams] | N
     return reason
 
 
-def _per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
+def per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
     """Captured stages of the padded batch: stage -> one [batch, ...] tensor per layer (no copies).
 
     scores (q k^T) are not here: the trace and the check each compute them from q and k when needed.
@@ -171,7 +181,7 @@ def _per_layer(cap: LayerCapture) -> dict[str, list[torch.Tensor]]:
     return out
 
 
-def _model_outputs(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
+def model_outputs(m: Model, out: Any, n_layers: int) -> dict[str, list[torch.Tensor]]:
     """The model's own outputs per layer: output_attentions, and the attention input its hidden states imply."""
     ref: dict[str, list[torch.Tensor]] = {}
     if getattr(out, "attentions", None):
@@ -192,7 +202,7 @@ def _x_from_hidden(m: Model, layer: int, hidden: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | None) -> dict[str, Any]:
+def model_info(m: Model, cap: LayerCapture, params: list[AttentionParams] | None) -> dict[str, Any]:
     rope = params[0].rope if params else None
     fam = families.family_of(m.model)
     first = cap.calls[0] if cap.calls else None

@@ -4,15 +4,23 @@ The results (Comparison, CheckReport) live in the torch-free `attnscope.records.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import torch
 
-from attnscope.maths import AttentionParams, expand_kv
+from attnscope.maths import AttentionParams, Window, expand_kv
 from attnscope.records.check_report import RELATIVE, TOLERANCE, CheckReport, Comparison, report_from_dict
 from attnscope.stages import ARRAY_AXES, TOKEN_AXES
-from attnscope.verify.recompute import CHUNK_BYTES, PROJECTED_STAGES, RECOMPUTED_STAGES, recompute_layers, row_chunks
+from attnscope.verify.recompute import (
+    CHUNK_BYTES,
+    PROJECTED_STAGES,
+    RECOMPUTED_STAGES,
+    layer_mask,
+    recompute_layer,
+    row_chunks,
+)
 
 PER_HEAD = ("q", "k", "v", "scores", "weights", "context")  # arrays [layer, head, ...]
 PER_LAYER = ("x", "output")  # arrays [layer, token, d_model]
@@ -194,47 +202,75 @@ def verify_batch(captured: dict[str, list[torch.Tensor]], reference: dict[str, l
     """
     n_layers, n_heads = len(captured["weights"]), int(captured["weights"][0].shape[1])
     table = ErrorTable(keep, n_layers, n_heads)
-    done: set[tuple[str, int]] = set()  # (stage, layer) compared with the model's own output already
-    if params is not None and "x" in captured:
-        # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
-        w_o_norms: dict[int, torch.Tensor] = {}  # [d_model]: |W_O[:, j]|, once per layer
-        for layer, rows, rec in recompute_layers(captured["x"], params, keep, CHUNK_BYTES, table.needs_scores):
-            if layer not in w_o_norms:
-                w_o_norms[layer] = params[layer].w_o.T.norm(dim=1)  # |W_O[:, j]| along the stored rows: faster
-            done |= compare_chunk(table, captured, reference, w_o_norms[layer], layer, rows, rec)
-    for stage, ref in reference.items():
-        for layer in range(n_layers):
-            if (stage, layer) not in done:
-                table.add(stage, "model", layer, captured[stage][layer], ref[layer])
+    check = LayerCheck(table, params, keep) if params is not None and "x" in captured else None
+    for layer in range(n_layers):
+        at = {stage: ts[layer] for stage, ts in captured.items()}
+        ref = {stage: ts[layer] for stage, ts in reference.items()}
+        if check is not None:
+            check.verify(layer, at, ref)
+        else:
+            compare_with_model(table, layer, at, ref)
     return table
 
 
-Layers = dict[str, list[torch.Tensor]]  # stage -> one [batch, ...] tensor per layer
+class LayerCheck:
+    """verify_batch one layer at a time, in any order it is handed the layers: a streamed trace checks each
+    layer inside the forward pass, while its arrays are there (attnscope.tracing.streamed). Keeps only the table,
+    one mask per window and the chunks' scratch buffers between layers."""
+
+    def __init__(self, table: ErrorTable, params: list[AttentionParams], keep: torch.Tensor) -> None:
+        self.table, self.params, self.keep = table, params, keep
+        n_rows, n_tokens = int(keep.shape[0]), int(keep.shape[1])
+        self.chunks = row_chunks(params[0].n_heads * n_tokens * n_tokens if params else 1, n_rows, CHUNK_BYTES)
+        self.masks: dict[Window, torch.Tensor | None] = {}  # one mask per distinct window
+        self.scratch: dict[str, torch.Tensor] = {}  # the big [rows, head, query, key] tensors, reused
+
+    def verify(self, layer: int, captured: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> None:
+        """Recompute `layer` from captured["x"] a few rows at a time and compare every stage (compare_chunk),
+        then the model's own outputs for this layer (reference: stage -> [batch, ...]) not compared already."""
+        p = self.params[layer]
+        if p.window not in self.masks:
+            self.masks[p.window] = layer_mask(int(self.keep.shape[1]), p.window, self.keep)
+        w_o_norms = p.w_o.T.norm(dim=1)  # |W_O[:, j]| [d_model], along the stored rows: faster
+        done: set[str] = set()  # stages compared with the model's own output already
+        # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
+        chunks = recompute_layer(captured["x"], p, self.masks[p.window], self.chunks, self.scratch,
+                                 functools.partial(self.table.needs_scores, layer))
+        for rows, rec in chunks:
+            done |= compare_chunk(self.table, captured, reference, w_o_norms, layer, rows, rec)
+        compare_with_model(self.table, layer, captured, {s: r for s, r in reference.items() if s not in done})
 
 
-def compare_chunk(table: ErrorTable, captured: Layers, reference: Layers, w_o_norms: torch.Tensor, layer: int,
-                   rows: slice, rec: dict[str, torch.Tensor]) -> set[tuple[str, int]]:
+def compare_with_model(table: ErrorTable, layer: int, captured: dict[str, torch.Tensor],
+                       reference: dict[str, torch.Tensor]) -> None:
+    """One layer's captured stages against the model's own outputs (stage -> [batch, ...])."""
+    for stage, ref in reference.items():
+        table.add(stage, "model", layer, captured[stage], ref)
+
+
+def compare_chunk(table: ErrorTable, captured: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
+                  w_o_norms: torch.Tensor, layer: int, rows: slice, rec: dict[str, torch.Tensor]) -> set[str]:
     """Every recomputed stage of some rows of one layer against the capture (the one stage dispatch: scores as
     q k^T of the captured q and k, output relative to |context| |W_O|, the rest elementwise); where the model
-    returned the very tensor the capture saw, that comparison too. Returns the (stage, layer) pairs compared with
-    the model. w_o_norms: |W_O[:, j]| [d_model]."""
+    returned the very tensor the capture saw, that comparison too. captured and reference: this layer's
+    [batch, ...] by stage. Returns the stages compared with the model. w_o_norms: |W_O[:, j]| [d_model]."""
     done = set()
     attended = "weights" in rec  # a chunk's attention, not the layer's projections
     for stage in (s for s in RECOMPUTED_STAGES if s in rec or (s == "scores" and attended)):
         if stage == "scores":  # the trace's scores are q k^T of its q and k
-            table.add_scores(layer, rows, captured["q"][layer][rows], captured["k"][layer][rows], rec.get(stage))
+            table.add_scores(layer, rows, captured["q"][rows], captured["k"][rows], rec.get(stage))
             continue
-        ours = captured[stage][layer]
+        ours = captured[stage]
         if stage == "output":
-            table.add_output(layer, rows, captured["context"][layer][rows], w_o_norms, ours[rows], rec[stage])
+            table.add_output(layer, rows, captured["context"][rows], w_o_norms, ours[rows], rec[stage])
         else:
             own = stage not in PROJECTED_STAGES  # q, k, v are every row's, read again by the attention
             table.add_rows(stage, "recompute", layer, rows, ours[rows], rec[stage], disposable=own)
-        if stage in reference and reference[stage][layer] is ours:
+        if reference.get(stage) is ours:
             table.add_same_rows(stage, "model", layer, rows, ours[rows])
-            done.add((stage, layer))
+            done.add(stage)
     return done
 
 
 __all__ = ["PER_HEAD", "PER_KV_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
-           "report_from_dict", "verify_batch"]
+           "LayerCheck", "report_from_dict", "verify_batch"]

@@ -6,6 +6,7 @@ only the compared stages and to work in place.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -59,16 +60,29 @@ def recompute_layers(
     for layer, p in enumerate(params):
         if p.window not in masks:
             masks[p.window] = layer_mask(n_tokens, p.window, keep)  # [batch, 1, query, key], [query, key] or None
-        mask = masks[p.window]
-        # q, k, v of every row at once (one product per projection); only [query, key] work goes in chunks
-        projected = maths.project_qkv(x[layer], p)  # [batch, head|kv_head, token, d_head]
-        yield layer, slice(0, n_rows), {name: projected[name] for name in PROJECTED_STAGES}
-        attended = ATTENDED_STAGES if scores is None or scores(layer) else ATTENDED_STAGES[1:]
-        for rows in chunks:
-            rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
-            yield layer, rows, maths.multi_head_attention(
-                x[layer][rows], p, rows_mask, keep=attended, in_place=True, scratch=scratch,
-                projected={name: projected[name][rows] for name in PROJECTED_STAGES})
+        wants = functools.partial(scores, layer) if scores is not None else None
+        for rows, stages in recompute_layer(x[layer], p, masks[p.window], chunks, scratch, wants):
+            yield layer, rows, stages
+
+
+def recompute_layer(
+    x: torch.Tensor, p: maths.AttentionParams, mask: torch.Tensor | None, chunks: Sequence[slice],
+    scratch: dict[str, torch.Tensor], scores: Callable[[], bool] | None = None,
+) -> Iterator[tuple[slice, dict[str, torch.Tensor]]]:
+    """One layer of recompute_layers: yields (rows, stages), first q, k and v of every row, then the attended
+    stages of each chunk of rows. x: [batch, token, d_model]; mask: layer_mask's for this layer's window;
+    scratch: buffers reused from chunk to chunk (and layer to layer, when the caller keeps it); scores(), asked
+    once q, k and v were yielded: whether the chunks form the scores (default: always)."""
+    n_rows = int(x.shape[0])
+    # q, k, v of every row at once (one product per projection); only [query, key] work goes in chunks
+    projected = maths.project_qkv(x, p)  # [batch, head|kv_head, token, d_head]
+    yield slice(0, n_rows), {name: projected[name] for name in PROJECTED_STAGES}
+    attended = ATTENDED_STAGES if scores is None or scores() else ATTENDED_STAGES[1:]
+    for rows in chunks:
+        rows_mask = mask[rows] if mask is not None and mask.dim() == 4 else mask
+        yield rows, maths.multi_head_attention(
+            x[rows], p, rows_mask, keep=attended, in_place=True, scratch=scratch,
+            projected={name: projected[name][rows] for name in PROJECTED_STAGES})
 
 
 def row_chunks(row_items: int, n_rows: int, chunk_bytes: int | None = CHUNK_BYTES) -> list[slice]:

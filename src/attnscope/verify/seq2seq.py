@@ -81,7 +81,7 @@ def _recompute(cap: KindCapture, params: list[maths.AttentionParams], table: Err
             memory = cap.memory[layer][rows] if cap.memory is not None else None
             rec = maths.multi_head_attention(x[layer][rows], p, None if mask is None else mask[rows], keep=CHECKED,
                                              in_place=True, memory=memory)
-            compare_chunk(table, layers, {}, w_o_norms, layer, rows, rec)
+            compare_chunk(table, {s: ts[layer] for s, ts in layers.items()}, {}, w_o_norms, layer, rows, rec)
         if bias_errors is not None:  # the model's bias [1, head, query, key] is the same for every row
             captured = layers["position_bias"][layer][0].float()
             recomputed = maths.relative_position_bias(n_query, n_key, p.relative_bias)  # type: ignore[arg-type]
