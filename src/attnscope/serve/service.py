@@ -190,7 +190,7 @@ class Service:
         tr = st.trace
         kept = maps.MapSet(maps.trace_id(key), key, {"weights": weights.source()}, words=maps.word_level(tr))
         kept.rows = rows.keep(tr, st.stages)
-        payload_json = self.lazy_answer(tr, kept, (), all(s in st.stages for s in NEURON_STAGES))
+        payload_json = self.lazy_answer(tr, kept, (), st.stages)
         self.budget.validate({}, req.encoding, len(payload_json))
         checkpoint(stop)
         body: dict[str, Any] = {
@@ -211,19 +211,19 @@ class Service:
             names = [n for n in payload_sources(e.trace) if n not in DERIVED or n in optional]
             kept = maps.compact(e.trace, names, key)
             kept.rows = rows.keep(e.trace)  # x of every layer: one layer's answers without the exact trace
-            neuron = all(s in e.trace.arrays for s in NEURON_STAGES)
-            e.payloads[("lazy", *optional)] = self.lazy_answer(e.trace, kept, optional, neuron)
+            e.payloads[("lazy", *optional)] = self.lazy_answer(e.trace, kept, optional, tuple(e.trace.arrays))
         return e.payloads[("lazy", *optional)]
 
-    def lazy_answer(self, trace: Trace, kept: maps.MapSet, optional: tuple[str, ...], neuron: bool) -> bytes:
+    def lazy_answer(self, trace: Trace, kept: maps.MapSet, optional: tuple[str, ...],
+                    stages: tuple[str, ...]) -> bytes:
         """The lazy payload's JSON for a trace whose maps are `kept` (stored here, with its rows where they fit).
-        neuron: whether the Neuron tab can be shown (the trace had its stages)."""
+        stages: the arrays the trace had (a streamed trace's arrays hold only what the rows keep)."""
         if kept.rows is not None and kept.nbytes > self.maps.max_bytes:
             kept.rows = None  # the maps alone fit: those answers trace the text again
         # the payload's own fields from stand-ins (maps 1 x 1, then replaced): no quantizing twice, no layout
-        small = maps.stand_ins(trace, list(kept.sources), optional)
+        small = maps.stand_ins(trace, list(kept.sources), optional, stages)
         p = payload(dataclasses.replace(trace, arrays=small), neuron="none")
-        p["neuron"]["available"] = neuron
+        p["neuron"]["available"] = all(s in stages for s in NEURON_STAGES)
         p["sources"] = maps.lazy_sources(kept, p)
         p["maps"] = {"trace": kept.id, "url": f"/api/trace/{kept.id}/map", "stored": self.maps.put(kept)}
         wordmaps.add_words(p, kept, trace)  # word_level, and the words' own lazy payload

@@ -10,12 +10,13 @@ only as uint8 maps. Here each layer, once its attention module has returned, is
    comparisons as forward_pass(...).finish(), chunk for chunk);
 2. handed to `on_weights(layer, weights [head, query, key])`, which keeps what it needs (the web app: uint8 codes,
    attnscope.serve.maps.Compactor);
-3. let go of its weights; x, q, k, v, context and output stay (x and output [token, d_model], the rest per head:
-   about 3% of the weights at 2,048 tokens on SmolLM2).
+3. let go of: its x, context and output are copied into [layer, ...] arrays (what the web app keeps of a long
+   trace to answer the Neuron tab and a cell's explanation, attnscope.serve.rows; 9% of the weights' bytes at 2,048
+   tokens on SmolLM2), and nothing else of the layer is held.
 
 After the forward pass, x is compared with what the model's hidden states imply, as forward_pass's check does. The
-result is a Trace without weights (and so without scores' source of truth for rows: scores stay q k^T of the kept q
-and k), with the check of every stage. One text, on a family attnscope recomputes (`can_stream`).
+result is a Trace holding x, context and output, with the check of every stage. One text, on a family attnscope
+recomputes (`can_stream`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,19 +36,17 @@ from attnscope.maths import AttentionParams
 from attnscope.models import Model
 from attnscope.placement import on_host
 from attnscope.records.trace import Trace
-from attnscope.tracing.one_pass import model_info, model_outputs, per_layer, prepare, require_calls
-from attnscope.tracing.rows import row_arrays
+from attnscope.tracing.one_pass import model_info, model_outputs, prepare, require_calls
 from attnscope.verify.check import ErrorTable, LayerCheck, compare_with_model
 from attnscope.verify.recompute import layer_params
 
 WeightsSink = Callable[[int, torch.Tensor], None]  # (layer, weights [head, query, key] float32 on the host)
-_LET_GO = torch.empty(0)  # what a layer's AttentionCall holds as weights once they were handed on
 
 
 @dataclass(frozen=True)
 class Streamed:
-    """A streamed trace: the Trace (arrays x, q, k, v, context, output and scores as q k^T; no weights) and the
-    layered stages a full trace of the same text holds, in its order (weights included)."""
+    """A streamed trace: the Trace (arrays x, context and output of the text [layer, ...], float32, contiguous; the
+    check of every stage) and the layered stages a full trace of the same text holds, in its order."""
 
     trace: Trace
     stages: tuple[str, ...]
@@ -59,7 +59,8 @@ def can_stream(m: Model) -> bool:
 
 
 class _Streamer(LayerCapture):
-    """The capture of forward_pass, which checks each layer and hands its weights on as the layer ends."""
+    """The capture of forward_pass, which checks each layer as it ends, hands its weights on, copies x, context and
+    output into [layer, ...] arrays and lets go of the rest (its calls keep empty stand-ins of the shapes only)."""
 
     def __init__(self, params: list[AttentionParams], keep: torch.Tensor, on_weights: WeightsSink) -> None:
         super().__init__()
@@ -67,6 +68,7 @@ class _Streamer(LayerCapture):
         self.check = LayerCheck(self.table, params, keep)
         self.on_weights = on_weights
         self.own: list[torch.Tensor | None] = []  # per layer: the weights the attention module returned
+        self.kept: dict[str, np.ndarray] = {}  # KEPT stage -> [layer, ...] float32 of the text, made at layer 0
         self.done = 0  # layers checked and handed on
 
     def on_output(self, output: torch.Tensor) -> None:
@@ -92,9 +94,24 @@ class _Streamer(LayerCapture):
         own = self.own[layer]
         self.check.verify(layer, captured, {} if own is None else {"weights": on_host(own)})
         self.on_weights(layer, captured["weights"][0])  # [head, query, key]
-        self.calls[layer] = dataclasses.replace(call, weights=_LET_GO)
-        self.own[layer] = None
+        for stage in KEPT:
+            if stage not in self.kept:
+                self.kept[stage] = np.empty((len(self.check.params), *captured[stage].shape[1:]), dtype=np.float32)
+            self.kept[stage][layer] = captured[stage][0].numpy()  # context: its [head, token, d_head] laid out
+        self.calls[layer] = dataclasses.replace(call, q=_shape_of(call.q), k=_shape_of(call.k), v=_shape_of(call.v),
+                                                weights=_shape_of(call.weights), context=_shape_of(call.context))
+        self.x[layer], self.output[layer], self.own[layer] = _shape_of(self.x[layer]), _LET_GO_TENSOR, None
         self.done += 1
+
+
+KEPT = ("x", "context", "output")  # what the web app keeps of a long trace (attnscope.serve.rows.KEPT)
+_LET_GO_TENSOR = torch.empty(0)
+
+
+def _shape_of(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor with t's sizes but none along the tokens (what a trace's description reads: d_head, kv_heads,
+    d_model), holding no memory."""
+    return t.new_empty((*t.shape[:-2], 0, t.shape[-1])) if t.dim() >= 2 else t.new_empty(0)
 
 
 @torch.no_grad()
@@ -119,17 +136,16 @@ def streamed_trace(text: str, text_pair: str | None, m: Model, max_length: int |
         for h in ends:
             h.remove()
     require_calls(m, streamer)
-    layers = on_host({s: ts for s, ts in per_layer(streamer).items() if s != "weights"})  # [batch, ...] per layer
+    if streamer.done != len(params):
+        raise RuntimeError(f"{m.name}: {streamer.done} of {len(params)} layers were checked inside the forward pass")
+    kept = streamer.kept  # [layer, ...] each
     for layer, x in enumerate(on_host(model_outputs(m, out, len(streamer.calls))).get("x", [])):
-        compare_with_model(streamer.table, layer, {"x": layers["x"][layer]}, {"x": x})
-    info = model_info(m, streamer, params)
-    trace = Trace(model=info, text=text, pair=text_pair, tokens=enc.tokens[0],
-                  arrays=row_arrays(layers, 0, len(enc.tokens[0])), scaling=[c.scaling for c in streamer.calls],
-                  truncated=enc.truncated[0], comparisons=streamer.table.comparisons(0),
-                  output_projection=[p.w_o.numpy() for p in params])
-    order = ("q", "k", "v", "weights", "context", "x", "output")  # forward_pass's layered stages, then scores
-    stages = tuple(s for s in order if s in layers or s == "weights")
-    stages += ("scores",) if "scores" in trace.arrays else ()
+        compare_with_model(streamer.table, layer, {"x": torch.from_numpy(kept["x"][layer])[None]}, {"x": x})
+    trace = Trace(model=model_info(m, streamer, params), text=text, pair=text_pair, tokens=enc.tokens[0],
+                  arrays=dict(kept), scaling=[c.scaling for c in streamer.calls], truncated=enc.truncated[0],
+                  comparisons=streamer.table.comparisons(0), output_projection=[p.w_o.numpy() for p in params])
+    # forward_pass's layered stages in its order, then scores (q k^T of its q and k)
+    stages = ("q", "k", "v", "weights", "context", "x", "output", "scores")
     return Streamed(trace, stages)
 
 
