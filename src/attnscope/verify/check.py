@@ -18,6 +18,7 @@ from attnscope.verify.recompute import (
     PROJECTED_STAGES,
     RECOMPUTED_STAGES,
     layer_mask,
+    query_blocks,
     recompute_layer,
     row_chunks,
 )
@@ -64,19 +65,36 @@ class ErrorTable:
             self.add_rows(stage, source, layer, rows, captured[rows], other[rows])
 
     def add_rows(self, stage: str, source: str, layer: int, rows: slice, captured: torch.Tensor,
-                 other: torch.Tensor, disposable: bool = False) -> None:
+                 other: torch.Tensor, disposable: bool = False, part: bool = False) -> None:
         """captured, other: some rows of one layer of the batch, [rows, ...]. disposable: other is float32 and
-        nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place."""
+        nobody reads it again (the recompute's own chunk), so |other - captured| is formed in it, in place.
+        part: one part of each row (a block of queries, compare_chunk): its errors join the others' (the max)."""
         a = captured.float()
         # the same numbers at every position, none NaN or infinite: |a - b| is 0. Recomputed weights come out of
         # our softmax, each in [0, 1] or NaN, which no comparison finds equal: equal, they are finite without a sum
         # (a model's own weights are not ours: they keep it)
         if _equal_and_finite(a, other, probabilities=stage == "weights" and source == "recompute"):
-            self._table(stage, source)[rows, layer] = 0.0
+            self._put(stage, source, rows, layer, 0.0, part)
         else:
-            self._table(stage, source)[rows, layer] = self._reduce(stage, self._diff(a, other, disposable), rows)
+            self._put(stage, source, rows, layer, self._reduce(stage, self._diff(a, other, disposable), rows), part)
         if source == "recompute":
             self._compared.update((stage, layer, row) for row in range(*rows.indices(self.keep.shape[0])))
+
+    def _put(self, stage: str, source: str, rows: slice, layer: int, errors: np.ndarray | float, part: bool) -> None:
+        """Write these rows' errors of a layer ([rows, head|1]); part: the max of them and what is there (the
+        table starts at 0; NaN stays NaN)."""
+        table = self._table(stage, source)
+        table[rows, layer] = np.maximum(table[rows, layer], errors) if part else errors
+
+    def add_hidden(self, stage: str, layer: int, rows: slice, captured: torch.Tensor) -> None:
+        """Captured weights [rows, head, query, key] where the recompute's are the softmax's exact 0 (keys the mask
+        hid, past a block of queries: compare_chunk): their largest magnitude per head joins the rows' errors."""
+        if captured.numel() == 0:
+            return
+        dims = tuple(range(2, captured.dim()))
+        # amax and amin each carry a NaN through; the larger of |max| and |min| is the largest |value|
+        largest = torch.maximum(captured.amax(dim=dims), captured.amin(dim=dims).neg())  # [rows, head]
+        self._put(stage, "recompute", rows, layer, self._per_query_head(stage, largest.float().numpy()), True)
 
     def _diff(self, a: torch.Tensor, other: torch.Tensor, disposable: bool) -> torch.Tensor:
         """|a - other|, in other itself when disposable (see add_rows), else in a scratch buffer."""
@@ -118,16 +136,18 @@ class ErrorTable:
         return compared and done is not None and bool(np.all(done[rows, layer] == 0.0))
 
     def add_output(self, layer: int, rows: slice, context: torch.Tensor, w_o_norms: torch.Tensor,
-                   captured: torch.Tensor, recomputed: torch.Tensor) -> None:
+                   captured: torch.Tensor, recomputed: torch.Tensor, part: bool = False) -> None:
         """The captured output [rows, token, d_model] against the recomputed one, relative to
-        max(1, |merged_i| |W_O[:, j]|), merged: the captured context [rows, head, token, d_head], heads side by side."""
+        max(1, |merged_i| |W_O[:, j]|), merged: the captured context [rows, head, token, d_head], heads side by side.
+        part: some of the tokens (add_rows)."""
         if _equal_and_finite(captured.float(), recomputed):  # |a - b| is 0 everywhere, and so is its ratio
-            self._table("output", "recompute")[rows, layer] = 0.0
+            self._put("output", "recompute", rows, layer, 0.0, part)
             return
         merged_norm = context.float().pow(2).sum(dim=(1, 3)).sqrt_()  # [rows, token]
         diff = torch.sub(captured.float(), recomputed, out=self.scratch("diff", captured.shape)).abs_()
         bound = torch.mul(merged_norm[..., None], w_o_norms, out=self.scratch("bound", captured.shape))
-        self._table("output", "recompute")[rows, layer] = self._reduce("output", diff.div_(bound.clamp_(min=1.0)), rows)
+        self._put("output", "recompute", rows, layer, self._reduce("output", diff.div_(bound.clamp_(min=1.0)), rows),
+                  part)
 
     def _table(self, stage: str, source: str) -> np.ndarray:
         width = self.n_heads if stage in PER_HEAD else 1
@@ -233,11 +253,18 @@ class LayerCheck:
             self.masks[p.window] = layer_mask(int(self.keep.shape[1]), p.window, self.keep)
         w_o_norms = p.w_o.T.norm(dim=1)  # |W_O[:, j]| [d_model], along the stored rows: faster
         done: set[str] = set()  # stages compared with the model's own output already
+        blocks = None if self.table.padded else query_blocks(p, int(self.keep.shape[1]))
         # a few rows at a time: every intermediate of a chunk is compared while it is still in the CPU's cache
         chunks = recompute_layer(captured["x"], p, self.masks[p.window], self.chunks, self.scratch,
-                                 functools.partial(self.table.needs_scores, layer))
-        for rows, rec in chunks:
-            done |= compare_chunk(self.table, captured, reference, w_o_norms, layer, rows, rec)
+                                 functools.partial(self.table.needs_scores, layer), blocks)
+        blocked = False
+        for rows, block, rec in chunks:
+            blocked |= block is not None
+            done |= compare_chunk(self.table, captured, reference, w_o_norms, layer, rows, rec, block)
+        if blocked:  # the model's own weights, once every block of the recompute's was compared
+            for stage in (s for s in reference if reference[s] is captured[s]):
+                self.table.add_same_rows(stage, "model", layer, slice(0, int(self.keep.shape[0])), captured[stage])
+                done.add(stage)
         compare_with_model(self.table, layer, captured, {s: r for s, r in reference.items() if s not in done})
 
 
@@ -249,11 +276,16 @@ def compare_with_model(table: ErrorTable, layer: int, captured: dict[str, torch.
 
 
 def compare_chunk(table: ErrorTable, captured: dict[str, torch.Tensor], reference: dict[str, torch.Tensor],
-                  w_o_norms: torch.Tensor, layer: int, rows: slice, rec: dict[str, torch.Tensor]) -> set[str]:
+                  w_o_norms: torch.Tensor, layer: int, rows: slice, rec: dict[str, torch.Tensor],
+                  block: tuple[int, int] | None = None) -> set[str]:
     """Every recomputed stage of some rows of one layer against the capture (the one stage dispatch: scores as
     q k^T of the captured q and k, output relative to |context| |W_O|, the rest elementwise); where the model
     returned the very tensor the capture saw, that comparison too. captured and reference: this layer's
-    [batch, ...] by stage. Returns the stages compared with the model. w_o_norms: |W_O[:, j]| [d_model]."""
+    [batch, ...] by stage. Returns the stages compared with the model. w_o_norms: |W_O[:, j]| [d_model].
+    block: the recompute attended queries a..b over keys 0..b (verify.recompute.recompute_layer; no scores)."""
+    if block is not None:
+        _compare_block(table, captured, w_o_norms, layer, rows, rec, block)
+        return set()
     done = set()
     attended = "weights" in rec  # a chunk's attention, not the layer's projections
     for stage in (s for s in RECOMPUTED_STAGES if s in rec or (s == "scores" and attended)):
@@ -270,6 +302,22 @@ def compare_chunk(table: ErrorTable, captured: dict[str, torch.Tensor], referenc
             table.add_same_rows(stage, "model", layer, rows, ours[rows])
             done.add(stage)
     return done
+
+
+def _compare_block(table: ErrorTable, captured: dict[str, torch.Tensor], w_o_norms: torch.Tensor, layer: int,
+                   rows: slice, rec: dict[str, torch.Tensor], block: tuple[int, int]) -> None:
+    """compare_chunk for a block of queries a..b: its weights [rows, head, b - a, b] against the captured ones
+    there and the captured weights past key b against the softmax's 0 the mask gave them; its context and output
+    against the captured rows a..b. Each joins the layer's errors (the max over the blocks)."""
+    a, b = block
+    table.add_scores(layer, rows, captured["q"][rows], captured["k"][rows], None)  # q and k were found equal
+    weights = captured["weights"][rows]
+    table.add_rows("weights", "recompute", layer, rows, weights[:, :, a:b, :b], rec["weights"], disposable=True,
+                   part=True)
+    table.add_hidden("weights", layer, rows, weights[:, :, a:b, b:])
+    context = captured["context"][rows][:, :, a:b]  # [rows, head, b - a, d_head]
+    table.add_rows("context", "recompute", layer, rows, context, rec["context"], disposable=True, part=True)
+    table.add_output(layer, rows, context, w_o_norms, captured["output"][rows][:, a:b], rec["output"], part=True)
 
 
 __all__ = ["PER_HEAD", "PER_KV_HEAD", "PER_LAYER", "RELATIVE", "TOLERANCE", "CheckReport", "Comparison", "ErrorTable",
