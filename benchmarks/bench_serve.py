@@ -37,9 +37,11 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   three matrix cells of the last clicked, then one of a head not shown before, each until drawn (page clock).
 
 --part long-phases: where the server's long trace goes, in this process (the server's own Service, threads and
-  allocator settings, no HTTP): the forward pass with the capture, the recompute and check, the lazy payload (maps
-  quantised to uint8, their overviews, the x kept for later answers), each in CPU and wall seconds and as a
-  fraction of the eager forward of the same text timed after them (the faster of two).
+  allocator settings, no HTTP): the streamed trace the page's request takes (its check and its maps' quantization,
+  both inside the forward pass, counted apart), then the whole trace as before: the forward pass with the capture,
+  the recompute and check, the lazy payload (maps quantised to uint8, their overviews, the x kept for later
+  answers); each in CPU and wall seconds and as a fraction of the eager forward of the same text timed after them
+  (the faster of two).
 
 --part long-retention: what keeping every layer's attention weights costs the forward pass, in this process: the
   transformer's eager forward (no LM head), the same forward through attnscope's attention function keeping
@@ -60,6 +62,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -413,13 +416,17 @@ def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float
 
 
 def long_phases(args: argparse.Namespace) -> None:
-    """The server's long trace split into its phases, as Service.entry and Service.lazy_payload run them."""
-    from attnscope.serve import memory
+    """The server's long trace split into its phases, in this process (the server's own Service and settings, no
+    HTTP): the streamed trace the page's request takes (Service.streamed_body: the check and the maps' quantization
+    inside the forward pass, timed apart), then the whole trace as before (forward_pass, its check, lazy_payload),
+    then the eager forward."""
+    from attnscope.serve import maps, memory
     from attnscope.serve.api import TraceRequest
     from attnscope.serve.cache import Entry
     from attnscope.serve.service import Service
     from attnscope.serve.settings import Settings
     from attnscope.tracing.one_pass import forward_pass
+    from attnscope.verify.check import LayerCheck
 
     tokens, name = args.long_tokens, args.long_model
     settings = Settings(models=(name,), max_tokens=tokens, max_chars=200_000, threads=2,
@@ -432,6 +439,7 @@ def long_phases(args: argparse.Namespace) -> None:
                        truncate=True, stages=(), encoding="base64", payload=True, sources=(), maps="lazy")
     key = service.key(req)[1]
     times: dict[str, tuple[float, float]] = {}
+    inside: dict[str, float] = {"the check, inside it": 0.0, "the maps' quantization, inside it": 0.0}
 
     def timed_phase(label: str, fn: Callable[[], Any]) -> Any:
         wall, cpu = time.perf_counter(), time.process_time()
@@ -439,23 +447,45 @@ def long_phases(args: argparse.Namespace) -> None:
         times[label] = (time.process_time() - cpu, time.perf_counter() - wall)
         return out
 
-    def phases() -> None:  # its trace is freed on return, before the eager forward
-        with torch.no_grad():
-            pending = timed_phase("forward pass with the capture", lambda: forward_pass(
-                req.text, None, model=m, max_length=key[3], truncate=True))
-            tr = timed_phase("recompute and check", lambda: pending.finish()[0])
-            e = Entry(tr, tr.check().to_dict())
-            timed_phase("lazy payload (uint8 maps, overviews, x)", lambda: service.lazy_payload(e, (), key))
+    def counted(cls: Any, method: str, label: str) -> None:
+        real = getattr(cls, method)
 
-    phases()
+        def run(*a: Any, **k: Any) -> Any:
+            cpu = time.process_time()
+            try:
+                return real(*a, **k)
+            finally:
+                inside[label] += time.process_time() - cpu
+        setattr(cls, method, run)
+
+    counted(LayerCheck, "verify", "the check, inside it")
+    counted(maps.Compactor, "add", "the maps' quantization, inside it")
+
+    def whole() -> None:  # its trace is freed on return, before the eager forward
+        with torch.no_grad():
+            pending = timed_phase("whole: forward pass with the capture", lambda: forward_pass(
+                req.text, None, model=m, max_length=key[3], truncate=True))
+            tr = timed_phase("whole: recompute and check", lambda: pending.finish()[0])
+            e = Entry(tr, tr.check().to_dict())
+            timed_phase("whole: lazy payload (uint8 maps, overviews, x)", lambda: service.lazy_payload(e, (), key))
+
+    assert service.streams(req, ())
+    timed_phase("streamed: trace_body (the page's request)", lambda: service.trace_body(req, threading.Event()))
+    streamed = dict(inside)  # the whole trace's check and compact() run the same methods
+    service.maps.clear()
+    whole()
     wall, cpu = eager_forward(m, req.text, tokens, threads=2)
     print(f"{name} at {tokens} tokens, the server's trace in this process (2 threads; CPU seconds, wall seconds, "
           f"CPU as a fraction of the eager forward's {cpu:.1f} s CPU, {wall:.1f} s wall):")
     for label, (c, w) in times.items():
-        print(f"  {label:42} {c:6.1f} s CPU {w:6.1f} s wall  {c / cpu:.2f}x")
-    total_cpu, total_wall = sum(c for c, _ in times.values()), sum(w for _, w in times.values())
-    print(f"  {'all':42} {total_cpu:6.1f} s CPU {total_wall:6.1f} s wall  {total_cpu / cpu:.2f}x "
-          f"(wall {total_wall / wall:.2f}x)")
+        print(f"  {label:48} {c:6.1f} s CPU {w:6.1f} s wall  {c / cpu:.2f}x (wall {w / wall:.2f}x)")
+        if label.startswith("streamed"):
+            for what, c_in in streamed.items():
+                print(f"    {what:46} {c_in:6.1f} s CPU {'':13} {c_in / cpu:.2f}x")
+    whole_cpu = sum(c for label, (c, _) in times.items() if label.startswith("whole"))
+    whole_wall = sum(w for label, (_, w) in times.items() if label.startswith("whole"))
+    print(f"  {'whole: all':48} {whole_cpu:6.1f} s CPU {whole_wall:6.1f} s wall  {whole_cpu / cpu:.2f}x "
+          f"(wall {whole_wall / wall:.2f}x)")
 
 
 def long_retention(args: argparse.Namespace) -> None:
