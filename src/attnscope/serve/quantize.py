@@ -30,9 +30,10 @@ def quantize_layer(name: str, layer: int, maps: np.ndarray, threads: int = 1,
     codes = np.empty(maps.shape, dtype=np.uint8) if out is None else out
     scales = np.zeros(maps.shape[0])  # [map]
     drawable = np.ones(maps.shape[0], dtype=bool)
+    kernel = compiled() if USE_COMPILED else None  # here, before the threads: numba is imported and loaded once
 
     def one(i: int) -> None:
-        drawable[i] = _quantize_map(np.asarray(maps[i], dtype="<f4"), codes[i], scales, i)
+        drawable[i] = _quantize_map(np.asarray(maps[i], dtype="<f4"), codes[i], scales, i, kernel)
 
     if threads > 1 and maps.shape[0] > 1:
         with ThreadPoolExecutor(threads) as pool:
@@ -46,13 +47,13 @@ def quantize_layer(name: str, layer: int, maps: np.ndarray, threads: int = 1,
     return codes, scales
 
 
-def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int) -> bool:
+def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int,
+                  kernel: Callable[[np.ndarray, np.ndarray], float] | None) -> bool:
     """One [query, key] float32 map into out (uint8) and scales[i]; False (nothing written) where it is not
-    drawable: NaN fails both comparisons, an infinity or a value below 0 one. Compiled where numba is installed
-    (`compiled`), in numpy's blocks otherwise: the same bytes."""
+    drawable: NaN fails both comparisons, an infinity or a value below 0 one. By the compiled kernel where given
+    (`compiled`: numba installed), in numpy's blocks otherwise: the same bytes."""
     if not m.size:
         return True
-    kernel = compiled() if USE_COMPILED else None
     if kernel is not None:
         scale = kernel(m, out)
         if scale < 0:
