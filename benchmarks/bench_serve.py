@@ -427,6 +427,7 @@ def long_phases(args: argparse.Namespace) -> None:
     from attnscope.serve.settings import Settings
     from attnscope.tracing.one_pass import forward_pass
     from attnscope.verify.check import LayerCheck
+    from bench_check_parts import timed  # its CPU-counting wrapper
 
     tokens, name = args.long_tokens, args.long_model
     settings = Settings(models=(name,), max_tokens=tokens, max_chars=200_000, threads=2,
@@ -447,19 +448,8 @@ def long_phases(args: argparse.Namespace) -> None:
         times[label] = (time.process_time() - cpu, time.perf_counter() - wall)
         return out
 
-    def counted(cls: Any, method: str, label: str) -> None:
-        real = getattr(cls, method)
-
-        def run(*a: Any, **k: Any) -> Any:
-            cpu = time.process_time()
-            try:
-                return real(*a, **k)
-            finally:
-                inside[label] += time.process_time() - cpu
-        setattr(cls, method, run)
-
-    counted(LayerCheck, "verify", "the check, inside it")
-    counted(maps.Compactor, "add", "the maps' quantization, inside it")
+    timed(LayerCheck, "verify", "the check, inside it", inside)
+    timed(maps.Compactor, "add", "the maps' quantization, inside it", inside)
 
     def whole() -> None:  # its trace is freed on return, before the eager forward
         with torch.no_grad():

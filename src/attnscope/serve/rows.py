@@ -32,10 +32,12 @@ from attnscope.models import Model
 from attnscope.records.trace import Trace
 from attnscope.serve import binary
 from attnscope.stages import ARRAY_AXES
+from attnscope.tracing import streamed
 from attnscope.verify.recompute import layer_mask, layer_params
 from attnscope.views.payload import neuron_arrays, neuron_fields
 
-KEPT = ("x", "context", "output")  # captured, [layer, ...]: context and output are what explain's last steps read
+# captured, [layer, ...]: context and output are what explain's last steps read (a streamed trace keeps the same)
+KEPT = streamed.KEPT
 
 
 @dataclass(frozen=True)

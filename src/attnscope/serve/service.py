@@ -131,20 +131,20 @@ class Service:
             self.cache.fit()  # the entry grew: derived arrays, a payload
         self.budget.validate(arrays, f"binary {req.precision}" if req.binary else req.encoding, len(payload_json))
         checkpoint(stop)
-        body: dict[str, Any] = {
-            "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
-            "tokens": [t.to_dict() for t in tr.tokens], "check": e.check,
-        }
+        body = answer_fields(tr, e.check)
         if req.binary:  # Accept: application/x-attnscope-arrays (attnscope.serve.binary)
             extra = {"payload": json.loads(payload_json)} if req.payload else {}
             return binary.encode(body | extra, {s: (a, ARRAY_AXES[s]) for s, a in arrays.items()}, req.precision)
         body["arrays"] = {s: encode_array(np.asarray(a), ARRAY_AXES[s], req.encoding) for s, a in arrays.items()}
-        out = to_json(body)
-        out = out[:-1] + b',"payload":' + payload_json + b"}" if req.payload else out
-        if plain and lazy:  # a large trace's answer is the same for "lazy" and "auto"
-            modes = ("lazy", "auto") if maps.is_large(tr) else (req.maps,)
-            self.maps.remember(maps.trace_id(self.key(req)[1]), [(m, *optional) for m in modes], out)
+        out = with_payload(to_json(body), payload_json) if req.payload else to_json(body)
+        if plain and lazy:
+            self.remember_lazy(req, tr, optional, out)
         return out
+
+    def remember_lazy(self, req: TraceRequest, tr: Trace, optional: tuple[str, ...], out: bytes) -> None:
+        """Keep the page's lazy answer with its maps; a large trace's answer is the same for "lazy" and "auto"."""
+        modes = ("lazy", "auto") if maps.is_large(tr) else (req.maps,)
+        self.maps.remember(maps.trace_id(self.key(req)[1]), [(m, *optional) for m in modes], out)
 
     def check_fit(self, req: TraceRequest, optional: tuple[str, ...]) -> None:
         """A long trace whose uint8 maps will not fit the map store is refused (422, with advice) before it is
@@ -193,14 +193,8 @@ class Service:
         payload_json = self.lazy_answer(tr, kept, (), st.stages)
         self.budget.validate({}, req.encoding, len(payload_json))
         checkpoint(stop)
-        body: dict[str, Any] = {
-            "model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
-            "tokens": [t.to_dict() for t in tr.tokens], "check": tr.check().to_dict(), "arrays": {},
-        }
-        out = to_json(body)
-        out = out[:-1] + b',"payload":' + payload_json + b"}"
-        modes = ("lazy", "auto") if maps.is_large(tr) else (req.maps,)
-        self.maps.remember(kept.id, [(mode,) for mode in modes], out)
+        out = with_payload(to_json(answer_fields(tr, tr.check().to_dict()) | {"arrays": {}}), payload_json)
+        self.remember_lazy(req, tr, (), out)
         return out
 
     def lazy_payload(self, e: Entry, optional: tuple[str, ...], key: CacheKey) -> bytes:
@@ -274,6 +268,17 @@ class Service:
             return rows.neuron_binary(tr, req.layer, req.head, req.query)
         compress = tr.n_tokens * tr.n_keys <= _NEURON_ZLIB_UP_TO
         return to_json(neuron_block(tr, req.layer, req.head, compress=compress, query=req.query))
+
+
+def answer_fields(tr: Trace, check: dict[str, Any]) -> dict[str, Any]:
+    """POST /api/trace's fields before its arrays and payload: the text, its tokens and the check."""
+    return {"model": tr.model, "text": tr.text, "pair": tr.pair, "truncated": tr.truncated,
+            "tokens": [t.to_dict() for t in tr.tokens], "check": check}
+
+
+def with_payload(body: bytes, payload_json: bytes) -> bytes:
+    """A JSON object's bytes with the payload's JSON added as its last field, not parsed again."""
+    return body[:-1] + b',"payload":' + payload_json + b"}"
 
 
 def captured(tr: Trace) -> Trace:

@@ -36,7 +36,7 @@ from attnscope.maths import AttentionParams
 from attnscope.models import Model
 from attnscope.placement import on_host
 from attnscope.records.trace import Trace
-from attnscope.tracing.one_pass import model_info, model_outputs, prepare, require_calls
+from attnscope.tracing.one_pass import model_info, model_outputs, per_layer, prepare, require_calls
 from attnscope.verify.check import ErrorTable, LayerCheck, compare_with_model
 from attnscope.verify.recompute import layer_params
 
@@ -104,7 +104,8 @@ class _Streamer(LayerCapture):
         self.done += 1
 
 
-KEPT = ("x", "context", "output")  # what the web app keeps of a long trace (attnscope.serve.rows.KEPT)
+# what the web app keeps of a long trace (attnscope.serve.rows.KEPT): what explain's x, merged and output steps read
+KEPT = ("x", "context", "output")
 _LET_GO_TENSOR = torch.empty(0)
 
 
@@ -144,9 +145,9 @@ def streamed_trace(text: str, text_pair: str | None, m: Model, max_length: int |
     trace = Trace(model=model_info(m, streamer, params), text=text, pair=text_pair, tokens=enc.tokens[0],
                   arrays=dict(kept), scaling=[c.scaling for c in streamer.calls], truncated=enc.truncated[0],
                   comparisons=streamer.table.comparisons(0), output_projection=[p.w_o.numpy() for p in params])
-    # forward_pass's layered stages in its order, then scores (q k^T of its q and k)
-    stages = ("q", "k", "v", "weights", "context", "x", "output", "scores")
-    return Streamed(trace, stages)
+    # forward_pass's layered stages in its order (the calls and lists hold their shapes), then scores as its
+    # records add them (tracing.rows.row_arrays: q k^T of its q and k)
+    return Streamed(trace, (*per_layer(streamer), "scores"))
 
 
 __all__ = ["Streamed", "WeightsSink", "can_stream", "streamed_trace"]
