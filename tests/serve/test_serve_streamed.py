@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import numpy as np
+import pytest
 
 import attnscope
 from attnscope.serve import maps
 from attnscope.serve.api import NeuronRequest, TraceRequest
+from attnscope.serve.pool import Cancelled
 from attnscope.serve.service import Service
 from attnscope.serve.settings import Settings
+from attnscope.verify.check import LayerCheck
 
 TEXT = " ".join(["The old lighthouse keeper watched the storm roll in across the bay, counting waves."] * 12)
 MIB = 2**20
@@ -95,3 +99,38 @@ def test_a_streamed_traces_neuron_answers_come_from_its_rows(minilm: attnscope.M
     assert service.cache.misses == misses  # no trace asked of the cache: answered from the rows
     service.entry(request(None), stop)  # the whole trace, cached: answered from it
     assert service.neuron_body(ask, stop) == from_rows
+
+
+def test_a_client_gone_mid_trace_stops_it_between_two_layers(minilm: attnscope.Model,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop set while layer 2's maps are kept (a client gone, a deadline passed): the forward pass ends before
+    layer 3 is checked, nothing is stored, the model's lock is free, and the next request is answered in full."""
+    service = Service(Settings(max_tokens=256, cache_bytes=1024 * MIB))
+    m, key = service.key(request(None))
+    stop = threading.Event()
+    added: list[int] = []
+    checked: list[int] = []
+    add, verify = maps.Compactor.add, LayerCheck.verify
+
+    def adding(self: maps.Compactor, layer: int, weights: Any) -> None:
+        added.append(layer)
+        add(self, layer, weights)
+        if layer == 2:
+            stop.set()
+
+    def verifying(self: LayerCheck, layer: int, *args: Any) -> None:
+        checked.append(layer)
+        verify(self, layer, *args)
+
+    monkeypatch.setattr(maps.Compactor, "add", adding)
+    monkeypatch.setattr(LayerCheck, "verify", verifying)
+    with pytest.raises(Cancelled):
+        service.trace_body(request(None), stop)
+    assert added == checked[:3] == [0, 1, 2] and checked == [0, 1, 2, 3]  # layer 3 checked, its maps never kept
+    assert m.n_layers > 4 and service.maps.get(maps.trace_id(key)) is None and not service.cache.peek(key)
+    lock = service._locks[id(m)]
+    assert lock.acquire(blocking=False)
+    lock.release()
+    added.clear()
+    body = json.loads(service.trace_body(request(None), threading.Event()))
+    assert body["check"]["ok"] and added == list(range(m.n_layers))

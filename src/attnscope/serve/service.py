@@ -183,9 +183,14 @@ class Service:
         or a request for its stages traces the text again, as once a long trace has left the cache."""
         m, key = self.key(req)
         weights = maps.Compactor("weights", m.n_layers)
+
+        def keep(layer: int, layer_weights: Any) -> None:  # streamed.WeightsSink: [head, query, key]
+            checkpoint(stop)  # a client gone or a deadline passed: the forward pass ends here, between two layers
+            weights.add(layer, layer_weights)
+
         with self._locks[id(m)]:  # the forward pass, with every layer's check, has the model to itself
             checkpoint(stop)
-            st = streamed.streamed_trace(req.text, req.pair, m, key[3], req.truncate, weights.add)
+            st = streamed.streamed_trace(req.text, req.pair, m, key[3], req.truncate, keep)
         checkpoint(stop)
         tr = st.trace
         kept = maps.MapSet(maps.trace_id(key), key, {"weights": weights.source()}, words=maps.word_level(tr))
