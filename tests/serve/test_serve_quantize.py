@@ -8,7 +8,7 @@ import pytest
 
 import attnscope
 from attnscope.errors import AttnscopeError
-from attnscope.serve import maps, quantize
+from attnscope.serve import maps, memory, quantize
 from attnscope.stages import DERIVED
 from attnscope.views.payload import quantize as payload_quantize
 
@@ -42,6 +42,24 @@ def test_codes_and_scales_are_the_payloads_byte_for_byte(shape: tuple[int, ...],
     assert codes.tobytes() == slow_codes[0].tobytes() and np.array_equal(scales, slow_scales[0])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_causal_maps_and_negative_zeros_are_the_payloads_byte_for_byte(threads: int, path: str) -> None:
+    """A causal softmax's maps (the max exactly 1: its first query sees one key; coded without the division) and
+    maps holding -0.0 (drawable; its sign bit sends the compiled kernel to the comparisons of floats)."""
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(3, 90, 90)) + np.triu(np.full((90, 90), -np.inf), 1)
+    causal = np.exp(logits - logits.max(-1, keepdims=True))
+    causal = (causal / causal.sum(-1, keepdims=True)).astype(np.float32)
+    assert (causal.max(axis=(1, 2)) == 1).all()
+    signed = hard_maps((4, 37, 41))
+    signed[1:, ::3, ::2] = np.float32(-0.0)
+    signed[3, 0, 0] = np.float32(-0.0)
+    for m in (causal, signed):
+        codes, scales = quantize.quantize_layer("weights", 0, m, threads)
+        slow_codes, slow_scales = payload_quantize(m[None])
+        assert codes.tobytes() == slow_codes[0].tobytes() and np.array_equal(scales, slow_scales[0])
+
+
 def test_a_strided_view_is_read_where_it_is(path: str) -> None:
     batch = hard_maps((3, 50, 50))[None]  # [batch, head, query, key]; the text's part: its first 40 tokens
     view = batch[0, :, :40, :40]
@@ -49,10 +67,14 @@ def test_a_strided_view_is_read_where_it_is(path: str) -> None:
     assert codes.tobytes() == payload_quantize(np.ascontiguousarray(view)[None])[0].tobytes()
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -1e-30])
+NEGATIVE_NAN = float(np.array([0xFFC00000], dtype=np.uint32).view(np.float32)[0])  # a NaN with its sign bit set
+
+
+@pytest.mark.parametrize("bad", [np.nan, NEGATIVE_NAN, np.inf, -np.inf, -1e-30, -1e-40])
 def test_nan_infinity_and_negative_values_are_refused_not_patched(bad: float, path: str) -> None:
     m = hard_maps((3, 20, 20))
     m[2, 5, 7] = bad
+    m[2, 0, 0] = 1  # a map whose max would be 1
     with pytest.raises(AttnscopeError, match="cannot draw 'rollout': layer 4 holds NaN, infinite or negative"):
         quantize.quantize_layer("rollout", 4, m, 2)
 
@@ -89,3 +111,15 @@ def test_compact_reads_the_batch_and_lays_nothing_out(minilm: attnscope.Model) -
     s = kept.sources["weights"]
     assert s.codes.tobytes() == codes.tobytes() and np.array_equal(s.scales, scales)
     assert np.array_equal(s.view, plain_overview(codes, maps.OVERVIEW))
+
+
+def test_the_server_asks_numpy_for_no_huge_pages() -> None:
+    """memory.tune, the server's allocator settings, has numpy ask for no transparent huge pages for the maps' codes
+    (serve.memory.numpy_huge_pages); the switch answers what it was before."""
+    before = memory.numpy_huge_pages(True)
+    try:
+        assert memory.numpy_huge_pages(True) is True
+        memory.tune()
+        assert memory.numpy_huge_pages(True) is False
+    finally:
+        memory.numpy_huge_pages(before)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import importlib
 import logging
 import os
 import resource
@@ -62,6 +63,26 @@ def tune() -> None:
         _LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
         _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
         _LIBC.mallopt(_M_ARENA_MAX, 2)
+    numpy_huge_pages(False)
+
+
+def numpy_huge_pages(ask: bool) -> bool:
+    """Whether numpy asks the kernel for transparent huge pages (madvise) for arrays of 4 MiB or more, as it does by
+    default; returns what it did before (False where this numpy has no such switch).
+
+    The server turns it off: where the kernel defragments huge pages on demand for regions that asked (THP defrag
+    "madvise", a common default), the first touch of each 2 MiB page may wait for the kernel to compact memory. A
+    long trace's uint8 maps (SmolLM2 at 2,048 tokens: 37.7 MB a layer, written once) took 65 ms a layer to fault in
+    against 17 ms in 4 KiB pages on this machine (docs/serve.md); they are read a row or a head at a time, where
+    huge pages save little. torch's allocator, which holds the forward pass's tensors, never asks."""
+    for where in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy >= 2, then 1.x
+        try:
+            switch = getattr(importlib.import_module(where), "_set_madvise_hugepage", None)
+        except ImportError:
+            continue
+        if switch is not None:
+            return bool(switch(ask))
+    return False
 
 
 def release(collect: bool = False) -> None:

@@ -48,14 +48,14 @@ def quantize_layer(name: str, layer: int, maps: np.ndarray, threads: int = 1,
 
 
 def _quantize_map(m: np.ndarray, out: np.ndarray, scales: np.ndarray, i: int,
-                  kernel: Callable[[np.ndarray, np.ndarray], float] | None) -> bool:
+                  kernel: Callable[[np.ndarray, np.ndarray, np.ndarray], float] | None) -> bool:
     """One [query, key] float32 map into out (uint8) and scales[i]; False (nothing written) where it is not
     drawable: NaN fails both comparisons, an infinity or a value below 0 one. By the compiled kernel where given
     (`compiled`: numba installed), in numpy's blocks otherwise: the same bytes."""
     if not m.size:
         return True
     if kernel is not None:
-        scale = kernel(m, out)
+        scale = kernel(m, m.view("<i4"), out)
         if scale < 0:
             return False
         scales[i] = scale
@@ -83,39 +83,71 @@ USE_COMPILED = True  # tests switch it off to hold the two paths to the same byt
 
 
 @functools.cache
-def compiled() -> Callable[[np.ndarray, np.ndarray], float] | None:
+def compiled() -> Callable[[np.ndarray, np.ndarray, np.ndarray], float] | None:
     """`codes_of` compiled by numba (cached on disk where numba finds a writable place), or None without numba.
-    SmolLM2 at 2,048 tokens, one layer's 9 maps on 2 threads: ~20 ms against ~38 ms for numpy's blocks, which
-    pass over each block four times (divide, multiply, round, cast) where the compiled loop passes once."""
+    A layer's 9 causal maps of 2,048 x 2,048 (SmolLM2's shape; the max 1) on 2 threads: ~25 ms (~31 ms with another
+    max, which divides) against ~66 ms for numpy's blocks, which pass over each block four times (divide, multiply,
+    round, cast) where the compiled loop passes once; ~55 ms for this kernel when it compared floats for the max
+    and always divided (stop 44, one machine and hour: `codes_of`)."""
     try:
         import numba
     except ImportError:
         return None
-    signatures = [numba.float64(numba.float32[:, ::1], numba.uint8[:, ::1]),
-                  numba.float64(numba.float32[:, :], numba.uint8[:, :])]  # contiguous, and a strided view
+    signatures = [numba.float64(numba.float32[:, ::1], numba.int32[:, ::1], numba.uint8[:, ::1]),
+                  numba.float64(numba.float32[:, :], numba.int32[:, :], numba.uint8[:, :])]  # contiguous, strided
     try:
         return numba.njit(signatures, cache=True, nogil=True)(codes_of)  # type: ignore[no-any-return]
     except RuntimeError:  # numba found no writable cache directory: compile without one
         return numba.njit(signatures, cache=False, nogil=True)(codes_of)  # type: ignore[no-any-return]
 
 
-def codes_of(m: np.ndarray, out: np.ndarray) -> float:
+def codes_of(m: np.ndarray, bits: np.ndarray, out: np.ndarray) -> float:
     """One non-empty [query, key] float32 map's codes into out (uint8 [query, key]): returns its scale (the max), or
-    -1 where it holds NaN, an infinity or a value below 0 (out then unspecified). Each code is numpy's, one value at
-    a time: rint(float64(value) / scale * 255) with the scale read as 1 where it is 0, each step correctly rounded
-    in float64 (no fast-math), rint to even; the result is an exact integer 0..255, so the cast is exact."""
-    high, low, nan = np.float32(-np.inf), np.float32(np.inf), False
-    for i in range(m.shape[0]):
-        for j in range(m.shape[1]):
-            v = m[i, j]
-            if v > high:
-                high = v
-            if v < low:
-                low = v
-            if v != v:
-                nan = True
-    if nan or not (low >= 0 and high < np.inf):
+    -1 where it holds NaN, an infinity or a value below 0 (out then unspecified). bits: the same map read as int32.
+    Each code is numpy's, one value at a time: rint(float64(value) / scale * 255) with the scale read as 1 where it
+    is 0, each step correctly rounded in float64 (no fast-math), rint to even; the result is an exact integer
+    0..255, so the cast is exact.
+
+    The scale from the bits: a float32 whose sign bit is clear orders as its bits do, as an int32, from +0 up to
+    +infinity (0x7f800000) and then NaN; integer max and min vectorise where a float comparison, ordered around
+    NaN, does not. A sign bit set (a value below 0, a NaN with its sign set, or -0.0, which is drawable) sends the
+    map to the comparisons of floats. A map whose max is 1 (a causal map's: its first query sees one key) is
+    coded without the division, which by 1 is exact."""
+    high_bits, low_bits = np.int32(0), np.int32(0x7fffffff)
+    for i in range(bits.shape[0]):
+        for j in range(bits.shape[1]):
+            high_bits = max(high_bits, bits[i, j])
+            low_bits = min(low_bits, bits[i, j])
+    if low_bits < 0:
+        high, low, nan = np.float32(-np.inf), np.float32(np.inf), False
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                v = m[i, j]
+                if v > high:
+                    high = v
+                if v < low:
+                    low = v
+                if v != v:
+                    nan = True
+        if nan or not (low >= 0 and high < np.inf):
+            return -1.0
+    elif high_bits >= 0x7f800000:  # +infinity, or NaN
         return -1.0
+    else:
+        high = np.float32(0)
+        for i in range(m.shape[0]):  # the map's max is the value holding those bits: find it, and stop
+            for j in range(m.shape[1]):
+                if bits[i, j] == high_bits:
+                    high = m[i, j]
+                    break
+            else:
+                continue
+            break
+    if high == 1:
+        for i in range(m.shape[0]):
+            for j in range(m.shape[1]):
+                out[i, j] = np.uint8(np.rint(np.float64(m[i, j]) * 255.0))
+        return 1.0
     divisor = np.float64(high) if high > 0 else 1.0
     for i in range(m.shape[0]):
         for j in range(m.shape[1]):
