@@ -16,7 +16,7 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
              resident memory after a warm-up and after the soak
 
 --part long: 2,048 tokens on SmolLM2 (30 layers x 9 heads) in the web app, headless Chromium (issue 16):
-  the text is traced once through the API (`"maps": "lazy"`: the server keeps its maps as uint8, the trace's
+  each text is traced once through the API (`"maps": "lazy"`: the server keeps its maps as uint8, the trace's
   forward pass, recompute and chunked check timed on its own). From then on the trace is ready on the server,
   and the page is measured on its clock: first interactive = from submitting the text in the form to the views'
   "attnscope:ready" mark plus two frames (the answer's transfer and parse, the selected head's map fetched,
@@ -27,14 +27,17 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   frames later. Targets: < 3 s and < 300 ms. The page's own marks split the first interactive: submit -> answer parsed
   (sv:traced), -> payload decoded, -> first map here, -> drawn.
 
-  Issue 29: the same trace against the model's eager forward of the same text in this run (model(**inputs), eager
-  attention, the server's threads; target: trace plus check within 1.6x; the eager forward timed before and after
-  the server, the faster kept; CPU times printed beside, steadier under load), and, with the exact trace out of the
-  cache (it is over --cache-size), POST /api/neuron (layer, head) and POST /api/explain (layer, head, token)
-  answered from the x kept beside the maps (attnscope.serve.rows): each one head recomputed, no forward pass
-  (target: < 1 s); each in the form the page asks for (the neuron view's query row, binary; the explanation's
-  arrays "shown") and in the others; then in the page: the Neuron tab opened (and two more heads chosen there) and
-  three matrix cells of the last clicked, then one of a head not shown before, each until drawn (page clock).
+  Issue 29: the trace against the model's eager forward of the same text in this run (model(**inputs), eager
+  attention, the server's threads; target: trace plus check within 1.6x), in --long-rounds rounds (default 3), each a
+  new text whose eager forward runs here just before the server traces it, so that a phase of this shared machine
+  moves both sides of a round's ratio alike; the target is read on the median of the rounds' ratios, with the fastest
+  trace against the fastest eager forward and the CPU times printed beside. The page then shows the last text. With
+  the exact trace out of the cache (it is over --cache-size), POST /api/neuron (layer, head) and POST /api/explain
+  (layer, head, token) answered from the x kept beside the maps (attnscope.serve.rows): each one head recomputed, no
+  forward pass (target: < 1 s); each in the form the page asks for (the neuron view's query row, binary; the
+  explanation's arrays "shown") and in the others; then in the page: the Neuron tab opened (and two more heads chosen
+  there) and three matrix cells of the last clicked, then one of a head not shown before, each until drawn (page
+  clock).
 
 --part long-phases: where the server's long trace goes, in this process (the server's own Service, threads and
   allocator settings, no HTTP): the streamed trace the page's request takes (its check and its maps' quantization,
@@ -50,7 +53,7 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
 
     .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4]
         [--part all|throughput|hardening|long|long-phases|long-retention] [--long-tokens 2048]
-        [--long-model smollm2]
+        [--long-model smollm2] [--long-rounds 3]
 """
 
 from __future__ import annotations
