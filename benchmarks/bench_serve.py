@@ -28,7 +28,7 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
   (sv:traced), -> payload decoded, -> first map here, -> drawn.
 
   Issue 29: the trace against the model's eager forward of the same text in this run (model(**inputs), eager
-  attention, the server's threads; target: trace plus check within 1.6x), in --long-rounds rounds (default 3), each a
+  attention, the server's threads; target: trace plus check within 1.6x), in --long-rounds rounds (default 5), each a
   new text whose eager forward runs here just before the server traces it, so that a phase of this shared machine
   moves both sides of a round's ratio alike; the target is read on the median of the rounds' ratios, with the fastest
   trace against the fastest eager forward and the CPU times printed beside. The page then shows the last text. With
@@ -53,7 +53,7 @@ thread, no HTTP), so the server's own cost shows as a ratio. Texts are UD Englis
 
     .venv/bin/python benchmarks/bench_serve.py [--requests 24] [--clients 4]
         [--part all|throughput|hardening|long|long-phases|long-retention] [--long-tokens 2048]
-        [--long-model smollm2] [--long-rounds 3]
+        [--long-model smollm2] [--long-rounds 5]
 """
 
 from __future__ import annotations
@@ -163,8 +163,8 @@ def main() -> None:
                     choices=("all", "throughput", "hardening", "binary", "long", "long-phases", "long-retention"))
     ap.add_argument("--long-tokens", type=int, default=2048, help="--part long: tokens (default 2048)")
     ap.add_argument("--long-model", default="smollm2", help="--part long: the model (default smollm2)")
-    ap.add_argument("--long-rounds", type=int, default=3,
-                    help="--part long: texts traced, each after the eager forward of it (default 3)")
+    ap.add_argument("--long-rounds", type=int, default=5,
+                    help="--part long: texts traced, each after the eager forward of it (default 5)")
     ap.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)  # the baseline's process
     args = ap.parse_args()
     if args.bare_server:
