@@ -103,8 +103,9 @@ def test_a_streamed_traces_neuron_answers_come_from_its_rows(minilm: attnscope.M
 
 def test_a_client_gone_mid_trace_stops_it_between_two_layers(minilm: attnscope.Model,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stop set while layer 2's maps are kept (a client gone, a deadline passed): the forward pass ends before
-    layer 3 is checked, nothing is stored, the model's lock is free, and the next request is answered in full."""
+    """The stop set while layer 2's maps are kept (a client gone, a deadline passed): the forward pass ends once
+    layer 3 is checked, before its maps are kept; nothing is stored, the model's lock is free, and the next request
+    is answered in full."""
     service = Service(Settings(max_tokens=256, cache_bytes=1024 * MIB))
     m, key = service.key(request(None))
     stop = threading.Event()

@@ -134,15 +134,7 @@ def codes_of(m: np.ndarray, bits: np.ndarray, out: np.ndarray) -> float:
     elif high_bits >= 0x7f800000:  # +infinity, or NaN
         return -1.0
     else:
-        high = np.float32(0)
-        for i in range(m.shape[0]):  # the map's max is the value holding those bits: find it, and stop
-            for j in range(m.shape[1]):
-                if bits[i, j] == high_bits:
-                    high = m[i, j]
-                    break
-            else:
-                continue
-            break
+        high = np.full(1, high_bits, dtype=np.int32).view(np.float32)[0]  # those bits read as the float they are
     if high == 1:
         for i in range(m.shape[0]):
             for j in range(m.shape[1]):
