@@ -99,6 +99,7 @@ def test_the_recipe_refuses_the_default_boxes_up_front_then_traces_and_answers(p
     page.wait_for_function("() => window.testDrawn && window.testDrawn.view === 'neuron'", timeout=300_000)
     neuron_ms = ms_since(page, start)
     state = page.evaluate(STATE)
+    page.wait_for_selector("#sv-views .as-neuron-body[data-rows=all]", timeout=60_000)  # the rows past the first screen
     assert page.locator("#sv-views .as-neuron [data-key]").count() >= TOKENS  # every key of the query shown
     assert state["query"] is None  # the Neuron tab selects nothing (the head view's selection stays)
 

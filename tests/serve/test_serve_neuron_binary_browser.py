@@ -49,7 +49,7 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
         page.wait_for_function(f"() => document.getElementById('sv-status').textContent.startsWith('{TOKENS} tokens')",
                                timeout=300_000)
         page.select_option("#sv-view", "neuron")
-        page.wait_for_selector("#sv-views .as-neuron-scores .as-neuron [data-stage='weights']", timeout=120_000)
+        page.wait_for_selector("#sv-views .as-neuron-body[data-rows=all]", timeout=120_000)  # every key row built
         state = page.evaluate("() => document.getElementById('sv-views').attnscopeShown.state()")
         query = page.evaluate("() => { const s = document.getElementById('sv-views').attnscopeShown; "
                               "return window.attnscope.neuronQuery(s.model, s.state()); }")
@@ -57,13 +57,14 @@ def test_the_neuron_view_reads_the_binary_form(long_server: Server) -> None:
         page.select_option(".as-panel select[aria-label^='query']", str(TOKENS - 2))  # another query: its own row
         page.wait_for_function(f"() => document.querySelector('#sv-views .as-query-tok')?.textContent"
                                f"?.startsWith('{TOKENS - 2}')", timeout=120_000)
+        page.wait_for_selector("#sv-views .as-neuron-body[data-rows=all]", timeout=120_000)
         other = values(page, "weights")
         figure = page.evaluate("() => window.attnscope.figureSVG(document.getElementById('sv-views'), 'neuron')")
         fetched = len(asked)  # the head view, then the Neuron tab again: drawn anew from the row already fetched
         page.select_option("#sv-view", "head")
         page.wait_for_selector("#sv-views .as-panel[data-view='head']", timeout=120_000)
         page.select_option("#sv-view", "neuron")
-        page.wait_for_selector("#sv-views .as-panel[data-view='neuron'] .as-neuron [data-stage='weights']",
+        page.wait_for_selector("#sv-views .as-panel[data-view='neuron'] .as-neuron-body[data-rows=all]",
                                timeout=120_000)
         again = values(page, "weights")
         page.close()

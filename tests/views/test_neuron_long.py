@@ -80,3 +80,30 @@ def test_key_rows_come_in_chunks_aligned_with_the_headers(opened: Any) -> None:
     }""")
     assert lefts["heads"] == lefts["cells"] and lefts["clipped"] == 0, lefts
     assert opened.errors == []
+
+
+def test_the_rows_past_the_first_screen_come_in_after_it(opened: Any) -> None:
+    """The view is drawn (its attnscope:drawn) with its first 128 key rows built; the others come in slices just
+    after, until the body says data-rows="all": then every key is there once, in key order. A query chosen while the
+    rows of another still come in stops those (its own are the ones there)."""
+    got = opened.page.evaluate("""async () => {
+      const root = document.getElementById("attnscope-root");
+      const body = () => root.querySelector(".as-neuron-body");
+      const keys = () => [...root.querySelectorAll(".as-neuron-scores [data-stage='weights']")]
+        .map((n) => n.dataset.key);
+      const atDrawn = [];
+      root.addEventListener("attnscope:drawn",
+                            (e) => atDrawn.push([e.detail.query, body().dataset.rows, keys().length]));
+      root.attnscopeShown.set({ query: 5 });
+      await new Promise((r) => setTimeout(r, 0));
+      root.attnscopeShown.set({ query: 7 });  // while query 5's rows come in
+      while (body().dataset.rows !== "all") await new Promise((r) => setTimeout(r, 20));
+      const shown = root.querySelector(".as-query-tok").textContent;
+      const all = keys();
+      root.attnscopeShown.set({ query: ${KEYS - 1} });  // as the module's other tests found it
+      while (body().dataset.rows !== "all") await new Promise((r) => setTimeout(r, 20));
+      return { atDrawn: atDrawn.slice(0, 2), shown: shown, keys: all };
+    }""".replace("${KEYS - 1}", str(KEYS - 1)))
+    assert got["atDrawn"] == [[5, "some", 128], [7, "some", 128]]
+    assert got["shown"].startswith("7") and got["keys"] == [str(j) for j in range(KEYS)]
+    assert opened.errors == []

@@ -6,7 +6,8 @@
    parts sit side by side when the pane is wide enough and wrap below each other when it is not. On a long trace
    the web app sends the shown query's row of each [query, ...] stage only (a row block, b.query; rowOf reads
    either kind), the vector columns are one pixel per cell, scaled up (vectorCanvas), and the key rows come in
-   chunks the browser lays out only near the screen (keyChunks). */
+   chunks the browser lays out only near the screen (keyChunks), those past the first screen built just after it
+   is shown (fillLater; the panel's body says data-rows="all" once every row is in). */
 (function () {
   "use strict";
   const A = (window.attnscope = window.attnscope || {});
@@ -130,8 +131,10 @@
   }
 
   // The keys' cells in chunks of CHUNK rows from grid row `first`: cellsOf(r) gives display row r's cells for each
-  // span of columns [column, count] (1-based, as the grid's); widths: the measured column widths (px) or null.
-  function keyChunks(put, n, first, spans, widths, cellsOf) {
+  // span of columns [column, count] (1-based, as the grid's); widths: the measured column widths (px) or null. The
+  // first SHOWN_ROWS rows are built now; the chunks past them are put in the grid empty (their size already theirs)
+  // and a function that fills each is pushed onto `later` (fillLater builds them once the view is shown).
+  function keyChunks(put, n, first, spans, widths, cellsOf, later) {
     const gap = 10; // .as-neuron's column-gap
     for (let from = 0; from < n; from += CHUNK) {
       const m = Math.min(CHUNK, n - from);
@@ -145,14 +148,41 @@
         put(chunk, first + from, col, m, count);
         return chunk;
       });
-      for (let r = from; r < from + m; r++) cellsOf(r).forEach((cells, i) => chunks[i].append(...cells));
+      const fill = () => {
+        for (let r = from; r < from + m; r++) cellsOf(r).forEach((cells, i) => chunks[i].append(...cells));
+      };
+      if (from < SHOWN_ROWS) fill();
+      else later.push(fill);
     }
+  }
+
+  // Key rows built before the view is shown: more than a screen (128 x 22 px). A long trace's other rows (2,048 keys
+  // make ~16,000 cells, a few hundred ms of building) come in just after, a slice at a time (fillLater), so the
+  // Neuron tab shows its first screen without waiting for them.
+  const SHOWN_ROWS = 4 * CHUNK;
+  const SLICE_MS = 12; // building per task before the browser gets a turn (a frame, a click)
+
+  // Run the fills, SLICE_MS of them per task, after the view is shown. Resolves true once every fill ran, false as
+  // soon as current() says the view was drawn anew meanwhile (its old rows are not built).
+  function fillLater(fills, current) {
+    if (!fills.length) return Promise.resolve(true);
+    return new Promise((resolve) => {
+      let i = 0;
+      const step = () => {
+        if (!current()) return resolve(false);
+        const until = performance.now() + SLICE_MS;
+        while (i < fills.length && (i === 0 || performance.now() < until)) fills[i++]();
+        if (i < fills.length) setTimeout(step, 0);
+        else resolve(true);
+      };
+      setTimeout(step, 0);
+    });
   }
 
   // A `cls` grid of the header cells heads(put) above n key rows in chunks from row 4 (keyChunks; cellsOf(r): row r's
   // cells per span), its columns measured from the headers and the widest rows (by each of `sizes`, widestRows);
-  // the caller puts the vector canvases in.
-  function keyGrid(host, cls, columns, n, extraRows, heads, spans, sizes, cellsOf) {
+  // the caller puts the vector canvases in. later: keyChunks'.
+  function keyGrid(host, cls, columns, n, extraRows, heads, spans, sizes, cellsOf, later) {
     const sizing = widestRows(n, sizes);
     const widths = measuredColumns(host, cls, columns, (put) => {
       heads(put);
@@ -161,7 +191,7 @@
     });
     const g = grid(n, widths ? widths.map((w) => `${w}px`).join(" ") : columns, extraRows, cls);
     heads(g.put);
-    keyChunks(g.put, n, 4, spans, widths, cellsOf);
+    keyChunks(g.put, n, 4, spans, widths, cellsOf, later);
     return g;
   }
 
@@ -223,7 +253,7 @@
     return Math.max(2, Math.min(10, Math.floor((Math.max(width, 360) - 440) / (2 * d))));
   }
 
-  function table(ctx, b, query, order, tip, host) {
+  function table(ctx, b, query, order, tip, host, later) {
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const cw = cellWidth(d, host.clientWidth || 1280);
@@ -254,7 +284,7 @@
       `repeat(${numbers}, max-content)`, n, 0, heads, [[1, 1], [4, numbers]], [(r) => drawn[r],
       (r) => A.fmt(rows[r].score).length, (r) => (rows[r].masked ? MASKED : A.fmt(rows[r].scaled)).length,
       (r) => (bias ? A.fmt(rows[r].bias).length : 0), (r) => rows[r].bar * 100 + A.fmt(rows[r].weight).length],
-      (r) => keyCells(rows[r]));
+      (r) => keyCells(rows[r]), later);
     const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [1, (r, t) => q[t], `q vector of query ${query}`, (r, t) => [`q[${t}] = ${A.fmt(q[t])}`], 2],
@@ -269,12 +299,12 @@
     const rule = el("p", { class: "as-hint as-scaling", text: `scaled = q · k ${A.scalingText(d, b.scaling)}` +
       (bias ? "; the weight is the softmax of scaled + the relative position bias (T5's, per head and distance)" : "") });
     const parts = el("div", { class: "as-neuron-parts" }, [el("div", { class: "as-neuron-scores" }, [rule, node])]);
-    if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip, host, drawn));
+    if (b.v && b.context) parts.append(valuesPart(ctx, b, query, keys, cw, tip, host, drawn, later));
     return parts;
   }
 
   // Every key's v, weight × v (float32) and their sum over keys, next to the trace's context row.
-  function valuesPart(ctx, b, query, keys, cw, tip, host, drawn) {
+  function valuesPart(ctx, b, query, keys, cw, tip, host, drawn, later) {
     const { model } = ctx;
     const [n, d] = [A.keys(model).n, b.d]; // n: the keys
     const weights = rowOf(b, "weights", query, n);
@@ -295,7 +325,7 @@
       put(el("span", { class: "as-th", text: "sum = context" }), 4 + n, 1);
     };
     const { node, put } = keyGrid(host, "as-neuron-v", `minmax(5em, max-content) ${d * cw}px ${d * cw}px max-content`,
-      n, 1, heads, [[1, 1], [4, 1]], [(r) => drawn[r], (r) => A.fmt(w(keys[r])).length], cells);
+      n, 1, heads, [[1, 1], [4, 1]], [(r) => drawn[r], (r) => A.fmt(w(keys[r])).length], cells, later);
     const who = (r) => `key ${A.keyLabel(model, keys[r])}`;
     const vectors = [
       [(r, t) => v(keys[r], t), "v vectors of every key", (r, t) => [who(r), `v[${t}] = ${A.fmt(v(keys[r], t))}`]],
@@ -377,9 +407,13 @@
         const block = await blockFor(ctx, layer, head, query, content);
         if (mine !== generation) return;
         content.replaceChildren(tip.node);
-        if (block) content.append(modernNote(model.payload.model, head, model.payload.attention), table(ctx, block, query, order.value, tip, content));
+        const later = []; // the key rows past the first screen (keyChunks)
+        if (block) content.append(modernNote(model.payload.model, head, model.payload.attention), table(ctx, block, query, order.value, tip, content, later));
         else content.append(missing(ctx, layer, head));
+        // drawn: the first screen is there; data-rows="all" (and the render's promise): every key row is too
+        content.dataset.rows = later.length ? "some" : "all";
         ctx.emit("attnscope:drawn", { view: "neuron", layer: layer, head: head, query: query });
+        if (await fillLater(later, () => mine === generation)) content.dataset.rows = "all";
       };
       content.addEventListener("click", (e) => {
         const cell = e.target.closest("[data-key]");
