@@ -372,11 +372,20 @@ def row_answers(client: httpx.Client, text: str, payload: dict[str, Any]) -> dic
     return out
 
 
-def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float], list[float], list[float]]:
+def verdict(what: str, slowest_s: float) -> str:
+    """Issue 29's target (< 1 s) is on what the page asks; the other forms are measured beside it."""
+    if "(the page)" not in what:
+        return "no target: the page does not ask this form"
+    return f"target < 1000: {'met' if slowest_s < 1 else 'MISSED'}"
+
+
+def page_answers(page: Any, n: int, layers: int,
+                 heads: int) -> tuple[list[float], list[float], list[float], list[float]]:
     """Page-clock ms, after the trace, of opening the Neuron tab (then of choosing other heads there): the head's
-    exact numbers fetched, decoded and drawn (its "attnscope:drawn"), two frames later, and when that event came (the
-    row fetched and the view's elements built; the rest is layout and paint); and of a matrix cell's click to its
-    explanation shown (#sv-explain ready), two frames later."""
+    exact numbers fetched, decoded and drawn (its "attnscope:drawn": the first screen of key rows built), two frames
+    later, when that event came (the row fetched and the first screen's elements built; the rest is layout and paint)
+    and when every key row was built (the rows past the first screen come in after it is shown: data-rows="all");
+    and of a matrix cell's click to its explanation shown (#sv-explain ready), two frames later."""
     page.evaluate("""() => document.getElementById("sv-views").addEventListener("attnscope:drawn",
       (e) => { window.benchDrawn = Object.assign({ at: performance.now() }, e.detail); })""")
 
@@ -389,9 +398,12 @@ def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float
         total, built = page.evaluate("() => [performance.now() - window.benchStart, "
                                      "window.benchDrawn.at - window.benchStart]")
         built_ms.append(float(built))
+        page.wait_for_selector("#sv-views .as-neuron-body[data-rows=all]", timeout=600_000)
+        filled_ms.append(float(page.evaluate("() => performance.now() - window.benchStart")))
         return float(total)
 
     built_ms: list[float] = []
+    filled_ms: list[float] = []  # every key row built (the first screen's are at drawn; neuron.js fillLater)
     page.select_option(".as-panel select[aria-label='layer (0-indexed)']", str(layers // 2))
     page.wait_for_function(LOADED, timeout=120_000)
     head = int(page.evaluate("() => document.getElementById('sv-views').attnscopeShown.state().head"))
@@ -418,7 +430,7 @@ def page_answers(page: Any, n: int, layers: int, heads: int) -> tuple[list[float
         explained.append(float(page.evaluate("() => performance.now() - window.benchStart")))
         if page.evaluate("() => document.getElementById('sv-explain').dataset.state") != "ready":
             raise SystemExit("the explanation failed: " + page.text_content("#sv-explain"))
-    return neuron, built_ms, explained
+    return neuron, built_ms, filled_ms, explained
 
 
 def long_phases(args: argparse.Namespace) -> None:
@@ -617,7 +629,7 @@ def long_context(args: argparse.Namespace) -> None:
                 page.click(f".as-panel .as-chip[data-head='{head}']")
                 page.evaluate(NEXT_FRAME)
                 head_ms.append(float(page.evaluate("() => performance.now()")) - float(start))
-            neuron_ms, built_ms, explain_ms = page_answers(page, n, layers, heads)
+            neuron_ms, built_ms, filled_ms, explain_ms = page_answers(page, n, layers, heads)
             page.close()
     finally:
         proc.terminate()
@@ -632,11 +644,12 @@ def long_context(args: argparse.Namespace) -> None:
         kinds = ", ".join(sorted({f"{kind} {size / 1e6:.1f} MB" for _, kind, size in answers}))
         print(f"  {what} after the trace (the exact trace not cached; one head recomputed from x): median "
               f"{med(times) * 1000:.0f} ms of {len(times)}, max {max(times) * 1000:.0f} ms "
-              f"(target < 1000: {'met' if max(times) < 1 else 'MISSED'}); all {[round(t * 1000) for t in times]}; "
+              f"({verdict(what, max(times))}); all {[round(t * 1000) for t in times]}; "
               f"answered {kinds}")
     print(f"  in the page, after the trace: the Neuron tab opened {neuron_ms[0]:.0f} ms, other heads there "
           f"{[round(x) for x in neuron_ms[1:]]} ms (the shown query's row fetched, decoded, drawn; the view built at "
-          f"{[round(x) for x in built_ms]} ms, the rest layout and paint); a matrix cell "
+          f"{[round(x) for x in built_ms]} ms, the rest layout and paint; every key row built at "
+          f"{[round(x) for x in filled_ms]} ms); a matrix cell "
           f"of the last of those heads clicked to its explanation shown: median {med(explain_ms[:3]):.0f} ms, all "
           f"{[round(x) for x in explain_ms[:3]]}; a cell of a head not shown before (recomputed): "
           f"{explain_ms[3]:.0f} ms (target < 1000: {'met' if max([*neuron_ms, *explain_ms]) < 1000 else 'MISSED'})")
