@@ -200,6 +200,21 @@
       "neuron-view row to see every step of that layer, head and query token, with the model's own numbers." }));
   }
 
+  // Scroll the explanation to `step` and keep it there. The steps are laid out only near the pane's view (serve.css),
+  // so those above it take their real heights a frame after the scroll and move it: scrolled again until it stays.
+  async function scrollToStep(step) {
+    const frames = () => new Promise((done) => {
+      requestAnimationFrame(() => requestAnimationFrame(done));
+      setTimeout(done, 100); // no frames in a hidden tab
+    });
+    for (let i = 0; i < 4; i++) {
+      step.scrollIntoView({ block: "start" });
+      const top = step.getBoundingClientRect().top;
+      await frames();
+      if (Math.abs(step.getBoundingClientRect().top - top) < 1) return;
+    }
+  }
+
   async function explain(detail) {
     if (!current || detail.query === null || detail.query === undefined) return;
     if (current.kinds) {  // the page explains one-kind models; the CLI walks an encoder-decoder's kinds
@@ -220,9 +235,10 @@
                                                           arrays: "shown" }, current.request));
       if (seq !== explainSeq) return; // a newer click won
       box.replaceChildren(...walkthrough(w, detail.key, drawn));
-      box.dataset.state = "ready";
       const weights = box.querySelector('.sv-step[data-stage="weights"]');
-      if (weights) weights.scrollIntoView({ block: "start" }); // the step that was clicked, not step 1
+      if (weights) await scrollToStep(weights); // the step that was clicked, not step 1
+      if (seq !== explainSeq) return;
+      box.dataset.state = "ready";
     } catch (err) {
       if (seq !== explainSeq) return;
       box.replaceChildren(el("p", { class: "sv-error", text: err.message }));
