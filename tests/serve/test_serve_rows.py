@@ -62,6 +62,7 @@ def same_from_rows(service: Service, n: int, picks: list[tuple[int, int, int | N
     return traced, took
 
 
+@pytest.mark.slow  # two traces of 512 tokens, ~9 s: in `make test`, not the inner loop
 def test_minilm_512_neuron_and_explain_from_x_equal_the_full_trace_bit_for_bit() -> None:
     service = Service(Settings(max_tokens=512, cache_bytes=1024 * MIB))
     picks = [(0, 0, 7), (5, 11, 0), (3, 4, 511)]

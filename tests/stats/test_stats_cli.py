@@ -178,6 +178,7 @@ def test_ctrl_c_checkpoints_and_says_how_to_continue(ud_dev: Path, tmp_path: Pat
                                         "add --resume to the same command to continue"]
 
 
+@pytest.mark.slow  # a corpus run through the CLI, ~7 s: in `make test`, not the inner loop
 def test_an_empty_source_leaves_nothing_behind(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     corpus, out = tmp_path / "corpus.txt", tmp_path / "out"
     corpus.write_text("\n  \n", encoding="utf-8")
@@ -189,6 +190,7 @@ def test_an_empty_source_leaves_nothing_behind(tmp_path: Path, capsys: pytest.Ca
     assert main(["stats", str(corpus), "-o", str(out), "--no-progress"]) == 0
 
 
+@pytest.mark.slow  # a corpus run through the CLI, ~7 s: in `make test`, not the inner loop
 def test_an_output_that_cannot_be_written_is_one_line(ud_dev: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
