@@ -171,7 +171,7 @@
       const step = () => {
         if (!current()) return resolve(false);
         const until = performance.now() + SLICE_MS;
-        while (i < fills.length && (i === 0 || performance.now() < until)) fills[i++]();
+        while (i < fills.length && performance.now() < until) fills[i++]();
         if (i < fills.length) setTimeout(step, 0);
         else resolve(true);
       };
